@@ -1,0 +1,337 @@
+//! Types shared by swiftlet's kernel programs (`swiftlet-ebpf`) and its agent.
+//!
+//! Everything here is `#[repr(C)]` plain data with no logic: it is the layout
+//! of BPF map values, ring-buffer records and load-time constants. The kernel
+//! side and the agent must agree on it byte for byte, so each type has a size
+//! assertion at the bottom of this file.
+//!
+//! # Cgroup slots
+//! The agent registers each cgroup it cares about (the node, `kubepods`, the
+//! QoS cgroups, every pod and container) into a slot of the mmap-able
+//! [`CgroupSlot`] array. The kernel keeps the slot's counters current; the
+//! agent reads them through the mapping with no syscall per pod, and writes
+//! thresholds into the same slot. Slot [`NODE_SLOT`] is the node as a whole.
+
+#![no_std]
+
+#[cfg(feature = "build")]
+extern crate std;
+
+#[cfg(feature = "build")]
+pub mod build;
+
+/// Capacity of the slot array: 110 pods with a few containers each, plus the
+/// node, kubepods and QoS cgroups, with room to spare for churn.
+pub const MAX_SLOTS: u32 = 2048;
+
+/// The slot that holds node-wide figures.
+pub const NODE_SLOT: u32 = 0;
+
+/// How many registered ancestors (including itself) one cgroup may have.
+/// kubepods → QoS → pod → container is four; nested cgroups inside a
+/// container take the rest.
+pub const MAX_CHAIN: usize = 8;
+
+/// How many parent links the kernel follows when it resolves a cgroup.
+pub const MAX_WALK: usize = 16;
+
+/// How many victims one plan may name for one signal.
+pub const MAX_VICTIMS: usize = 8;
+
+/// Ring-buffer size in bytes (a power of two, multiple of the page size).
+pub const EVENTS_RING_BYTES: u32 = 256 * 1024;
+
+/// The eviction signals the kernel evaluates. The values index the
+/// per-slot threshold arrays.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Signal {
+    /// Working set (usage − inactive_file), in pages.
+    MemoryWorkingSet = 0,
+    /// Processes in the cgroup (for the node: tasks, as `sysinfo.procs`).
+    Processes = 1,
+    /// Inodes created minus inodes freed by the cgroup's tasks.
+    Inodes = 2,
+}
+
+/// Number of [`Signal`] variants.
+pub const NUM_SIGNALS: usize = 3;
+
+impl Signal {
+    pub const ALL: [Signal; NUM_SIGNALS] = [Signal::MemoryWorkingSet, Signal::Processes, Signal::Inodes];
+
+    pub const fn from_u32(v: u32) -> Option<Signal> {
+        match v {
+            0 => Some(Signal::MemoryWorkingSet),
+            1 => Some(Signal::Processes),
+            2 => Some(Signal::Inodes),
+            _ => None,
+        }
+    }
+
+    /// Bit of this signal in [`CgroupSlot::above`].
+    pub const fn bit(self) -> u32 {
+        1 << (self as u32)
+    }
+}
+
+/// Slot flags, written by the agent.
+pub mod slot_flags {
+    /// The slot is in use.
+    pub const ACTIVE: u32 = 1 << 0;
+    /// The slot is the node.
+    pub const NODE: u32 = 1 << 1;
+    /// The slot is the pods' root cgroup (`kubepods`).
+    pub const KUBEPODS: u32 = 1 << 2;
+    /// The slot is a pod cgroup.
+    pub const POD: u32 = 1 << 3;
+    /// The slot is a container cgroup.
+    pub const CONTAINER: u32 = 1 << 4;
+    /// The kernel saw the cgroup removed; the agent frees the slot.
+    pub const REMOVED: u32 = 1 << 5;
+}
+
+/// A threshold on one signal of one slot, in the signal's unit.
+///
+/// The kernel raises a crossing when the value reaches `trigger` and clears
+/// it when the value falls below `rearm` (hysteresis: `rearm <= trigger`), so
+/// each crossing produces one event however often the value moves around the
+/// line. `trigger == 0` disables the threshold.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Threshold {
+    pub trigger: u64,
+    pub rearm: u64,
+}
+
+/// One registered cgroup, as kept in the mmap-able slot array.
+///
+/// Counters are signed because the kernel applies deltas and a cgroup
+/// registered while busy may see a decrement for something it was never
+/// credited with; readers clamp at zero.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+pub struct CgroupSlot {
+    /// Cgroup id: the kernfs id of the memory cgroup's directory, which is
+    /// its inode number (v1: under the memory hierarchy; v2: the cgroup).
+    /// Written by the agent.
+    pub cgroup_id: u64,
+    /// [`slot_flags`], written by the agent (the kernel may add REMOVED).
+    pub flags: u32,
+    /// Bit per [`Signal`]: set while the value is at or above its trigger.
+    /// Flipped by the kernel with compare-and-swap.
+    pub above: u32,
+    /// Bumped by the agent each time the slot is (re)assigned, so a reader
+    /// can tell a reused slot from the one it knew.
+    pub epoch: u64,
+    /// Memory usage in pages: the memcg page counter (hierarchical, what
+    /// `memory.usage_in_bytes` / `memory.current` show). For the node slot:
+    /// anon + file pages of the whole machine.
+    pub usage_pages: i64,
+    /// Inactive file pages in the subtree.
+    pub inactive_file_pages: i64,
+    /// Live processes in the subtree (node slot: tasks).
+    pub processes: i64,
+    /// Inodes created minus freed by the subtree's tasks.
+    pub inodes: i64,
+    /// `bpf_ktime_get_ns()` of the last update the kernel made.
+    pub updated_ns: u64,
+    /// Thresholds, indexed by [`Signal`]. Written by the agent.
+    pub thresholds: [Threshold; NUM_SIGNALS],
+    /// Kernel address of the cgroup's `struct mem_cgroup`, learnt from its
+    /// first memory event, so the refresh program can re-read the page
+    /// counter when usage drops without a statistics event (uncharges come
+    /// after the last one). 0 until then.
+    pub memcg: u64,
+}
+
+impl CgroupSlot {
+    pub const EMPTY: CgroupSlot = CgroupSlot {
+        cgroup_id: 0,
+        flags: 0,
+        above: 0,
+        epoch: 0,
+        usage_pages: 0,
+        inactive_file_pages: 0,
+        processes: 0,
+        inodes: 0,
+        updated_ns: 0,
+        thresholds: [Threshold { trigger: 0, rearm: 0 }; NUM_SIGNALS],
+        memcg: 0,
+    };
+
+    /// Working set in pages: usage − inactive_file, as the kubelet defines it.
+    pub const fn working_set_pages(&self) -> u64 {
+        let ws = self.usage_pages - self.inactive_file_pages;
+        if ws < 0 { 0 } else { ws as u64 }
+    }
+}
+
+/// Which registered slots a memory cgroup counts towards, cached by the kernel
+/// per memcg. `memcg` holds the kernel address of each ancestor's
+/// `struct mem_cgroup`, so the kernel can read its page counter directly.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Resolution {
+    /// [`Control::generation`] when this was computed; stale when different.
+    pub generation: u64,
+    pub len: u32,
+    pub _pad: u32,
+    pub slots: [u32; MAX_CHAIN],
+    pub memcg: [u64; MAX_CHAIN],
+}
+
+/// Global state shared by agent and kernel: array map of one element.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Control {
+    /// Bumped whenever registrations or the cgroup tree change, to invalidate
+    /// every cached [`Resolution`].
+    pub generation: u64,
+    /// Events the ring buffer had no room for.
+    pub ring_drops: u64,
+    /// Resolutions that found more registered ancestors than [`MAX_CHAIN`].
+    pub chain_overflows: u64,
+    /// Process-table entries that could not be inserted (map full).
+    pub proc_table_full: u64,
+    /// Kernel kills performed (in-kernel eviction).
+    pub kernel_kills: u64,
+    /// Set to 1 by the agent to let the kernel kill planned victims.
+    pub kernel_eviction: u32,
+    /// One past the highest slot index in use (bounds the refresh loop).
+    pub slot_high_water: u32,
+}
+
+/// The agent's pre-ranked victims for one signal: what eviction ranking would
+/// pick next. The kernel executes it at the crossing; ranking stays in the
+/// agent, where it is pure and tested.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VictimPlan {
+    /// Plan generation; the kernel acts at most once per generation.
+    pub generation: u64,
+    /// Generation the kernel last executed (written by the kernel).
+    pub executed_generation: u64,
+    /// Slot whose crossing triggers this plan (the node or kubepods).
+    pub trigger_slot: u32,
+    /// Number of valid entries in `victims`.
+    pub len: u32,
+    /// Cgroup ids of the victims' pod cgroups, in kill order.
+    pub victims: [u64; MAX_VICTIMS],
+}
+
+/// What a ring-buffer record reports.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A threshold was crossed (direction in [`Event::direction`]).
+    Crossing = 1,
+    /// The kernel OOM killer chose a victim (oom:mark_victim).
+    OomVictim = 2,
+    /// A registered cgroup was removed.
+    CgroupRemoved = 3,
+    /// The kernel killed a planned victim at a crossing.
+    KernelKill = 4,
+}
+
+impl EventKind {
+    pub const fn from_u32(v: u32) -> Option<EventKind> {
+        match v {
+            1 => Some(EventKind::Crossing),
+            2 => Some(EventKind::OomVictim),
+            3 => Some(EventKind::CgroupRemoved),
+            4 => Some(EventKind::KernelKill),
+            _ => None,
+        }
+    }
+}
+
+/// Crossing directions.
+pub const DIRECTION_UP: u32 = 1;
+pub const DIRECTION_DOWN: u32 = 2;
+
+/// One ring-buffer record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Event {
+    /// [`EventKind`].
+    pub kind: u32,
+    /// [`Signal`] for crossings; 0 otherwise.
+    pub signal: u32,
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) when the kernel saw it.
+    pub ts_ns: u64,
+    /// Cgroup id of the slot (crossing, removal, kill) or of the OOM victim's
+    /// memory cgroup.
+    pub cgroup_id: u64,
+    /// Slot index, or `u32::MAX` when the cgroup has none.
+    pub slot: u32,
+    /// [`DIRECTION_UP`] or [`DIRECTION_DOWN`] for crossings.
+    pub direction: u32,
+    /// The value that crossed (signal unit), or pages for OOM events.
+    pub value: u64,
+    /// The trigger it crossed.
+    pub threshold: u64,
+    /// The task involved: the one whose action crossed, the OOM victim, or
+    /// the task the kernel killed.
+    pub pid: u32,
+    /// For kernel kills: the plan generation executed.
+    pub aux: u32,
+}
+
+/// Kernel struct offsets and enum values, found by the agent in the running
+/// kernel's BTF and handed to the programs as load-time constants. Rust eBPF
+/// has no CO-RE field relocations, so this is how the programs stay portable
+/// across kernel versions.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelLayout {
+    /// `struct cgroup_subsys_state` → `cgroup` (the css's cgroup).
+    pub css_cgroup: u32,
+    /// `struct cgroup_subsys_state` → `parent`.
+    pub css_parent: u32,
+    /// `struct cgroup` → `kn`.
+    pub cgroup_kn: u32,
+    /// `struct kernfs_node` → `id`.
+    pub kn_id: u32,
+    /// `struct mem_cgroup` → `memory.usage` (page counter, in pages).
+    pub memcg_usage: u32,
+    /// `struct task_struct` → `cgroups`.
+    pub task_cgroups: u32,
+    /// `struct css_set` → `subsys[memory_cgrp_id]`.
+    pub cset_memcg: u32,
+    /// `struct task_struct` → `pid`.
+    pub task_pid: u32,
+    /// `struct task_struct` → `tgid`.
+    pub task_tgid: u32,
+    /// `enum node_stat_item` values.
+    pub nr_inactive_file: u32,
+    pub nr_anon_mapped: u32,
+    pub nr_file_pages: u32,
+    /// Cgroup v1 hierarchy id of the memory controller; 0 on cgroup v2.
+    pub memory_hierarchy_id: u32,
+    /// 1 when the layout was filled in (a zeroed layout disables the programs
+    /// that need it).
+    pub valid: u32,
+}
+
+// Layout checks: the kernel side and the agent compile these types separately.
+const _: () = assert!(core::mem::size_of::<CgroupSlot>() == 128);
+const _: () = assert!(core::mem::size_of::<Resolution>() == 112);
+const _: () = assert!(core::mem::size_of::<Control>() == 48);
+const _: () = assert!(core::mem::size_of::<VictimPlan>() == 88);
+const _: () = assert!(core::mem::size_of::<Event>() == 56);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 56);
+
+#[cfg(feature = "user")]
+mod user {
+    use super::*;
+    // SAFETY: all of these are repr(C) plain data with no padding-dependent
+    // invariants; any bit pattern is a valid value.
+    unsafe impl aya::Pod for CgroupSlot {}
+    unsafe impl aya::Pod for Resolution {}
+    unsafe impl aya::Pod for Control {}
+    unsafe impl aya::Pod for VictimPlan {}
+    unsafe impl aya::Pod for Event {}
+    unsafe impl aya::Pod for KernelLayout {}
+    unsafe impl aya::Pod for Threshold {}
+}

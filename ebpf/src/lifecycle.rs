@@ -1,0 +1,90 @@
+//! Cgroup creation and removal, and the kernel OOM killer's choices.
+
+use aya_ebpf::{
+    helpers::bpf_ktime_get_ns,
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
+};
+use swiftlet_common::{Event, EventKind, slot_flags};
+
+use crate::{
+    kernel,
+    maps::{CGROUP_SLOT, LAYOUT, control, slot},
+    threshold::{bump, emit},
+};
+
+/// Offsets in the cgroup_mkdir/cgroup_rmdir tracepoint record: `int root`
+/// (the hierarchy id) and `u64 id`. Stable since the tracepoints' creation.
+const CGROUP_EV_ROOT: usize = 8;
+const CGROUP_EV_ID: usize = 16;
+
+/// Any change in the memory hierarchy may reuse a `struct mem_cgroup`
+/// address, so every cached resolution must be recomputed.
+#[inline(always)]
+fn memory_tree_changed(ctx: &TracePointContext) -> Option<u64> {
+    // SAFETY: offsets within the tracepoint record.
+    let root: i32 = unsafe { ctx.read_at(CGROUP_EV_ROOT) }.ok()?;
+    if root as u32 != LAYOUT.load().memory_hierarchy_id {
+        return None;
+    }
+    let ctl = control()?;
+    // SAFETY: ctl points at the control map's single element.
+    bump(unsafe { &mut (*ctl).generation });
+    // SAFETY: as above.
+    unsafe { ctx.read_at(CGROUP_EV_ID) }.ok()
+}
+
+#[tracepoint]
+pub fn cgroup_mkdir(ctx: TracePointContext) -> u32 {
+    let _ = memory_tree_changed(&ctx);
+    0
+}
+
+#[tracepoint]
+pub fn cgroup_rmdir(ctx: TracePointContext) -> u32 {
+    let Some(id) = memory_tree_changed(&ctx) else { return 0 };
+    // SAFETY: read-only lookup of a u32 value.
+    let Some(index) = (unsafe { CGROUP_SLOT.get(&id) }).copied() else { return 0 };
+    if let Some(s) = slot(index) {
+        // SAFETY: `s` points into the slot array.
+        unsafe { (*s).flags |= slot_flags::REMOVED };
+    }
+    emit(&Event {
+        kind: EventKind::CgroupRemoved as u32,
+        signal: 0,
+        // SAFETY: no preconditions.
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        cgroup_id: id,
+        slot: index,
+        direction: 0,
+        value: 0,
+        threshold: 0,
+        pid: 0,
+        aux: 0,
+    });
+    0
+}
+
+/// mark_victim(struct task_struct *task, uid_t uid)
+#[btf_tracepoint(function = "mark_victim")]
+pub fn oom_mark_victim(ctx: BtfTracePointContext) -> i32 {
+    let task = ctx.arg::<u64>(0);
+    let memcg = kernel::task_memcg(task).unwrap_or(0);
+    let cgroup_id = if memcg != 0 { kernel::css_cgroup_id(memcg).unwrap_or(0) } else { 0 };
+    // SAFETY: read-only lookup of a u32 value.
+    let index = unsafe { CGROUP_SLOT.get(&cgroup_id) }.copied().unwrap_or(u32::MAX);
+    emit(&Event {
+        kind: EventKind::OomVictim as u32,
+        signal: 0,
+        // SAFETY: no preconditions.
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        cgroup_id,
+        slot: index,
+        direction: 0,
+        value: 0,
+        threshold: 0,
+        pid: kernel::task_pid(task).unwrap_or(0),
+        aux: 0,
+    });
+    0
+}

@@ -1,0 +1,45 @@
+//! swiftlet's kernel side: keeps the eviction signals of every registered
+//! cgroup current in BPF maps and reports threshold crossings over a ring
+//! buffer the moment they happen.
+//!
+//! Programs (all tracepoints or BTF tracepoints: kprobes and fentry are not
+//! available everywhere we run):
+//! - `memcg_lruvec_state` (tp_btf memcg/mod_memcg_lruvec_state): memory.
+//! - `process_fork`, `process_exit`, `cgroup_attach` (tp_btf): processes.
+//! - `inode_alloc`, `inode_free` (ext4 tracepoints): inodes.
+//! - `cgroup_mkdir`, `cgroup_rmdir` (tracepoints): cgroup lifecycle.
+//! - `oom_mark_victim` (tp_btf oom/mark_victim): kernel OOM kills.
+//! - `refresh` (syscalls/sys_enter_getppid, from the agent only): re-reads
+//!   every slot's page counter before the agent takes a snapshot.
+
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
+
+#[cfg(target_arch = "bpf")]
+mod inodes;
+#[cfg(target_arch = "bpf")]
+mod kernel;
+#[cfg(target_arch = "bpf")]
+mod lifecycle;
+#[cfg(target_arch = "bpf")]
+mod maps;
+#[cfg(target_arch = "bpf")]
+mod memory;
+#[cfg(target_arch = "bpf")]
+mod processes;
+#[cfg(target_arch = "bpf")]
+mod refresh;
+#[cfg(target_arch = "bpf")]
+mod threshold;
+
+#[cfg(target_arch = "bpf")]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier proves programs cannot reach a panic; this is never run.
+    loop {}
+}
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}

@@ -1,0 +1,76 @@
+//! Maps and load-time constants shared by all programs.
+
+use aya_ebpf::{
+    Global,
+    bindings::BPF_F_MMAPABLE,
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, RingBuf},
+};
+use swiftlet_common::{CgroupSlot, Control, EVENTS_RING_BYTES, KernelLayout, MAX_SLOTS, Resolution, VictimPlan};
+
+/// Kernel offsets and enum values from the running kernel's BTF.
+#[unsafe(no_mangle)]
+pub static LAYOUT: Global<KernelLayout> = Global::new(KernelLayout {
+    css_cgroup: 0,
+    css_parent: 0,
+    cgroup_kn: 0,
+    kn_id: 0,
+    memcg_usage: 0,
+    task_cgroups: 0,
+    cset_memcg: 0,
+    task_pid: 0,
+    task_tgid: 0,
+    nr_inactive_file: 0,
+    nr_anon_mapped: 0,
+    nr_file_pages: 0,
+    memory_hierarchy_id: 0,
+    valid: 0,
+});
+
+/// 1 when `sched_process_exit` passes `group_dead` (kernel 6.13 and later).
+#[unsafe(no_mangle)]
+pub static EXIT_HAS_GROUP_DEAD: Global<u32> = Global::new(0);
+
+/// The agent's tgid: only its own trigger syscalls run the refresh.
+#[unsafe(no_mangle)]
+pub static AGENT_TGID: Global<u32> = Global::new(0);
+
+/// Registered cgroups, indexed by slot. Mapped into the agent's memory.
+#[map]
+pub static SLOTS: Array<CgroupSlot> = Array::with_max_entries(MAX_SLOTS, BPF_F_MMAPABLE);
+
+/// Cgroup id → slot, for registered cgroups (not the node). Agent-owned.
+#[map]
+pub static CGROUP_SLOT: HashMap<u64, u32> = HashMap::with_max_entries(MAX_SLOTS, 0);
+
+/// `struct mem_cgroup *` → the registered slots it counts towards. Entries
+/// from an older [`Control::generation`] are recomputed on use.
+#[map]
+pub static RESOLVE: LruHashMap<u64, Resolution> = LruHashMap::with_max_entries(8192, 0);
+
+/// Processes (by tgid) counted in some registered slot → the memcg they were
+/// counted under, so a migration can take them out of the right place.
+#[map]
+pub static PROCS: HashMap<u32, u64> = HashMap::with_max_entries(65536, 0);
+
+/// Global control block (one element). Mapped into the agent's memory.
+#[map]
+pub static CONTROL: Array<Control> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// Victim plans, indexed by signal. Written by the agent.
+#[map]
+pub static PLANS: Array<VictimPlan> = Array::with_max_entries(swiftlet_common::NUM_SIGNALS as u32, 0);
+
+/// Crossings, OOM kills, removals and kernel kills, for the agent.
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
+
+#[inline(always)]
+pub fn control() -> Option<*mut Control> {
+    CONTROL.get_ptr_mut(0)
+}
+
+#[inline(always)]
+pub fn slot(index: u32) -> Option<*mut CgroupSlot> {
+    SLOTS.get_ptr_mut(index)
+}

@@ -1,0 +1,2 @@
+//! Benchmark runner (placeholder until the harness lands).
+fn main() {}

@@ -1,0 +1,192 @@
+//! Workload generator for tests and benchmarks.
+//!
+//! `swiftlet-workload steps` reads commands from stdin, one per line, and
+//! answers `ok` (or `err <why>`) after each:
+//!   anon <MiB>        allocate and touch anonymous memory (kept)
+//!   free-anon         release all anonymous memory
+//!   cache <MiB> <dir> write a file of that size (page cache, kept)
+//!   uncache           delete the files written by `cache`
+//!   fork <N>          start N child processes that wait
+//!   reap              end the children and wait for them
+//!   files <M> <dir>   create M empty files
+//!   unlink            delete the files created by `files`
+//!   exit
+//! `swiftlet-workload hog <MiB/s> <max MiB>` touches memory at a steady rate.
+//! `swiftlet-workload sleep` waits until killed.
+
+use std::{
+    fs,
+    io::{BufRead, Write},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+const MIB: usize = 1 << 20;
+const PAGE: usize = 4096;
+
+struct Anon {
+    ptr: *mut u8,
+    len: usize,
+}
+
+fn map_and_touch(len: usize) -> Result<Anon, String> {
+    // SAFETY: anonymous private mapping of `len` bytes.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    let ptr = ptr.cast::<u8>();
+    for off in (0..len).step_by(PAGE) {
+        // SAFETY: within the mapping.
+        unsafe { ptr.add(off).write_volatile(1) };
+    }
+    Ok(Anon { ptr, len })
+}
+
+fn unmap(a: Anon) {
+    // SAFETY: unmapping a mapping made by map_and_touch.
+    unsafe { libc::munmap(a.ptr.cast(), a.len) };
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("steps") => steps(),
+        Some("hog") => {
+            let rate: f64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(256.0);
+            let max: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1024);
+            hog(rate, max);
+        }
+        Some("sleep") => loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        },
+        Some("child-wait") => {
+            // Blocks until the parent closes our stdin.
+            let mut s = String::new();
+            let _ = std::io::stdin().read_line(&mut s);
+        }
+        _ => {
+            eprintln!("usage: swiftlet-workload steps | hog <MiB/s> <max MiB> | sleep");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Touches memory in 1 MiB chunks at `rate` MiB/s up to `max` MiB, printing
+/// progress, then waits.
+fn hog(rate: f64, max: usize) {
+    let start = Instant::now();
+    let mut held = Vec::new();
+    for i in 0..max {
+        let due = Duration::from_secs_f64(i as f64 / rate);
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        match map_and_touch(MIB) {
+            Ok(a) => held.push(a),
+            Err(e) => {
+                eprintln!("hog: allocation failed at {i} MiB: {e}");
+                break;
+            }
+        }
+    }
+    println!("hog: holding {} MiB", held.len());
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+fn steps() {
+    let me = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("swiftlet-workload"));
+    let mut anon: Vec<Anon> = vec![];
+    let mut cached: Vec<PathBuf> = vec![];
+    let mut created: Vec<PathBuf> = vec![];
+    let mut children: Vec<Child> = vec![];
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { break };
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let result: Result<(), String> = match words.as_slice() {
+            ["anon", mib] => mib
+                .parse::<usize>()
+                .map_err(|e| e.to_string())
+                .and_then(|m| map_and_touch(m * MIB))
+                .map(|a| anon.push(a)),
+            ["free-anon"] => {
+                anon.drain(..).for_each(unmap);
+                Ok(())
+            }
+            ["cache", mib, dir] => mib.parse::<usize>().map_err(|e| e.to_string()).and_then(|m| {
+                let path = PathBuf::from(dir).join(format!("cache-{}-{}", std::process::id(), cached.len()));
+                let chunk = vec![7u8; MIB];
+                let mut f = fs::File::create(&path).map_err(|e| e.to_string())?;
+                for _ in 0..m {
+                    f.write_all(&chunk).map_err(|e| e.to_string())?;
+                }
+                cached.push(path);
+                Ok(())
+            }),
+            ["uncache"] => {
+                for p in cached.drain(..) {
+                    let _ = fs::remove_file(p);
+                }
+                Ok(())
+            }
+            ["fork", n] => n.parse::<usize>().map_err(|e| e.to_string()).and_then(|n| {
+                for _ in 0..n {
+                    let c =
+                        Command::new(&me).arg("child-wait").stdin(Stdio::piped()).spawn().map_err(|e| e.to_string())?;
+                    children.push(c);
+                }
+                Ok(())
+            }),
+            ["reap"] => {
+                for mut c in children.drain(..) {
+                    drop(c.stdin.take());
+                    let _ = c.wait();
+                }
+                Ok(())
+            }
+            ["files", m, dir] => m.parse::<usize>().map_err(|e| e.to_string()).and_then(|m| {
+                for i in 0..m {
+                    let p = PathBuf::from(dir).join(format!("f-{}-{}", std::process::id(), created.len() + i));
+                    fs::File::create(&p).map_err(|e| e.to_string())?;
+                }
+                let base = created.len();
+                created
+                    .extend((0..m).map(|i| PathBuf::from(dir).join(format!("f-{}-{}", std::process::id(), base + i))));
+                Ok(())
+            }),
+            ["unlink"] => {
+                for p in created.drain(..) {
+                    let _ = fs::remove_file(p);
+                }
+                Ok(())
+            }
+            ["exit"] => break,
+            _ => Err(format!("unknown command `{line}`")),
+        };
+        let reply = match result {
+            Ok(()) => "ok".to_owned(),
+            Err(e) => format!("err {e}"),
+        };
+        if writeln!(out, "{reply}").and_then(|_| out.flush()).is_err() {
+            break;
+        }
+    }
+    for mut c in children {
+        drop(c.stdin.take());
+        let _ = c.wait();
+    }
+}

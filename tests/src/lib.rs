@@ -1,0 +1,10 @@
+//! Fixtures for swiftlet's integration tests: cgroups the tests own, the
+//! workload generator, and (as the project grows) containerd and the fake
+//! API server.
+//!
+//! Every fixture cleans up in `Drop`, so a failing test leaves nothing
+//! behind, and never touches a cgroup, process or mount it did not create.
+
+pub mod cgroup;
+pub mod prereq;
+pub mod workload;

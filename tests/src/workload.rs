@@ -1,0 +1,102 @@
+//! Starting the workload generator inside a test cgroup and driving it.
+
+use std::{
+    ffi::CString,
+    io::{BufRead, BufReader, Write},
+    os::unix::process::CommandExt,
+    path::PathBuf,
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+};
+
+use swiftlet::cgroups::{CgroupFs, Version};
+
+/// The workload binary built beside the test binaries.
+pub fn binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    // target/<profile>/deps/<test> → target/<profile>/swiftlet-workload
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let p = dir.join("swiftlet-workload");
+    assert!(
+        p.exists(),
+        "{} is missing: build it with `cargo build -p swiftlet-tests --bins` (cargo xtask test does)",
+        p.display()
+    );
+    p
+}
+
+/// cgroup.procs files a new process writes itself into before exec.
+fn procs_files(fs: &CgroupFs, rel: &str) -> Vec<CString> {
+    let controllers: &[&str] = match fs.version() {
+        Version::V1 => &["memory", "cpu", "cpuacct", "pids", "freezer"],
+        Version::V2 => &["memory"],
+    };
+    controllers
+        .iter()
+        .map(|c| fs.controller_dir(c, rel).join("cgroup.procs"))
+        .filter(|p| p.exists())
+        .map(|p| CString::new(p.into_os_string().into_encoded_bytes()).expect("no NUL in path"))
+        .collect()
+}
+
+/// Makes `cmd` start inside cgroup `rel`: the child moves itself between
+/// fork and exec, so nothing it does is charged elsewhere.
+pub fn in_cgroup(cmd: &mut Command, fs: &CgroupFs, rel: &str) {
+    let files = procs_files(fs, rel);
+    // SAFETY: the closure only calls async-signal-safe functions (open,
+    // write, close) on data prepared before fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            for f in &files {
+                let fd = libc::open(f.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let r = libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+                if r != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A `swiftlet-workload steps` process in a cgroup, killed on drop.
+pub struct Steps {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Steps {
+    pub fn spawn(fs: &CgroupFs, rel: &str) -> Steps {
+        let mut cmd = Command::new(binary());
+        cmd.arg("steps").stdin(Stdio::piped()).stdout(Stdio::piped());
+        in_cgroup(&mut cmd, fs, rel);
+        let mut child = cmd.spawn().expect("spawn swiftlet-workload");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        Steps { child, stdin, stdout }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends one command and waits for its `ok`.
+    pub fn run(&mut self, command: &str) {
+        writeln!(self.stdin, "{command}").expect("write to workload");
+        self.stdin.flush().expect("flush workload stdin");
+        let mut reply = String::new();
+        self.stdout.read_line(&mut reply).expect("read workload reply");
+        assert_eq!(reply.trim(), "ok", "workload command `{command}` failed: {reply}");
+    }
+}
+
+impl Drop for Steps {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

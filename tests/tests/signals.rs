@@ -1,0 +1,272 @@
+//! The signal pipeline against the running kernel: the real eBPF programs,
+//! real cgroups (created by the test under its own parent) and real
+//! processes. Needs root and kernel BTF.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use swiftlet::signals::{
+    CgroupKind, Direction, SignalEvent, SignalSource, SourceChoice, SourceMode, Target, Threshold,
+    ebpf::{EbpfOptions, EbpfSource},
+    open, page_size,
+};
+use swiftlet_common::Signal;
+use swiftlet_tests::{cgroup::TestCgroup, prereq, workload::Steps};
+
+const MIB: u64 = 1 << 20;
+
+fn load_ebpf(fs: &swiftlet::cgroups::CgroupFs) -> Arc<EbpfSource> {
+    prereq::require_root();
+    prereq::require_btf();
+    let src = EbpfSource::load(fs.clone(), &EbpfOptions::default())
+        .unwrap_or_else(|e| panic!("the eBPF programs must load and attach on this kernel: {e}"));
+    println!("eBPF programs attached: {:?}", src.strategies());
+    Arc::new(src)
+}
+
+/// Collects events from a source.
+fn collect(src: &dyn SignalSource) -> Arc<Mutex<Vec<SignalEvent>>> {
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let e = events.clone();
+    src.subscribe(Arc::new(move |ev: SignalEvent| e.lock().unwrap().push(ev)));
+    events
+}
+
+fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn processes(src: &dyn SignalSource, cgroup: &str) -> u64 {
+    src.snapshot().unwrap().cgroups[cgroup].processes
+}
+
+#[test]
+fn process_counts_follow_forks_and_exits() {
+    let tc = TestCgroup::new();
+    let src = load_ebpf(&tc.fs);
+    let cg = tc.child("procs");
+    src.register(&cg, CgroupKind::Pod).unwrap();
+    assert_eq!(processes(&*src, &cg), 0, "an empty cgroup has no processes");
+
+    let mut w = Steps::spawn(&tc.fs, &cg);
+    w.run("fork 0"); // the workload is up and answering
+    assert_eq!(processes(&*src, &cg), 1, "the workload moved itself in before exec");
+    for n in [5u64, 12] {
+        w.run(&format!("fork {n}"));
+    }
+    let counted = processes(&*src, &cg);
+    let truth = tc.fs.procs_recursive(&cg).unwrap().len() as u64;
+    println!("forked 17 children: eBPF counts {counted}, cgroup.procs lists {truth}");
+    assert_eq!(counted, 18);
+    assert_eq!(truth, 18);
+    w.run("reap");
+    assert_eq!(processes(&*src, &cg), 1, "reaped children are gone");
+    drop(w);
+    wait_for("the workload's exit to be counted", Duration::from_secs(5), || {
+        (processes(&*src, &cg) == 0).then_some(())
+    });
+    // The node counts every task, including ours.
+    assert!(src.snapshot().unwrap().node.tasks > 18);
+}
+
+/// The tolerance between the kernel-side working set and cgroupfs: both read
+/// the same page counter, but memory.stat's inactive_file is flushed lazily,
+/// up to MEMCG_CHARGE_BATCH (64) pages per CPU behind; twice that covers a
+/// flush racing the read.
+fn tolerance_bytes() -> u64 {
+    let cpus = std::thread::available_parallelism().map(|n| n.get() as u64).unwrap_or(2);
+    2 * 64 * cpus * page_size()
+}
+
+/// Drives allocation steps and compares the source's working set with
+/// cgroupfs `usage − inactive_file` after each.
+fn working_set_tracks_cgroupfs(src: &dyn SignalSource, tc: &TestCgroup, poll: &dyn Fn()) {
+    let cg = tc.child("memory");
+    src.register(&cg, CgroupKind::Pod).unwrap();
+    let cache_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ws-{}", std::process::id()));
+    std::fs::create_dir_all(&cache_dir).unwrap();
+    let mut w = Steps::spawn(&tc.fs, &cg);
+    let tol = tolerance_bytes();
+    let steps = [
+        "anon 64".to_owned(),
+        format!("cache 48 {}", cache_dir.display()),
+        "anon 32".to_owned(),
+        "free-anon".to_owned(),
+        "uncache".to_owned(),
+    ];
+    for step in &steps {
+        w.run(step);
+        poll();
+        let ours = src.snapshot().unwrap().cgroups[&cg];
+        let usage = tc.fs.memory_usage(&cg).unwrap();
+        let inactive = tc.fs.memory_stat(&cg).unwrap().inactive_file;
+        let truth = usage.saturating_sub(inactive);
+        let diff = ours.working_set_bytes.abs_diff(truth);
+        println!(
+            "{:>10} after `{step}`: working set {} KiB, cgroupfs {} KiB (usage {} KiB, inactive_file {} KiB), diff {} KiB, tolerance {} KiB",
+            format!("{:?}", src.mode()),
+            ours.working_set_bytes / 1024,
+            truth / 1024,
+            usage / 1024,
+            inactive / 1024,
+            diff / 1024,
+            tol / 1024
+        );
+        assert!(diff <= tol, "working set off by {diff} bytes after `{step}` (tolerance {tol})");
+    }
+    let _ = std::fs::remove_dir_all(&cache_dir);
+}
+
+#[test]
+fn ebpf_working_set_matches_cgroupfs() {
+    let tc = TestCgroup::new();
+    let src = load_ebpf(&tc.fs);
+    working_set_tracks_cgroupfs(&*src, &tc, &|| {});
+}
+
+#[test]
+fn auto_mode_falls_back_to_cgroupfs_when_ebpf_cannot_load() {
+    let tc = TestCgroup::new();
+    let opened = open(
+        SourceChoice::Auto,
+        tc.fs.clone(),
+        &EbpfOptions { force_load_failure: true, ..Default::default() },
+        Duration::from_millis(100),
+    )
+    .unwrap();
+    assert_eq!(opened.source.mode(), SourceMode::Cgroupfs);
+    assert!(opened.fallback_reason.unwrap().contains("forced"));
+    working_set_tracks_cgroupfs(&*opened.source, &tc, &|| {});
+    // In explicit eBPF mode the same failure is an error, not a fallback.
+    let forced = open(
+        SourceChoice::Ebpf,
+        tc.fs.clone(),
+        &EbpfOptions { force_load_failure: true, ..Default::default() },
+        Duration::from_secs(10),
+    );
+    assert!(forced.is_err());
+}
+
+#[test]
+fn inode_counts_follow_creates_and_unlinks() {
+    let tc = TestCgroup::new();
+    let src = load_ebpf(&tc.fs);
+    assert_ne!(src.strategies().inodes, "none", "inode tracking needs the ext4 tracepoints, which this kernel lacks");
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("inodes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cg = tc.child("inodes");
+    src.register(&cg, CgroupKind::Pod).unwrap();
+    let mut w = Steps::spawn(&tc.fs, &cg);
+    let inodes = |src: &EbpfSource| src.snapshot().unwrap().cgroups[&cg].inodes.unwrap();
+    w.run(&format!("files 250 {}", dir.display()));
+    println!("created 250 files: eBPF counts {} inodes", inodes(&src));
+    assert_eq!(inodes(&src), 250);
+    w.run("unlink");
+    println!("unlinked them: eBPF counts {} inodes", inodes(&src));
+    assert_eq!(inodes(&src), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_crossing_produces_exactly_one_event() {
+    let tc = TestCgroup::new();
+    let src = load_ebpf(&tc.fs);
+    let events = collect(&*src);
+    let cg = tc.child("crossing");
+    src.register(&cg, CgroupKind::Pod).unwrap();
+    let mut w = Steps::spawn(&tc.fs, &cg);
+    w.run("anon 48");
+    let before = src.snapshot().unwrap().cgroups[&cg].working_set_bytes;
+    assert!(before >= 48 * MIB);
+    // A line below the current value: the next update crosses it.
+    let target = Target::Cgroup(cg.clone());
+    src.set_threshold(&target, Signal::MemoryWorkingSet, Some(Threshold { trigger: 32 * MIB, rearm: 24 * MIB }))
+        .unwrap();
+    for _ in 0..4 {
+        w.run("anon 4");
+    }
+    let crossings = wait_for("the crossing event", Duration::from_secs(5), || {
+        let ev = events.lock().unwrap();
+        let c: Vec<SignalEvent> = ev
+            .iter()
+            .filter(|e| matches!(e, SignalEvent::Crossing { target: t, .. } if *t == target))
+            .cloned()
+            .collect();
+        (!c.is_empty()).then_some(c)
+    });
+    // More allocation above the line must not produce more events.
+    w.run("anon 16");
+    std::thread::sleep(Duration::from_millis(200));
+    let all: Vec<SignalEvent> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| matches!(e, SignalEvent::Crossing { target: t, .. } if *t == target))
+        .cloned()
+        .collect();
+    assert_eq!(all.len(), 1, "expected one crossing, got {all:?}");
+    let SignalEvent::Crossing { direction, value, threshold, at_ns, received_ns, pid, .. } = crossings[0].clone()
+    else {
+        unreachable!()
+    };
+    println!(
+        "crossing: value {} KiB over {} KiB, kernel→agent {} µs, by pid {pid}",
+        value / 1024,
+        threshold / 1024,
+        (received_ns - at_ns) / 1000
+    );
+    assert_eq!(direction, Direction::Up);
+    assert!(value >= threshold && threshold >= 32 * MIB);
+    assert!(at_ns < received_ns, "the kernel's timestamp precedes receipt");
+    assert_eq!(pid, w.pid(), "the crossing names the allocating task");
+
+    // Freeing memory below the re-arm level produces the one downward event.
+    w.run("free-anon");
+    wait_for("the downward crossing", Duration::from_secs(5), || {
+        events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, SignalEvent::Crossing { direction: Direction::Down, target: t, .. } if *t == target))
+            .then_some(())
+    });
+}
+
+#[test]
+fn oom_kill_in_a_test_cgroup_is_reported() {
+    let tc = TestCgroup::new();
+    let src = load_ebpf(&tc.fs);
+    let events = collect(&*src);
+    let cg = tc.child("oom");
+    tc.fs.set_memory_limit(&cg, Some(32 * MIB)).unwrap();
+    src.register(&cg, CgroupKind::Pod).unwrap();
+    let id = src.cgroup_id_of(&cg).unwrap();
+    let mut cmd = std::process::Command::new(swiftlet_tests::workload::binary());
+    cmd.args(["hog", "1024", "256"]).stdout(std::process::Stdio::null());
+    swiftlet_tests::workload::in_cgroup(&mut cmd, &tc.fs, &cg);
+    let mut child = cmd.spawn().unwrap();
+    let status = child.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "the OOM killer ends the hog");
+    let ev = wait_for("the mark_victim event", Duration::from_secs(5), || {
+        events
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|e| matches!(e, SignalEvent::OomKill { cgroup_id, .. } if *cgroup_id == id))
+            .cloned()
+    });
+    println!("OOM event: {ev:?}");
+    let SignalEvent::OomKill { cgroup, pid, .. } = ev else { unreachable!() };
+    assert_eq!(cgroup.as_deref(), Some(cg.as_str()));
+    assert_eq!(pid, child.id());
+}

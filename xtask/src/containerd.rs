@@ -1,0 +1,189 @@
+//! A project-local containerd: its own config, root, state and socket, the
+//! CRI plugin with the cgroupfs driver and overlayfs, and our pause image as
+//! the sandbox image. Nothing system-wide is touched.
+//!
+//! On drop it stops containerd (by the PID it started), the shims that
+//! containerd started for it, and unmounts what is left under its root.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{
+    cmd::{note, step},
+    images,
+};
+
+pub struct Containerd {
+    child: Option<Child>,
+    /// Root, state and config live here (root on disk, state on /run).
+    pub disk_dir: PathBuf,
+    pub run_dir: PathBuf,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Containerd {
+    /// The CRI endpoint, in kubelet form.
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    /// Starts containerd, waits for its socket, imports the images.
+    pub fn start(workspace: &Path, purpose: &str) -> Result<Containerd> {
+        let images = images::ensure(workspace)?;
+        let id = format!("{purpose}-{}", std::process::id());
+        let disk_dir = workspace.join("target").join("containerd").join(&id);
+        // Unix socket paths are limited to 108 bytes: keep state short.
+        let run_dir = PathBuf::from(format!("/run/swiftlet-ctd-{id}"));
+        let socket = run_dir.join("containerd.sock");
+        let cni_dir = disk_dir.join("cni");
+        for d in [&disk_dir, &run_dir, &cni_dir] {
+            fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+        }
+        let snapshotter = if overlay_supported() { "overlayfs" } else { "native" };
+        let config = format!(
+            r#"version = 2
+root = "{root}"
+state = "{state}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "{socket}"
+
+[ttrpc]
+  address = "{state}/containerd.sock.ttrpc"
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{root}/opt"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "{snapshotter}"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni}"
+"#,
+            root = disk_dir.join("root").display(),
+            state = run_dir.join("state").display(),
+            socket = socket.display(),
+            pause = images::PAUSE_IMAGE,
+            cni = cni_dir.display(),
+        );
+        let config_path = disk_dir.join("config.toml");
+        fs::write(&config_path, config)?;
+        let log = disk_dir.join("containerd.log");
+        step(format!("starting containerd ({snapshotter}) on {}", socket.display()));
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(&log)?)
+            .stderr(fs::File::create(&log)?.try_clone()?)
+            .spawn()
+            .context("cannot start containerd (package containerd; `cargo xtask setup` installs it)")?;
+        let mut c = Containerd { child: Some(child), disk_dir, run_dir, socket, log };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !c.socket.exists() {
+            if let Some(status) = c.child.as_mut().and_then(|ch| ch.try_wait().ok().flatten()) {
+                bail!("containerd exited ({status}); its log is {}", c.log.display());
+            }
+            if Instant::now() > deadline {
+                bail!("containerd did not open {} within 20s; its log is {}", c.socket.display(), c.log.display());
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        images::import(&c.socket, &images)?;
+        note(format!("imported {}", images.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")));
+        Ok(c)
+    }
+}
+
+/// overlayfs needs kernel support and an upper dir filesystem that allows it.
+fn overlay_supported() -> bool {
+    fs::read_to_string("/proc/filesystems").map(|s| s.contains("overlay")).unwrap_or(false)
+}
+
+/// Shim processes started for this containerd: their command line names our
+/// socket (`-address <socket>`).
+fn our_shims(socket: &Path) -> Vec<i32> {
+    let needle = socket.to_string_lossy().into_owned();
+    let mut pids = vec![];
+    if let Ok(rd) = fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+            let Ok(cmdline) = fs::read(e.path().join("cmdline")) else { continue };
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            if cmdline.contains("containerd-shim") && cmdline.split('\0').any(|a| a == needle) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// Mount points under `dir`, deepest first.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let prefix = dir.to_string_lossy().into_owned();
+    let mut m: Vec<String> = fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4).map(str::to_owned))
+        .filter(|p| p.starts_with(&prefix))
+        .collect();
+    m.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    m
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let shims = our_shims(&self.socket);
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling the process we started, by its PID.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // Shims outlive containerd by design; they (and the containers they
+        // hold) are ours to stop.
+        for pid in shims.iter().chain(our_shims(&self.socket).iter()) {
+            // SAFETY: a shim started by our containerd, found by our socket.
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+        }
+        for dir in [&self.disk_dir, &self.run_dir] {
+            for m in mounts_under(dir) {
+                let c = std::ffi::CString::new(m.clone()).expect("mount path without NUL");
+                // SAFETY: unmounting a mount point under our own directory.
+                if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+                    eprintln!("warning: cannot unmount {m}: {}", std::io::Error::last_os_error());
+                }
+            }
+        }
+        let _ = fs::remove_dir_all(&self.run_dir);
+        // Keep the config and log for a post-mortem; the root (images,
+        // snapshots) is the bulk.
+        let _ = fs::remove_dir_all(self.disk_dir.join("root"));
+    }
+}

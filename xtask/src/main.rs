@@ -1,0 +1,68 @@
+//! `cargo xtask`: the project's build, test, demo and benchmark driver, and
+//! the only place that installs prerequisites.
+
+mod bench;
+mod cmd;
+mod containerd;
+mod images;
+mod run;
+mod setup;
+mod test;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "swiftlet's build, test, demo and bench driver")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install every prerequisite (Debian packages, rust-src, bpf-linker).
+    Setup,
+    /// Build the eBPF programs (the agent's build script does this too).
+    BuildEbpf,
+    /// Install what is missing, then fmt, clippy, unit and integration tests.
+    Test(test::Args),
+    /// Start our own containerd and swiftlet on the static pods in examples/.
+    Run(run::Args),
+    /// Run the benchmarks and write target/bench/report.md and results.json.
+    Bench(bench::Args),
+    /// Start a project-local containerd and wait (for manual experiments).
+    Containerd,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    match run(cli.task) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("\x1b[1;31merror:\x1b[0m {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(task: Task) -> Result<()> {
+    match task {
+        Task::Setup => setup::all().map(|_| ()),
+        Task::BuildEbpf => {
+            let tc = setup::ensure_ebpf_toolchain()?;
+            setup::build_ebpf(&tc)
+        }
+        Task::Test(args) => test::run(args),
+        Task::Run(args) => run::run(args),
+        Task::Bench(args) => bench::run(args),
+        Task::Containerd => {
+            setup::all()?;
+            let c = containerd::Containerd::start(cmd::workspace_root(), "manual")?;
+            cmd::step(format!("containerd is running: CONTAINER_RUNTIME_ENDPOINT={}", c.endpoint()));
+            cmd::note("press Ctrl-C to stop it");
+            run::wait_for_interrupt();
+            Ok(())
+        }
+    }
+}
