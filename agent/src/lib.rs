@@ -2,4 +2,9 @@
 //! the kernel through eBPF. See docs/ARCHITECTURE.md for the map.
 
 pub mod cgroups;
+pub mod cm;
+pub mod events;
+pub mod eviction;
+pub mod pods;
+pub mod quantity;
 pub mod signals;

@@ -1,0 +1,228 @@
+//! The kubelet's eviction signals and thresholds.
+
+use std::{fmt, time::Duration};
+
+use thiserror::Error;
+
+use crate::quantity::{Quantity, QuantityError};
+
+/// The seven eviction signals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EvictionSignal {
+    MemoryAvailable,
+    AllocatableMemoryAvailable,
+    NodeFsAvailable,
+    NodeFsInodesFree,
+    ImageFsAvailable,
+    ImageFsInodesFree,
+    PidAvailable,
+}
+
+impl EvictionSignal {
+    pub const ALL: [EvictionSignal; 7] = [
+        EvictionSignal::MemoryAvailable,
+        EvictionSignal::AllocatableMemoryAvailable,
+        EvictionSignal::NodeFsAvailable,
+        EvictionSignal::NodeFsInodesFree,
+        EvictionSignal::ImageFsAvailable,
+        EvictionSignal::ImageFsInodesFree,
+        EvictionSignal::PidAvailable,
+    ];
+
+    /// The name used in flags, config files and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            EvictionSignal::MemoryAvailable => "memory.available",
+            EvictionSignal::AllocatableMemoryAvailable => "allocatableMemory.available",
+            EvictionSignal::NodeFsAvailable => "nodefs.available",
+            EvictionSignal::NodeFsInodesFree => "nodefs.inodesFree",
+            EvictionSignal::ImageFsAvailable => "imagefs.available",
+            EvictionSignal::ImageFsInodesFree => "imagefs.inodesFree",
+            EvictionSignal::PidAvailable => "pid.available",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<EvictionSignal> {
+        EvictionSignal::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// The node condition this signal drives.
+    pub fn condition(self) -> NodeCondition {
+        match self {
+            EvictionSignal::MemoryAvailable | EvictionSignal::AllocatableMemoryAvailable => {
+                NodeCondition::MemoryPressure
+            }
+            EvictionSignal::PidAvailable => NodeCondition::PidPressure,
+            _ => NodeCondition::DiskPressure,
+        }
+    }
+
+    /// The resource named in eviction messages ("memory", "ephemeral-storage", "pids").
+    pub fn resource(self) -> &'static str {
+        match self {
+            EvictionSignal::MemoryAvailable | EvictionSignal::AllocatableMemoryAvailable => "memory",
+            EvictionSignal::NodeFsAvailable | EvictionSignal::ImageFsAvailable => "ephemeral-storage",
+            EvictionSignal::NodeFsInodesFree | EvictionSignal::ImageFsInodesFree => "inodes",
+            EvictionSignal::PidAvailable => "pids",
+        }
+    }
+}
+
+impl fmt::Display for EvictionSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The node conditions eviction reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NodeCondition {
+    MemoryPressure,
+    DiskPressure,
+    PidPressure,
+}
+
+impl NodeCondition {
+    pub const ALL: [NodeCondition; 3] =
+        [NodeCondition::MemoryPressure, NodeCondition::DiskPressure, NodeCondition::PidPressure];
+
+    /// The condition type in NodeStatus.
+    pub fn type_name(self) -> &'static str {
+        match self {
+            NodeCondition::MemoryPressure => "MemoryPressure",
+            NodeCondition::DiskPressure => "DiskPressure",
+            NodeCondition::PidPressure => "PIDPressure",
+        }
+    }
+
+    /// The NoSchedule taint key the node gets while the condition holds.
+    pub fn taint_key(self) -> &'static str {
+        match self {
+            NodeCondition::MemoryPressure => "node.kubernetes.io/memory-pressure",
+            NodeCondition::DiskPressure => "node.kubernetes.io/disk-pressure",
+            NodeCondition::PidPressure => "node.kubernetes.io/pid-pressure",
+        }
+    }
+}
+
+/// A threshold value: an absolute quantity or a fraction of capacity.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ThresholdValue {
+    Quantity(Quantity),
+    /// 0.0..=1.0
+    Percentage(f64),
+}
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum ThresholdValueError {
+    #[error("`{0}` is not a percentage between 0% and 100%")]
+    Percentage(String),
+    #[error(transparent)]
+    Quantity(#[from] QuantityError),
+    #[error("`{0}` is negative")]
+    Negative(String),
+}
+
+impl ThresholdValue {
+    /// Parses `100Mi` or `10%` (or `10.5%`).
+    pub fn parse(s: &str) -> Result<ThresholdValue, ThresholdValueError> {
+        let s = s.trim();
+        if let Some(p) = s.strip_suffix('%') {
+            let v: f64 = p.trim().parse().map_err(|_| ThresholdValueError::Percentage(s.to_owned()))?;
+            if !(0.0..=100.0).contains(&v) || !v.is_finite() {
+                return Err(ThresholdValueError::Percentage(s.to_owned()));
+            }
+            return Ok(ThresholdValue::Percentage(v / 100.0));
+        }
+        let q = Quantity::parse(s)?;
+        if q.is_negative() {
+            return Err(ThresholdValueError::Negative(s.to_owned()));
+        }
+        Ok(ThresholdValue::Quantity(q))
+    }
+
+    /// The value in the signal's unit, given the capacity percentages are of.
+    pub fn resolve(&self, capacity: u64) -> u64 {
+        match self {
+            ThresholdValue::Quantity(q) => q.value().max(0) as u64,
+            ThresholdValue::Percentage(p) => (capacity as f64 * p) as u64,
+        }
+    }
+
+    pub fn is_zero(&self) -> bool {
+        match self {
+            ThresholdValue::Quantity(q) => *q == Quantity::ZERO,
+            ThresholdValue::Percentage(p) => *p == 0.0,
+        }
+    }
+}
+
+impl fmt::Display for ThresholdValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ThresholdValue::Quantity(q) => write!(f, "{q}"),
+            ThresholdValue::Percentage(p) => write!(f, "{}%", p * 100.0),
+        }
+    }
+}
+
+/// One eviction threshold: `signal < value`, hard when `grace_period` is
+/// zero, soft otherwise; `min_reclaim` is how far below the line eviction
+/// keeps going once started.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvictionThreshold {
+    pub signal: EvictionSignal,
+    pub value: ThresholdValue,
+    pub grace_period: Duration,
+    pub min_reclaim: Option<ThresholdValue>,
+}
+
+impl EvictionThreshold {
+    pub fn is_hard(&self) -> bool {
+        self.grace_period.is_zero()
+    }
+}
+
+/// The upstream default hard thresholds: memory.available<100Mi,
+/// nodefs.available<10%, nodefs.inodesFree<5%, imagefs.available<15%.
+pub fn default_hard_thresholds() -> Vec<EvictionThreshold> {
+    let t = |signal, value| EvictionThreshold { signal, value, grace_period: Duration::ZERO, min_reclaim: None };
+    vec![
+        t(EvictionSignal::MemoryAvailable, ThresholdValue::Quantity(Quantity::from_units(100 << 20))),
+        t(EvictionSignal::NodeFsAvailable, ThresholdValue::Percentage(0.10)),
+        t(EvictionSignal::NodeFsInodesFree, ThresholdValue::Percentage(0.05)),
+        t(EvictionSignal::ImageFsAvailable, ThresholdValue::Percentage(0.15)),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for s in EvictionSignal::ALL {
+            assert_eq!(EvictionSignal::from_name(s.name()), Some(s));
+        }
+        assert_eq!(EvictionSignal::from_name("foo.available"), None);
+        assert_eq!(EvictionSignal::from_name("Memory.available"), None);
+    }
+
+    #[test]
+    fn values() {
+        assert_eq!(ThresholdValue::parse("10%").unwrap(), ThresholdValue::Percentage(0.10));
+        assert_eq!(ThresholdValue::parse("0%").unwrap(), ThresholdValue::Percentage(0.0));
+        assert_eq!(ThresholdValue::parse("100Mi").unwrap().resolve(0), 100 << 20);
+        assert_eq!(ThresholdValue::parse("10%").unwrap().resolve(1000), 100);
+        for bad in ["101%", "-1%", "abc%", "%", "abc", "2Gx", "-1Gi", "NaN%"] {
+            assert!(ThresholdValue::parse(bad).is_err(), "`{bad}` must be rejected");
+        }
+    }
+
+    #[test]
+    fn conditions() {
+        assert_eq!(EvictionSignal::AllocatableMemoryAvailable.condition(), NodeCondition::MemoryPressure);
+        assert_eq!(EvictionSignal::ImageFsInodesFree.condition(), NodeCondition::DiskPressure);
+        assert_eq!(NodeCondition::PidPressure.type_name(), "PIDPressure");
+    }
+}

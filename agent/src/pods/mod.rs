@@ -1,0 +1,8 @@
+//! Pods: where they come from (static manifests, the API server), the
+//! worker per pod that drives CRI toward the spec, and their status.
+//!
+//! Sources deliver a full snapshot of their pods each time something
+//! changes (the kubelet's config "SET" operation): simple to reason about,
+//! and a re-list after a watch gap needs no special case.
+
+pub mod source;

@@ -1,0 +1,44 @@
+//! The seams between pod sources, the pod workers and status reporting.
+
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+
+/// Where a pod came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SourceKind {
+    /// The static manifest directory (`staticPodPath`).
+    File,
+    /// The API server (pods bound to this node).
+    Api,
+}
+
+impl SourceKind {
+    /// The value of the `kubernetes.io/config.source` annotation.
+    pub fn annotation(self) -> &'static str {
+        match self {
+            SourceKind::File => "file",
+            SourceKind::Api => "api",
+        }
+    }
+}
+
+/// Every pod one source currently wants on this node. A snapshot replaces
+/// the previous one from the same source.
+#[derive(Clone, Debug)]
+pub struct PodSnapshot {
+    pub source: SourceKind,
+    pub pods: Vec<Pod>,
+}
+
+/// Receives pod status changes (to patch them to the API server, serve them
+/// on /pods, ...). Called with the pod as the source gave it and the status
+/// the kubelet computed; only changes are reported.
+pub trait StatusReporter: Send + Sync {
+    fn report(&self, pod: &Pod, status: &PodStatus);
+}
+
+/// A reporter that drops everything (standalone mode).
+pub struct NoStatusReporter;
+
+impl StatusReporter for NoStatusReporter {
+    fn report(&self, _pod: &Pod, _status: &PodStatus) {}
+}
