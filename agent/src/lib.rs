@@ -5,6 +5,7 @@ pub mod cgroups;
 pub mod cm;
 pub mod events;
 pub mod eviction;
+pub mod metrics;
 pub mod pods;
 pub mod quantity;
 pub mod signals;

@@ -130,6 +130,22 @@ impl std::str::FromStr for Quantity {
     }
 }
 
+/// Formats a byte count the way `resource.Quantity` prints binary values:
+/// the largest of Ki/Mi/Gi/Ti/Pi/Ei that divides it exactly, or plain bytes.
+pub fn format_bytes(bytes: u64) -> String {
+    const SUFFIXES: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    if bytes == 0 {
+        return "0".into();
+    }
+    let mut v = bytes;
+    let mut i = 0;
+    while i < SUFFIXES.len() && v.is_multiple_of(1024) {
+        v /= 1024;
+        i += 1;
+    }
+    if i == 0 { v.to_string() } else { format!("{v}{}", SUFFIXES[i - 1]) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,6 +191,20 @@ mod tests {
             Err(QuantityError::Overflow("99999999999999999999999999999999Ei".into()))
         );
         assert!(matches!("2Gx".parse::<Quantity>(), Err(QuantityError::Invalid(s)) if s == "2Gx"));
+    }
+
+    #[test]
+    fn bytes_format_like_quantity() {
+        for (b, s) in [
+            (0, "0"),
+            (1000, "1000"),
+            (1024, "1Ki"),
+            (72_824 * 1024, "72824Ki"),
+            (500 << 20, "500Mi"),
+            (3 << 30, "3Gi"),
+        ] {
+            assert_eq!(format_bytes(b), s);
+        }
     }
 
     #[test]

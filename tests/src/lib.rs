@@ -6,5 +6,6 @@
 //! behind, and never touches a cgroup, process or mount it did not create.
 
 pub mod cgroup;
+pub mod pods;
 pub mod prereq;
 pub mod workload;

@@ -95,8 +95,19 @@ pub fn qos_class(spec: &PodSpec) -> QosClass {
     }
 }
 
+/// The pod's priority: `spec.priority`, or for a pod that names one of the
+/// built-in classes without a resolved number (static pods in standalone
+/// mode never pass priority admission), that class's value.
 pub fn priority(pod: &Pod) -> i32 {
-    pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
+    let spec = pod.spec.as_ref();
+    if let Some(p) = spec.and_then(|s| s.priority) {
+        return p;
+    }
+    match spec.and_then(|s| s.priority_class_name.as_deref()) {
+        Some("system-node-critical") => SYSTEM_NODE_CRITICAL_PRIORITY,
+        Some("system-cluster-critical") => SYSTEM_CRITICAL_PRIORITY,
+        _ => 0,
+    }
 }
 
 /// A static pod read from the manifest directory, or its mirror.

@@ -1,4 +1,9 @@
 //! The eviction manager: signals, thresholds, node conditions, ranking and
-//! the decision (pure), and its driver at the edge.
+//! the decision (pure: `core`, `ranking`, `observe`), and its driver at the
+//! edge (`driver`: kernel lines, victim plan, fast-path kill, event loop).
 
+pub mod core;
+pub mod driver;
+pub mod observe;
+pub mod ranking;
 pub mod signal;

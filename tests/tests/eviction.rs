@@ -1,0 +1,180 @@
+//! The eviction manager end to end on this machine: real cgroups, the real
+//! signal source, real processes as pods, a kubepods cgroup limited to
+//! allocatable. A BestEffort pod ramps memory past
+//! allocatableMemory.available and must be killed before the kernel's OOM
+//! killer fires, while a Guaranteed pod beside it keeps running.
+
+use std::{
+    os::unix::process::ExitStatusExt,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use swiftlet::{
+    eviction::{
+        core::EvictionConfig,
+        driver::{DriverConfig, EvictionContainer, EvictionManager, EvictionPod, KillPath},
+        observe::NodeInfo,
+        signal::{EvictionSignal, EvictionThreshold, NodeCondition, ThresholdValue},
+    },
+    metrics::Metrics,
+    quantity::Quantity,
+    signals::{self, SignalEvent, SourceChoice, ebpf::EbpfOptions, node},
+};
+use swiftlet_tests::{cgroup::TestCgroup, pods::FakePods, prereq, workload};
+
+const MIB: u64 = 1 << 20;
+const ALLOCATABLE: u64 = 1024 * MIB;
+
+fn pod(uid: &str, cgroup: &str, memory_request: u64) -> EvictionPod {
+    EvictionPod {
+        uid: uid.into(),
+        namespace: "default".into(),
+        name: uid.into(),
+        cgroup: cgroup.into(),
+        termination_grace_secs: 30,
+        memory_request,
+        containers: vec![EvictionContainer { name: "main".into(), memory_request, cgroup: Some(cgroup.into()) }],
+        ..Default::default()
+    }
+}
+
+fn oom_kills(fs: &swiftlet::cgroups::CgroupFs, cg: &str) -> u64 {
+    let dir = fs.memory_dir(cg);
+    let text = std::fs::read_to_string(dir.join("memory.oom_control"))
+        .or_else(|_| std::fs::read_to_string(dir.join("memory.events")))
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse().ok()))
+        .expect("oom_kill counter")
+}
+
+fn race(choice: SourceChoice, poll: Duration) {
+    prereq::require_root();
+    prereq::require_btf();
+    let tc = TestCgroup::new();
+    let kubepods = tc.child("kubepods");
+    // enforceNodeAllocatable=pods: the kernel OOM-kills at allocatable.
+    tc.fs.set_memory_limit(&kubepods, Some(ALLOCATABLE)).unwrap();
+    let besteffort_pod = tc.child("kubepods/besteffort/podhog");
+    let guaranteed_pod = tc.child("kubepods/podsteady");
+
+    let opened = signals::open(choice, tc.fs.clone(), &EbpfOptions::default(), poll).unwrap();
+    assert_eq!(opened.source.mode().as_str(), if choice == SourceChoice::Ebpf { "ebpf" } else { "cgroupfs" });
+    let pods = Arc::new(FakePods::new(vec![pod("hog", &besteffort_pod, 0), pod("steady", &guaranteed_pod, 128 * MIB)]));
+    let threshold = EvictionThreshold {
+        signal: EvictionSignal::AllocatableMemoryAvailable,
+        value: ThresholdValue::Quantity(Quantity::from_units((256 * MIB) as i64)),
+        grace_period: Duration::ZERO,
+        min_reclaim: None,
+    };
+    let cfg = DriverConfig {
+        eviction: EvictionConfig {
+            thresholds: vec![threshold],
+            pressure_transition_period: Duration::from_secs(2),
+            max_pod_grace_period_secs: 0,
+        },
+        node: NodeInfo {
+            memory_capacity: node::mem_total().unwrap(),
+            allocatable_memory: ALLOCATABLE,
+            pid_limit: node::pid_limit().unwrap(),
+            kubepods_cgroup: kubepods.clone(),
+        },
+        nodefs_path: env!("CARGO_TARGET_TMPDIR").into(),
+        imagefs_path: None,
+        housekeeping_interval: Duration::from_secs(10),
+        plan_interval: Duration::from_millis(200),
+    };
+    let metrics = Arc::new(Metrics::new());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (manager, event_loop) = EvictionManager::new(
+        cfg,
+        opened.source.clone(),
+        tc.fs.clone(),
+        pods.clone(),
+        pods.clone(),
+        None,
+        metrics.clone(),
+    );
+    let mut events = manager.events();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let task = rt.spawn(event_loop.run(stop_rx));
+
+    let mut steady = workload::Steps::spawn(&tc.fs, &guaranteed_pod);
+    steady.run("anon 64");
+    // The plan must rank the hog first before it starts.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while manager.plan(EvictionSignal::AllocatableMemoryAvailable).first().map(|v| v.uid.as_str()) != Some("hog") {
+        assert!(
+            Instant::now() < deadline,
+            "no victim plan: {:?}",
+            manager.plan(EvictionSignal::AllocatableMemoryAvailable)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let mut cmd = std::process::Command::new(workload::binary());
+    cmd.args(["hog", "256", "2048"]).stdout(std::process::Stdio::null());
+    workload::in_cgroup(&mut cmd, &tc.fs, &besteffort_pod);
+    let started = Instant::now();
+    let mut hog = cmd.spawn().unwrap();
+    let status = hog.wait().unwrap();
+    println!("[{}] hog ended after {:?}: {status}", opened.source.mode().as_str(), started.elapsed());
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while pods.evictions().is_empty() {
+        assert!(Instant::now() < deadline, "no eviction was recorded");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ev = &pods.evictions()[0];
+    println!("[{}] eviction: {} killed={:?}: {}", opened.source.mode().as_str(), ev.name, ev.killed, ev.message);
+    assert_eq!(ev.uid, "hog");
+    assert_eq!(ev.signal, EvictionSignal::AllocatableMemoryAvailable);
+    assert_eq!(ev.killed, KillPath::Agent);
+    assert_eq!(ev.grace_period_secs, 0);
+    assert!(
+        ev.message.starts_with("The node was low on resource: memory. Threshold quantity: 256Mi, available: "),
+        "{}",
+        ev.message
+    );
+    assert!(ev.message.contains("Signal: allocatableMemory.available."), "{}", ev.message);
+    assert_eq!(pods.evictions().len(), 1, "one pod was enough: {:?}", pods.evictions());
+
+    // The Guaranteed pod is untouched, and the kernel never had to OOM-kill.
+    steady.run("anon 1");
+    assert_eq!(oom_kills(&tc.fs, &kubepods), 0, "the kernel OOM killer fired in kubepods");
+    let mut oom_events = vec![];
+    while let Ok(e) = events.try_recv() {
+        if matches!(e, SignalEvent::OomKill { .. }) {
+            oom_events.push(e);
+        }
+    }
+    assert!(oom_events.is_empty(), "OOM kill events: {oom_events:?}");
+    assert!(
+        manager.conditions().borrow().contains(&NodeCondition::MemoryPressure) || {
+            // With a 2 s transition period the condition may have cleared already.
+            started.elapsed() > Duration::from_secs(2)
+        }
+    );
+    let exposition = metrics.encode();
+    let evictions_line =
+        exposition.lines().find(|l| l.starts_with("kubelet_evictions_total{")).unwrap_or_default().to_owned();
+    println!("[{}] {evictions_line}", opened.source.mode().as_str());
+    assert!(evictions_line.contains("eviction_signal=\"allocatableMemory.available\"} 1"), "{exposition}");
+    for l in exposition.lines().filter(|l| l.starts_with("swiftlet_eviction_crossing_to_") && l.contains("_sum")) {
+        println!("[{}] {l}", opened.source.mode().as_str());
+    }
+    stop_tx.send(true).unwrap();
+    rt.block_on(task).unwrap();
+}
+
+#[test]
+fn besteffort_hog_is_evicted_before_the_oom_killer_ebpf() {
+    race(SourceChoice::Ebpf, Duration::from_secs(10));
+}
+
+#[test]
+fn besteffort_hog_is_evicted_before_the_oom_killer_cgroupfs_100ms() {
+    race(SourceChoice::Cgroupfs, Duration::from_millis(100));
+}
