@@ -232,6 +232,9 @@ pub enum EventKind {
     CgroupRemoved = 3,
     /// The kernel killed a planned victim at a crossing.
     KernelKill = 4,
+    /// A process the agent asked to watch has exited (benchmarks and the
+    /// eviction path's "victim dead" time, on the kernel's clock).
+    ProcessExit = 5,
 }
 
 impl EventKind {
@@ -241,6 +244,7 @@ impl EventKind {
             2 => Some(EventKind::OomVictim),
             3 => Some(EventKind::CgroupRemoved),
             4 => Some(EventKind::KernelKill),
+            5 => Some(EventKind::ProcessExit),
             _ => None,
         }
     }

@@ -53,6 +53,10 @@ pub static RESOLVE: LruHashMap<u64, Resolution> = LruHashMap::with_max_entries(8
 #[map]
 pub static PROCS: HashMap<u32, u64> = HashMap::with_max_entries(65536, 0);
 
+/// Processes (by tgid) whose exit the agent wants reported. Agent-owned.
+#[map]
+pub static WATCH_EXIT: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+
 /// Global control block (one element). Mapped into the agent's memory.
 #[map]
 pub static CONTROL: Array<Control> = Array::with_max_entries(1, BPF_F_MMAPABLE);

@@ -7,12 +7,12 @@
 //! what `sysinfo().procs` (the kubelet's pid.available input) reports.
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
-use swiftlet_common::{NODE_SLOT, Resolution, Signal};
+use swiftlet_common::{Event, EventKind, NODE_SLOT, Resolution, Signal};
 
 use crate::{
     kernel,
-    maps::{EXIT_HAS_GROUP_DEAD, LAYOUT, PROCS, control, slot},
-    threshold::{apply_count, atomic_add, bump, evaluate, resolve},
+    maps::{EXIT_HAS_GROUP_DEAD, LAYOUT, PROCS, WATCH_EXIT, control, slot},
+    threshold::{apply_count, atomic_add, bump, emit, evaluate, resolve},
 };
 
 #[inline(always)]
@@ -79,6 +79,23 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
     let process_ends = if EXIT_HAS_GROUP_DEAD.load() != 0 { ctx.arg::<u64>(1) as u8 != 0 } else { pid == tgid };
     if !process_ends {
         return 0;
+    }
+    // SAFETY: read-only lookup.
+    if unsafe { WATCH_EXIT.get(&tgid) }.is_some() {
+        let _ = WATCH_EXIT.remove(&tgid);
+        emit(&Event {
+            kind: EventKind::ProcessExit as u32,
+            signal: 0,
+            // SAFETY: no preconditions.
+            ts_ns: unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() },
+            cgroup_id: 0,
+            slot: u32::MAX,
+            direction: 0,
+            value: 0,
+            threshold: 0,
+            pid: tgid,
+            aux: 0,
+        });
     }
     // SAFETY: read-only lookup of a u64 value.
     let memcg = match unsafe { PROCS.get(&tgid) } {

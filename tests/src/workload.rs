@@ -10,18 +10,25 @@ use std::{
 
 use swiftlet::cgroups::{CgroupFs, Version};
 
-/// The workload binary built beside the test binaries.
+/// A binary of this workspace built beside the running one: next to it
+/// (benchmark runner in target/<profile>/) or one level up (test binaries
+/// in target/<profile>/deps/).
+pub fn sibling_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("own executable path");
+    let dir = exe.parent().expect("executable directory");
+    let candidates = [dir.join(name), dir.parent().map(|d| d.join(name)).unwrap_or_default()];
+    match candidates.iter().find(|p| p.is_file()) {
+        Some(p) => p.clone(),
+        None => panic!(
+            "{name} is missing beside {}: build it with `cargo build -p swiftlet-tests --bins` (cargo xtask test does)",
+            exe.display()
+        ),
+    }
+}
+
+/// The workload generator.
 pub fn binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    // target/<profile>/deps/<test> → target/<profile>/swiftlet-workload
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let p = dir.join("swiftlet-workload");
-    assert!(
-        p.exists(),
-        "{} is missing: build it with `cargo build -p swiftlet-tests --bins` (cargo xtask test does)",
-        p.display()
-    );
-    p
+    sibling_binary("swiftlet-workload")
 }
 
 /// cgroup.procs files a new process writes itself into before exec.

@@ -312,6 +312,7 @@ impl EventSink for Sink {
                 inner.source.unregister(&cgroup);
                 lock(&inner.registered).remove(&cgroup);
             }
+            SignalEvent::ProcessExit { .. } => {}
             SignalEvent::KernelKill { .. } | SignalEvent::Crossing { .. } => {
                 let _ = inner.wake.send(Wake::Other);
             }

@@ -130,6 +130,7 @@ pub struct EbpfSource {
     page: u64,
     cgroup_slot: Mutex<BpfHashMap<MapData, u64, u32>>,
     plans: Mutex<Array<MapData, VictimPlan>>,
+    watch_exit: Mutex<BpfHashMap<MapData, u32, u32>>,
     strategies: Strategies,
     /// Program names and ids, for the run-time metrics.
     program_names: Vec<String>,
@@ -254,6 +255,7 @@ impl EbpfSource {
         drop((slots_map, control_map));
         let cgroup_slot = BpfHashMap::try_from(take(&mut ebpf, "CGROUP_SLOT")?).map_err(|e| err("CGROUP_SLOT", e))?;
         let plans = Array::try_from(take(&mut ebpf, "PLANS")?).map_err(|e| err("PLANS", e))?;
+        let watch_exit = BpfHashMap::try_from(take(&mut ebpf, "WATCH_EXIT")?).map_err(|e| err("WATCH_EXIT", e))?;
         let ring = RingBuf::try_from(take(&mut ebpf, "EVENTS")?).map_err(|e| err("EVENTS", e))?;
 
         let shared = Arc::new(Shared {
@@ -304,6 +306,7 @@ impl EbpfSource {
             page,
             cgroup_slot: Mutex::new(cgroup_slot),
             plans: Mutex::new(plans),
+            watch_exit: Mutex::new(watch_exit),
             strategies,
             program_names,
             stop,
@@ -334,6 +337,12 @@ impl EbpfSource {
     pub fn set_plan(&self, signal: Signal, plan: &VictimPlan) -> Result<(), SignalError> {
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         plans.set(signal as u32, plan, 0).map_err(|e| err("PLANS", e))
+    }
+
+    /// Reports the exit of process `pid` as [`SignalEvent::ProcessExit`],
+    /// timestamped by the kernel.
+    pub fn watch_exit(&self, pid: u32) -> Result<(), SignalError> {
+        self.watch_exit.lock().unwrap_or_else(|p| p.into_inner()).insert(pid, 1, 0).map_err(|e| err("WATCH_EXIT", e))
     }
 
     /// Turns the kernel's own kills on or off.
@@ -672,6 +681,7 @@ fn decode(bytes: &[u8], shared: &Shared, page: u64, received_ns: u64) -> Option<
             received_ns,
         }),
         EventKind::CgroupRemoved => Some(SignalEvent::CgroupRemoved { cgroup: path?, at_ns: ev.ts_ns }),
+        EventKind::ProcessExit => Some(SignalEvent::ProcessExit { pid: ev.pid, at_ns: ev.ts_ns, received_ns }),
         EventKind::KernelKill => Some(SignalEvent::KernelKill {
             cgroup: path,
             cgroup_id: ev.cgroup_id,

@@ -162,6 +162,8 @@ pub enum SignalEvent {
     },
     /// A registered cgroup disappeared.
     CgroupRemoved { cgroup: String, at_ns: u64 },
+    /// A watched process exited ([`ebpf::EbpfSource::watch_exit`]).
+    ProcessExit { pid: u32, at_ns: u64, received_ns: u64 },
     /// The kernel killed a planned victim at a crossing.
     KernelKill {
         cgroup: Option<String>,

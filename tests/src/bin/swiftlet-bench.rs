@@ -1,2 +1,171 @@
-//! Benchmark runner (placeholder until the harness lands).
-fn main() {}
+//! The benchmark runner behind `cargo xtask bench`: runs the benches,
+//! shows progress, writes report.md, results.json and SVG plots.
+
+use std::{path::PathBuf, time::Instant};
+
+use anyhow::{Context as _, Result, bail};
+use swiftlet_tests::bench::{self, BenchResult, Ctx};
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let mut out = PathBuf::from("target/bench");
+    let mut quick = false;
+    let mut names = vec![];
+    let mut list = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--out" => out = PathBuf::from(args.next().context("--out needs a directory")?),
+            "--quick" => quick = true,
+            "--list" => list = true,
+            s if s.starts_with('-') => bail!("unknown option {s}"),
+            s => names.push(s.to_owned()),
+        }
+    }
+    let all = bench::all();
+    if list {
+        for (name, about, _) in &all {
+            println!("{name:<16} {about}");
+        }
+        return Ok(());
+    }
+    for n in &names {
+        if !all.iter().any(|(name, _, _)| name == n) {
+            bail!("no bench named `{n}` (try --list)");
+        }
+    }
+    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    let ctx = Ctx { quick, out: out.clone() };
+    let mut results: Vec<BenchResult> = vec![];
+    let mut failed = vec![];
+    let started = Instant::now();
+    for (name, about, f) in all.iter().filter(|(n, _, _)| names.is_empty() || names.iter().any(|x| x == n)) {
+        eprintln!("==> bench {name}: {about}");
+        let t = Instant::now();
+        match f(&ctx) {
+            Ok(r) => {
+                for fig in &r.figures {
+                    let v = match (fig.p50, fig.value) {
+                        (Some(p50), _) => format!(
+                            "p50 {p50:.3} p99 {:.3} max {:.3}",
+                            fig.p99.unwrap_or(f64::NAN),
+                            fig.max.unwrap_or(f64::NAN)
+                        ),
+                        (None, Some(v)) => format!("{v:.3}"),
+                        _ => "-".into(),
+                    };
+                    eprintln!("    {:<70} {v} {} (n={})", fig.name, fig.unit, fig.samples);
+                }
+                eprintln!("    done in {:.1}s", t.elapsed().as_secs_f64());
+                results.push(r);
+            }
+            Err(e) => {
+                eprintln!("    FAILED: {e:#}");
+                failed.push(*name);
+            }
+        }
+    }
+    let date = std::process::Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    // Merge with earlier results of benches not run this time.
+    let json_path = out.join("results.json");
+    let mut merged: Vec<serde_json::Value> = std::fs::read(&json_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v.get("benches").cloned())
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default();
+    merged.retain(|b| !results.iter().any(|r| Some(r.name.as_str()) == b.get("name").and_then(|n| n.as_str())));
+    merged.extend(results.iter().map(|r| serde_json::to_value(r).unwrap_or_default()));
+    let machine: serde_json::Map<String, serde_json::Value> =
+        bench::machine().into_iter().map(|(k, v)| (k, serde_json::Value::String(v))).collect();
+    std::fs::write(
+        &json_path,
+        serde_json::to_vec_pretty(
+            &serde_json::json!({"date": date, "quick": quick, "machine": machine, "benches": merged}),
+        )?,
+    )?;
+    let all_results: Vec<BenchResult> = merged.iter().filter_map(from_json).collect();
+    std::fs::write(out.join("report.md"), bench::render(&all_results, quick, &date))?;
+    eprintln!("==> wrote {}/report.md and results.json in {:.1}s", out.display(), started.elapsed().as_secs_f64());
+    if !failed.is_empty() {
+        bail!("benches failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// Rebuilds a result from results.json (for benches kept from earlier runs).
+fn from_json(v: &serde_json::Value) -> Option<BenchResult> {
+    let s = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+    let strings = |k: &str| -> Vec<String> {
+        v.get(k)
+            .and_then(|x| x.as_array())
+            .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default()
+    };
+    let figures = v
+        .get("figures")?
+        .as_array()?
+        .iter()
+        .filter_map(|f| {
+            let n = |k: &str| f.get(k).and_then(|x| x.as_f64());
+            Some(bench::Figure {
+                name: f.get("name")?.as_str()?.to_owned(),
+                unit: f.get("unit")?.as_str()?.to_owned(),
+                samples: f.get("samples")?.as_u64()? as usize,
+                p50: n("p50"),
+                p99: n("p99"),
+                max: n("max"),
+                value: n("value"),
+            })
+        })
+        .collect();
+    let tables = v
+        .get("tables")
+        .and_then(|t| t.as_array())
+        .map(|ts| {
+            ts.iter()
+                .map(|t| bench::Table {
+                    header: t
+                        .get("header")
+                        .and_then(|h| h.as_array())
+                        .map(|h| h.iter().filter_map(|x| x.as_str().map(str::to_owned)).collect())
+                        .unwrap_or_default(),
+                    rows: t
+                        .get("rows")
+                        .and_then(|r| r.as_array())
+                        .map(|rs| {
+                            rs.iter()
+                                .filter_map(|r| {
+                                    r.as_array()
+                                        .map(|c| c.iter().filter_map(|x| x.as_str().map(str::to_owned)).collect())
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(BenchResult {
+        name: s("name")?,
+        title: s("title")?,
+        figures,
+        tables,
+        plots: strings("plots"),
+        notes: strings("notes"),
+    })
+}

@@ -13,6 +13,9 @@
 //!   exit
 //! `swiftlet-workload hog <MiB/s> <max MiB>` touches memory at a steady rate.
 //! `swiftlet-workload sleep` waits until killed.
+//! `swiftlet-workload touch <MiB>` touches that much memory in 4 KiB pages, then exits.
+//! `swiftlet-workload forkloop <N>` forks N children that exit at once, one at a time.
+//! `swiftlet-workload fileloop <N> <dir>` creates and unlinks N files.
 
 use std::{
     fs,
@@ -66,6 +69,45 @@ fn main() {
             let rate: f64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(256.0);
             let max: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1024);
             hog(rate, max);
+        }
+        Some("touch") => {
+            let mib: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(256);
+            match map_and_touch(mib * MIB) {
+                Ok(a) => unmap(a),
+                Err(e) => {
+                    eprintln!("touch: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+        Some("forkloop") => {
+            let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1000);
+            for _ in 0..n {
+                // SAFETY: the child only calls _exit.
+                match unsafe { libc::fork() } {
+                    0 => unsafe { libc::_exit(0) },
+                    pid if pid > 0 => {
+                        let mut status = 0;
+                        // SAFETY: waiting for our own child.
+                        unsafe { libc::waitpid(pid, &mut status, 0) };
+                    }
+                    _ => {
+                        eprintln!("forkloop: fork failed: {}", std::io::Error::last_os_error());
+                        std::process::exit(1);
+                    }
+                }
+            }
+        }
+        Some("fileloop") => {
+            let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1000);
+            let dir = PathBuf::from(args.get(2).map(String::as_str).unwrap_or("."));
+            for i in 0..n {
+                let p = dir.join(format!("loop-{}-{i}", std::process::id()));
+                if let Err(e) = fs::File::create(&p).and_then(|_| fs::remove_file(&p)) {
+                    eprintln!("fileloop: {}: {e}", p.display());
+                    std::process::exit(1);
+                }
+            }
         }
         Some("sleep") => loop {
             std::thread::sleep(Duration::from_secs(3600));

@@ -1,0 +1,203 @@
+//! The benchmark harness: each bench returns figures (with unit, sample
+//! count, and p50/p99/max for distributions), tables and plots; the runner
+//! writes target/bench/report.md, results.json and the SVG plots.
+//!
+//! Comparisons are ratios of figures measured side by side in the same run:
+//! this machine is shared and noisy, so absolute numbers drift between runs
+//! while ratios hold.
+
+pub mod race;
+pub mod signals;
+pub mod svg;
+
+use std::{fmt::Write as _, path::PathBuf};
+
+use serde::Serialize;
+
+/// What a bench needs from the runner.
+pub struct Ctx {
+    /// Short runs for smoke checks.
+    pub quick: bool,
+    /// Where plots go.
+    pub out: PathBuf,
+}
+
+impl Ctx {
+    /// `full` normally, `quick` with --quick.
+    pub fn pick<T>(&self, full: T, quick: T) -> T {
+        if self.quick { quick } else { full }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Figure {
+    pub name: String,
+    pub unit: String,
+    pub samples: usize,
+    /// Set for distributions.
+    pub p50: Option<f64>,
+    pub p99: Option<f64>,
+    pub max: Option<f64>,
+    /// Set for single values (ratios, averages).
+    pub value: Option<f64>,
+}
+
+impl Figure {
+    /// A distribution's summary. `samples` need not be sorted.
+    pub fn distribution(name: impl Into<String>, unit: &str, samples: &[f64]) -> Figure {
+        let mut s = samples.to_vec();
+        s.sort_by(|a, b| a.total_cmp(b));
+        Figure {
+            name: name.into(),
+            unit: unit.into(),
+            samples: s.len(),
+            p50: percentile(&s, 0.50),
+            p99: percentile(&s, 0.99),
+            max: s.last().copied(),
+            value: None,
+        }
+    }
+
+    pub fn value(name: impl Into<String>, unit: &str, samples: usize, value: f64) -> Figure {
+        Figure { name: name.into(), unit: unit.into(), samples, p50: None, p99: None, max: None, value: Some(value) }
+    }
+}
+
+/// Nearest-rank percentile of sorted samples.
+pub fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+pub fn median(samples: &[f64]) -> f64 {
+    let mut s = samples.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    percentile(&s, 0.5).unwrap_or(f64::NAN)
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Table {
+    pub header: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct BenchResult {
+    pub name: String,
+    pub title: String,
+    pub figures: Vec<Figure>,
+    pub tables: Vec<Table>,
+    /// Plot file names, relative to the output directory.
+    pub plots: Vec<String>,
+    pub notes: Vec<String>,
+}
+
+pub type BenchFn = fn(&Ctx) -> anyhow::Result<BenchResult>;
+
+/// Every bench, in report order.
+pub fn all() -> Vec<(&'static str, &'static str, BenchFn)> {
+    vec![
+        ("signal-latency", "kernel crossing → agent receipt latency, idle and loaded", signals::latency),
+        ("snapshot-cost", "one snapshot of 110 pod cgroups: BPF maps vs cgroupfs", signals::snapshot_cost),
+        ("program-cost", "per-program cost from kernel.bpf_stats_enabled", signals::program_cost),
+        ("overhead", "workload slowdown with the programs attached vs detached", signals::overhead),
+        ("eviction-race", "memory hog vs eviction: crossing → victim dead, per mode and ramp rate", race::race),
+    ]
+}
+
+/// Facts about the machine, for the report header.
+pub fn machine() -> Vec<(String, String)> {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").map(|r| r.trim_start_matches([' ', '\t', ':']).to_owned()))
+        .unwrap_or_else(|| "unknown".into());
+    let kernel = read("/proc/sys/kernel/osrelease").trim().to_owned();
+    let mem = swiftlet::signals::node::mem_total()
+        .map(|b| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64))
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map(|n| n.get().to_string()).unwrap_or_default();
+    let cgroup = swiftlet::cgroups::CgroupFs::detect().map(|c| format!("{:?}", c.version())).unwrap_or_default();
+    vec![
+        ("kernel".into(), kernel),
+        ("cpu".into(), cpu),
+        ("cores".into(), cores),
+        ("memory".into(), mem),
+        ("cgroup".into(), cgroup),
+    ]
+}
+
+fn fmt_num(v: f64) -> String {
+    if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// The Markdown report.
+pub fn render(results: &[BenchResult], quick: bool, date: &str) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "# swiftlet benchmarks\n");
+    let _ =
+        writeln!(md, "Run {date}{}.\n", if quick { " in --quick mode (few samples; smoke check only)" } else { "" });
+    let _ = writeln!(md, "| machine | |\n|---|---|");
+    for (k, v) in machine() {
+        let _ = writeln!(md, "| {k} | {v} |");
+    }
+    for r in results {
+        let _ = writeln!(md, "\n## {}\n\n{}\n", r.name, r.title);
+        if !r.figures.is_empty() {
+            let _ =
+                writeln!(md, "| figure | unit | samples | p50 | p99 | max | value |\n|---|---|---|---|---|---|---|");
+            for f in &r.figures {
+                let o = |v: Option<f64>| v.map(fmt_num).unwrap_or_default();
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    f.name,
+                    f.unit,
+                    f.samples,
+                    o(f.p50),
+                    o(f.p99),
+                    o(f.max),
+                    o(f.value)
+                );
+            }
+        }
+        for t in &r.tables {
+            let _ = writeln!(md, "\n| {} |\n|{}", t.header.join(" | "), "---|".repeat(t.header.len()));
+            for row in &t.rows {
+                let _ = writeln!(md, "| {} |", row.join(" | "));
+            }
+        }
+        for p in &r.plots {
+            let _ = writeln!(md, "\n![{p}]({p})");
+        }
+        for n in &r.notes {
+            let _ = writeln!(md, "\n- {n}");
+        }
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles() {
+        let s: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&s, 0.5), Some(50.0));
+        assert_eq!(percentile(&s, 0.99), Some(99.0));
+        assert_eq!(percentile(&s, 1.0), Some(100.0));
+        assert_eq!(percentile(&[], 0.5), None);
+        let f = Figure::distribution("x", "µs", &[3.0, 1.0, 2.0]);
+        assert_eq!((f.p50, f.max, f.samples), (Some(2.0), Some(3.0), 3));
+    }
+}
