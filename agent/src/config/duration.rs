@@ -62,12 +62,10 @@ pub fn parse(s: &str) -> Result<Duration, DurationError> {
         let unit_end = after_number.find(|c: char| c == '.' || c.is_ascii_digit()).unwrap_or(after_number.len());
         let (unit_name, next) = after_number.split_at(unit_end);
         let scale = unit(unit_name).ok_or(DurationError::Invalid)?;
-        let int: u128 = if int_digits.is_empty() {
-            0
-        } else {
-            int_digits.parse().map_err(|_| DurationError::Invalid)?
-        };
-        total = total.checked_add(int.checked_mul(scale).ok_or(DurationError::Invalid)?).ok_or(DurationError::Invalid)?;
+        let int: u128 =
+            if int_digits.is_empty() { 0 } else { int_digits.parse().map_err(|_| DurationError::Invalid)? };
+        total =
+            total.checked_add(int.checked_mul(scale).ok_or(DurationError::Invalid)?).ok_or(DurationError::Invalid)?;
         // The fraction, truncated to nanoseconds as Go does.
         let mut frac_value: u128 = 0;
         let mut frac_scale: u128 = 1;

@@ -380,12 +380,7 @@ pub static FLAGS: &[FlagDef] = &[
         Duration,
         "Minimum age for an unused image before it is garbage collected",
     ),
-    only(
-        "node-ip",
-        Str,
-        None,
-        "IP address (or comma-separated dual-stack IP addresses) of the node",
-    ),
+    only("node-ip", Str, None, "IP address (or comma-separated dual-stack IP addresses) of the node"),
     only(
         "node-labels",
         Map,
@@ -474,12 +469,7 @@ pub static FLAGS: &[FlagDef] = &[
         Some("auto"),
         "swiftlet: where eviction signals come from: auto (eBPF, else cgroupfs), ebpf or cgroupfs",
     ),
-    only(
-        "standalone",
-        Bool,
-        None,
-        "swiftlet: run without the API server even if a kubeconfig is given",
-    ),
+    only("standalone", Bool, None, "swiftlet: run without the API server even if a kubeconfig is given"),
     cfg(
         "streaming-connection-idle-timeout",
         &["streamingConnectionIdleTimeout"],
@@ -508,7 +498,12 @@ pub static FLAGS: &[FlagDef] = &[
     cfg("tls-cert-file", &["tlsCertFile"], Str, "File containing the x509 certificate for HTTPS"),
     cfg("tls-cipher-suites", &["tlsCipherSuites"], List, "Cipher suites for the server"),
     cfg("tls-min-version", &["tlsMinVersion"], Str, "Minimum TLS version (VersionTLS12, VersionTLS13)"),
-    cfg("tls-private-key-file", &["tlsPrivateKeyFile"], Str, "File containing the x509 private key matching --tls-cert-file"),
+    cfg(
+        "tls-private-key-file",
+        &["tlsPrivateKeyFile"],
+        Str,
+        "File containing the x509 private key matching --tls-cert-file",
+    ),
     cfg(
         "topology-manager-policy",
         &["topologyManagerPolicy"],
@@ -532,12 +527,7 @@ pub static FLAGS: &[FlagDef] = &[
         default: None,
         help: "Print version information and quit",
     },
-    cfg(
-        "volume-plugin-dir",
-        &["volumePluginDir"],
-        Str,
-        "Directory to search for additional volume plugins (accepted)",
-    ),
+    cfg("volume-plugin-dir", &["volumePluginDir"], Str, "Directory to search for additional volume plugins (accepted)"),
     cfg(
         "volume-stats-agg-period",
         &["volumeStatsAggPeriod"],
@@ -691,7 +681,9 @@ fn set(out: &mut ParsedFlags, def: &'static FlagDef, raw: &str) -> Result<(), Co
                 Some(Value::List(l)) => l.clone(),
                 _ => vec![],
             };
-            items.extend(raw.split(',').filter(|s| !raw.is_empty() || !s.is_empty()).map(|s| Node::str(s, origin.clone())));
+            items.extend(
+                raw.split(',').filter(|s| !raw.is_empty() || !s.is_empty()).map(|s| Node::str(s, origin.clone())),
+            );
             Node::new(Value::List(items), origin)
         }
         Taints => Node::new(Value::List(parse_taints(def.name, raw)?), origin),
@@ -711,7 +703,10 @@ fn parse_taints(flag: &'static str, raw: &str) -> Result<Vec<Node>, ConfigError>
     let mut out = vec![];
     for spec in raw.split(',').filter(|s| !s.is_empty()) {
         let invalid = || {
-            ConfigError::flag(flag, format!("{spec:?} is not a taint: expected <key>=<value>:<effect> or <key>:<effect>"))
+            ConfigError::flag(
+                flag,
+                format!("{spec:?} is not a taint: expected <key>=<value>:<effect> or <key>:<effect>"),
+            )
         };
         let parts: Vec<&str> = spec.split(':').collect();
         let (kv, effect) = match parts.as_slice() {
@@ -746,8 +741,10 @@ pub fn help_text(config_default: impl Fn(&[&str]) -> Option<String>) -> String {
         let left = format!("  {short:>4}--{} {}", f.name, f.kind.type_name());
         let default = match f.target {
             Target::Config(path) => config_default(path),
-            Target::Flag => f.default.map(|d| if f.kind == Str { format!("{d:?}") } else { d.to_owned() }),
+            Target::Flag => f.default.map(str::to_owned),
         };
+        // pflag quotes string defaults only.
+        let default = default.map(|d| if f.kind == Str { format!("{d:?}") } else { d });
         let note = default.map(|d| format!(" (default {d})")).unwrap_or_default();
         rows.push((left, format!("{}{note}", f.help)));
     }
@@ -858,7 +855,8 @@ mod tests {
 
     #[test]
     fn list_flags_append_after_the_first() {
-        let p = parsed(&["--enforce-node-allocatable=pods", "--enforce-node-allocatable=kube-reserved,system-reserved"]);
+        let p =
+            parsed(&["--enforce-node-allocatable=pods", "--enforce-node-allocatable=kube-reserved,system-reserved"]);
         assert_eq!(list_of(&p, "enforce-node-allocatable"), vec!["pods", "kube-reserved", "system-reserved"]);
         assert!(list_of(&parsed(&["--enforce-node-allocatable="]), "enforce-node-allocatable").is_empty());
     }

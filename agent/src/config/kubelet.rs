@@ -603,10 +603,7 @@ const ACCEPTED: &[(&str, Accepted, Option<&str>)] = &[
 ];
 
 fn accepted_defaults() -> BTreeMap<String, Json> {
-    ACCEPTED
-        .iter()
-        .filter_map(|(k, _, d)| Some(((*k).to_owned(), serde_json::from_str(d.as_ref()?).ok()?)))
-        .collect()
+    ACCEPTED.iter().filter_map(|(k, _, d)| Some(((*k).to_owned(), serde_json::from_str(d.as_ref()?).ok()?))).collect()
 }
 
 /// A node as JSON, for fields kept verbatim.
@@ -630,9 +627,7 @@ fn accepted(cx: &Ctx, node: &Node, field: &str, kind: Accepted) -> Result<Json, 
         Accepted::Str => cx.string(node, field).map(|s| json!(s)),
         Accepted::Duration => cx.duration(node, field).map(|d| json!(duration::format(d))),
         Accepted::StrList => cx.string_list(node, field).map(|l| json!(l)),
-        Accepted::StrMap => {
-            cx.string_map(node, field).map(|e| e.into_iter().map(|(k, v, _)| (k, json!(v))).collect())
-        }
+        Accepted::StrMap => cx.string_map(node, field).map(|e| e.into_iter().map(|(k, v, _)| (k, json!(v))).collect()),
         Accepted::Any => Ok(to_json(node)),
     }
 }
@@ -716,10 +711,10 @@ pub fn read(cx: &Ctx, root: &Node) -> Result<KubeletConfiguration, ConfigError> 
     if let Some(p) = o.int_in("healthzPort", 0, 65535)? {
         c.healthz_port = u16_port(p);
     }
-    if let Some(n) = o.get("healthzBindAddress") {
-        if !cx.string(n, "healthzBindAddress")?.is_empty() {
-            c.healthz_bind_address = cx.ip(n, "healthzBindAddress")?;
-        }
+    if let Some(n) = o.get("healthzBindAddress")
+        && !cx.string(n, "healthzBindAddress")?.is_empty()
+    {
+        c.healthz_bind_address = cx.ip(n, "healthzBindAddress")?;
     }
     if let Some(v) = o.int_in("oomScoreAdj", -1000, 1000)? {
         c.oom_score_adj = v as i32;
@@ -893,10 +888,9 @@ pub fn read(cx: &Ctx, root: &Node) -> Result<KubeletConfiguration, ConfigError> 
     c.image_service_endpoint = o.string("imageServiceEndpoint")?.filter(|s| !s.is_empty());
     if let Some(n) = o.get("featureGates") {
         for (k, v) in cx.map(n, "featureGates")? {
-            let on = cx.boolean(v, "featureGates").map_err(|e| ConfigError {
-                message: format!("{k:?}: {}", e.message),
-                ..e
-            })?;
+            let on = cx
+                .boolean(v, "featureGates")
+                .map_err(|e| ConfigError { message: format!("{k:?}: {}", e.message), ..e })?;
             c.feature_gates.insert(k.clone(), on);
         }
     }
@@ -997,8 +991,9 @@ fn read_reservation(cx: &Ctx, node: &Node, field: &str) -> Result<Reservation, C
         let Some(r) = ReservedResource::from_name(&k) else {
             return Err(cx.err(n, field, format!("cannot reserve {k:?} (only cpu, memory, ephemeral-storage, pid)")));
         };
-        let q: Quantity =
-            raw.parse().map_err(|e| cx.err(n, field, format!("{k:?}: {}", super::values::quantity_problem(&raw, &e))))?;
+        let q: Quantity = raw
+            .parse()
+            .map_err(|e| cx.err(n, field, format!("{k:?}: {}", super::values::quantity_problem(&raw, &e))))?;
         if q.is_negative() {
             return Err(cx.err(n, field, format!("{k:?}: {raw:?} must not be negative")));
         }
@@ -1082,7 +1077,11 @@ fn read_taint(cx: &Ctx, node: &Node, field: &str) -> Result<Taint, ConfigError> 
     }
     if !["NoSchedule", "PreferNoSchedule", "NoExecute"].contains(&effect.as_str()) {
         let why = if effect.is_empty() { "needs an effect".to_owned() } else { format!("has effect {effect:?}") };
-        return Err(cx.err(node, field, format!("taint {spec:?} {why}: expected NoSchedule, PreferNoSchedule or NoExecute")));
+        return Err(cx.err(
+            node,
+            field,
+            format!("taint {spec:?} {why}: expected NoSchedule, PreferNoSchedule or NoExecute"),
+        ));
     }
     Ok(Taint { key, value, effect, time_added: None })
 }

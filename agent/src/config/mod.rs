@@ -164,7 +164,7 @@ pub fn help() -> String {
         }
         let langle = path == ["evictionHard"];
         match v {
-            serde_json::Value::String(s) if !s.is_empty() => Some(format!("{s:?}")),
+            serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
             serde_json::Value::Number(n) if n.as_f64() != Some(0.0) => Some(n.to_string()),
             serde_json::Value::Bool(true) => Some("true".to_owned()),
             serde_json::Value::Array(a) if !a.is_empty() => {
@@ -182,15 +182,9 @@ pub fn help() -> String {
 }
 
 /// Reads a config file or drop-in; None for an empty drop-in.
-fn read_file(
-    sources: &mut Sources,
-    fs: &dyn ConfigFs,
-    path: &Path,
-    main: bool,
-) -> Result<Option<Node>, ConfigError> {
-    let text = fs
-        .read_to_string(path)
-        .map_err(|e| ConfigError::file(path, None, format!("cannot read the file: {e}")))?;
+fn read_file(sources: &mut Sources, fs: &dyn ConfigFs, path: &Path, main: bool) -> Result<Option<Node>, ConfigError> {
+    let text =
+        fs.read_to_string(path).map_err(|e| ConfigError::file(path, None, format!("cannot read the file: {e}")))?;
     let idx = sources.add(path, text);
     let text = &sources.files[idx].text;
     let Some(node) = yaml::parse(idx, path, text)? else {

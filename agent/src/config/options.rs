@@ -3,12 +3,7 @@
 
 use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, time::Duration};
 
-use super::{
-    error::ConfigError,
-    flags::ParsedFlags,
-    validation,
-    values::Ctx,
-};
+use super::{error::ConfigError, flags::ParsedFlags, validation, values::Ctx};
 use crate::signals::SourceChoice;
 
 /// The kubelet's settings that exist only as flags.
@@ -121,7 +116,11 @@ pub fn read(cx: &Ctx, parsed: &ParsedFlags) -> Result<(KubeletFlags, SwiftletOpt
                 return Err(cx.err(entry, "", format!("label {k:?}: value {v:?} {why}")));
             }
             if !validation::kubelet_may_set_label(&k) {
-                return Err(cx.err(entry, "", format!("the kubelet may not set {k:?}: {}", validation::kubelet_label_rule())));
+                return Err(cx.err(
+                    entry,
+                    "",
+                    format!("the kubelet may not set {k:?}: {}", validation::kubelet_label_rule()),
+                ));
             }
             f.node_labels.insert(k, v);
         }

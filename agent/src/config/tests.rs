@@ -221,7 +221,7 @@ fn every_flag_form() {
             c.flags.hostname_override.as_deref() == Some("mynode") && c.node_name().unwrap() == "mynode"
         }),
         (&["--node-ip=10.0.0.1,fd00::1"], |c| c.flags.node_ip.len() == 2),
-        (&["--root-dir=/srv/kubelet"], |c| c.flags.root_dir == PathBuf::from("/srv/kubelet")),
+        (&["--root-dir=/srv/kubelet"], |c| c.flags.root_dir == Path::new("/srv/kubelet")),
         (&["--cloud-provider=external"], |c| c.flags.cloud_provider.as_deref() == Some("external")),
         (&["--fail-swap-on=false"], |c| !c.kubelet.fail_swap_on),
         (&["--pod-infra-container-image=registry.k8s.io/pause:3.9"], |c| {
@@ -257,7 +257,10 @@ fn every_flag_form() {
 #[test]
 fn precedence_defaults_file_dropins_flags() {
     let files = [
-        ("/etc/kubelet.yaml", file("maxPods: 50\nkubeReserved:\n  cpu: 100m\n  memory: 1Gi\nclusterDNS: [10.0.0.1, 10.0.0.2]\n")),
+        (
+            "/etc/kubelet.yaml",
+            file("maxPods: 50\nkubeReserved:\n  cpu: 100m\n  memory: 1Gi\nclusterDNS: [10.0.0.1, 10.0.0.2]\n"),
+        ),
         ("/etc/kubelet.d/20-b.conf", file("maxPods: 70\n")),
         ("/etc/kubelet.d/10-a.conf", file("maxPods: 60\nkubeReserved:\n  memory: 2Gi\nclusterDNS: [10.0.0.9]\n")),
         ("/etc/kubelet.d/30-ignored.yaml", file("maxPods: 99\n")),
@@ -302,9 +305,11 @@ fn precedence_defaults_file_dropins_flags() {
 #[test]
 fn kubeadm_drop_in_order_lets_extra_args_win() {
     // kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
-    let kubeconfig_args = ["--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf", "--kubeconfig=/etc/kubernetes/kubelet.conf"];
+    let kubeconfig_args =
+        ["--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf", "--kubeconfig=/etc/kubernetes/kubelet.conf"];
     let config_args = ["--config=/var/lib/kubelet/config.yaml"];
-    let kubeadm_args = ["--container-runtime-endpoint=unix:///var/run/containerd/containerd.sock", "--node-ip=10.0.0.5"];
+    let kubeadm_args =
+        ["--container-runtime-endpoint=unix:///var/run/containerd/containerd.sock", "--node-ip=10.0.0.5"];
     let extra_args = ["--container-runtime-endpoint=unix:///run/other.sock", "--max-pods=30"];
     let args: Vec<&str> =
         kubeconfig_args.iter().chain(&config_args).chain(&kubeadm_args).chain(&extra_args).copied().collect();
@@ -389,8 +394,14 @@ volumeStatsAggPeriod: 0s
 fn hard_thresholds_replace_the_defaults() {
     let mem = |v: &str| hard(EvictionSignal::MemoryAvailable, ThresholdValue::Quantity(q(v)));
     let cfg = |body: &str| file(body);
-    let cases: Vec<(&str, Vec<&str>, Vec<(&str, String)>, Vec<EvictionThreshold>)> = vec![
-        ("file sets one", vec!["--config=/k.yaml"], vec![("/k.yaml", cfg("evictionHard:\n  memory.available: 1Gi\n"))], vec![mem("1Gi")]),
+    type Case = (&'static str, Vec<&'static str>, Vec<(&'static str, String)>, Vec<EvictionThreshold>);
+    let cases: Vec<Case> = vec![
+        (
+            "file sets one",
+            vec!["--config=/k.yaml"],
+            vec![("/k.yaml", cfg("evictionHard:\n  memory.available: 1Gi\n"))],
+            vec![mem("1Gi")],
+        ),
         ("flag sets one", vec!["--eviction-hard=memory.available<2Gi"], vec![], vec![mem("2Gi")]),
         (
             "flag replaces the file's map",
@@ -416,7 +427,9 @@ fn hard_thresholds_replace_the_defaults() {
             vec!["--config=/k.yaml"],
             vec![(
                 "/k.yaml",
-                cfg("mergeDefaultEvictionSettings: true\nevictionHard:\n  memory.available: 1Gi\n  imagefs.available: 0%\n"),
+                cfg(
+                    "mergeDefaultEvictionSettings: true\nevictionHard:\n  memory.available: 1Gi\n  imagefs.available: 0%\n",
+                ),
             )],
             vec![
                 mem("1Gi"),
@@ -497,11 +510,13 @@ fn durations_and_quantities_in_files() {
 
 #[test]
 fn relative_paths_in_a_file_are_relative_to_it() {
-    let cfg = file("staticPodPath: manifests\ntlsCertFile: pki/kubelet.crt\nauthentication:\n  x509:\n    clientCAFile: /abs/ca.crt\n");
-    let c = ok(&["--config=/etc/kubernetes/kubelet.yaml", "--tls-private-key-file=rel.key"], &[(
-        "/etc/kubernetes/kubelet.yaml",
-        &cfg,
-    )]);
+    let cfg = file(
+        "staticPodPath: manifests\ntlsCertFile: pki/kubelet.crt\nauthentication:\n  x509:\n    clientCAFile: /abs/ca.crt\n",
+    );
+    let c = ok(
+        &["--config=/etc/kubernetes/kubelet.yaml", "--tls-private-key-file=rel.key"],
+        &[("/etc/kubernetes/kubelet.yaml", &cfg)],
+    );
     assert_eq!(c.kubelet.static_pod_path, Some("/etc/kubernetes/manifests".into()));
     assert_eq!(c.kubelet.tls_cert_file, Some("/etc/kubernetes/pki/kubelet.crt".into()));
     assert_eq!(c.kubelet.authentication.client_ca_file, Some("/abs/ca.crt".into()));
@@ -518,7 +533,8 @@ fn accepted_fields_are_kept_for_configz() {
 
 #[test]
 fn configz_uses_the_kubelets_names() {
-    let c = ok(&["--eviction-hard=memory.available<500Mi,nodefs.available<10%", "--kube-reserved=cpu=1,memory=2Gi"], &[]);
+    let c =
+        ok(&["--eviction-hard=memory.available<500Mi,nodefs.available<10%", "--kube-reserved=cpu=1,memory=2Gi"], &[]);
     let z = c.configz();
     let k = &z["kubeletconfig"];
     assert_eq!(k["maxPods"], 110);
@@ -860,7 +876,13 @@ fn nothing_panics_on_odd_input() {
             assert!(e.to_string().starts_with("/k.yaml"), "{text:?}: {e}");
         }
     }
-    for args in [&["--v=-1"][..], &["--port=99999"], &["--max-pods=-3"], &["--housekeeping-interval=0s"], &["--eviction-hard=<"]] {
+    for args in [
+        &["--v=-1"][..],
+        &["--port=99999"],
+        &["--max-pods=-3"],
+        &["--housekeeping-interval=0s"],
+        &["--eviction-hard=<"],
+    ] {
         assert!(load_mem(args, &[]).is_err(), "{args:?}");
     }
 }

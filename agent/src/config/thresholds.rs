@@ -42,8 +42,8 @@ pub fn parse_threshold(signal: &str, raw: &str) -> Result<Option<(EvictionSignal
         if raw == "0%" || raw == "100%" {
             return Ok(None);
         }
-        let p = parse_percent(raw)
-            .ok_or_else(|| format!("{signal:?}: {raw:?} is not a percentage between 0% and 100%"))?;
+        let p =
+            parse_percent(raw).ok_or_else(|| format!("{signal:?}: {raw:?} is not a percentage between 0% and 100%"))?;
         return Ok(Some((s, ThresholdValue::Percentage(p))));
     }
     let q: Quantity = raw.parse().map_err(|e| format!("{signal:?}: {}", quantity_problem(raw, &e)))?;
@@ -156,7 +156,8 @@ mod tests {
     #[test]
     fn threshold_statements() {
         use EvictionSignal::*;
-        let ok: &[(&str, &str, Option<(EvictionSignal, ThresholdValue)>)] = &[
+        type Case = (&'static str, &'static str, Option<(EvictionSignal, ThresholdValue)>);
+        let ok: &[Case] = &[
             ("memory.available", "500Mi", Some((MemoryAvailable, q("500Mi")))),
             ("memory.available", "1.5Gi", Some((MemoryAvailable, q("1.5Gi")))),
             ("nodefs.available", "10%", Some((NodeFsAvailable, ThresholdValue::Percentage(0.10)))),
@@ -207,7 +208,10 @@ mod tests {
             parse_min_reclaim("nodefs.available", "0%").unwrap_err(),
             "\"nodefs.available\": \"0%\" is not a percentage above 0% and at most 100%"
         );
-        assert_eq!(parse_min_reclaim("memory.available", "-1").unwrap_err(), "\"memory.available\": \"-1\" must not be negative");
+        assert_eq!(
+            parse_min_reclaim("memory.available", "-1").unwrap_err(),
+            "\"memory.available\": \"-1\" must not be negative"
+        );
         assert_eq!(
             parse_grace_period("memory.available", "1m30s"),
             Ok((EvictionSignal::MemoryAvailable, Duration::from_secs(90)))
@@ -216,7 +220,10 @@ mod tests {
             parse_grace_period("memory.available", "90").unwrap_err(),
             "\"memory.available\": \"90\" is not a duration (examples: 10s, 1m30s, 2h, 500ms)"
         );
-        assert_eq!(parse_grace_period("memory.available", "-1s").unwrap_err(), "\"memory.available\": \"-1s\" is negative");
+        assert_eq!(
+            parse_grace_period("memory.available", "-1s").unwrap_err(),
+            "\"memory.available\": \"-1s\" is negative"
+        );
         assert_eq!(
             parse_grace_period("memory.available", "0s").unwrap_err(),
             "\"memory.available\": grace period \"0s\" must be above zero"
@@ -225,7 +232,8 @@ mod tests {
 
     #[test]
     fn soft_thresholds_need_grace_periods() {
-        let soft = BTreeMap::from([(EvictionSignal::MemoryAvailable, q("1Gi")), (EvictionSignal::PidAvailable, q("100"))]);
+        let soft =
+            BTreeMap::from([(EvictionSignal::MemoryAvailable, q("1Gi")), (EvictionSignal::PidAvailable, q("100"))]);
         let grace = BTreeMap::from([(EvictionSignal::MemoryAvailable, Duration::from_secs(30))]);
         assert_eq!(soft_thresholds(&soft, &grace, &BTreeMap::new()), Err(EvictionSignal::PidAvailable));
         let grace = BTreeMap::from([

@@ -26,9 +26,7 @@ pub fn parse(file: usize, path: &std::path::Path, text: &str) -> Result<Option<N
         return Ok(None);
     }
     let mut at = vec![];
-    convert(value, file, &mut at).map(Some).map_err(|(at, message)| {
-        ConfigError::file(path, locate(text, &at), message)
-    })
+    convert(value, file, &mut at).map(Some).map_err(|(at, message)| ConfigError::file(path, locate(text, &at), message))
 }
 
 /// serde_yaml appends ` at line L column C` (and a path prefix for
@@ -340,10 +338,19 @@ maxPods: 10
     #[test]
     fn syntax_errors_name_the_line() {
         let cases = [
-            ("a: 1\nb: [1\n", "x.yaml:3: not valid YAML: did not find expected ',' or ']', while parsing a flow sequence"),
+            (
+                "a: 1\nb: [1\n",
+                "x.yaml:3: not valid YAML: did not find expected ',' or ']', while parsing a flow sequence",
+            ),
             ("a: 1\na: 2\n", "x.yaml:1: not valid YAML: duplicate entry with key \"a\""),
-            ("a:\n  - b\n c: d\n", "x.yaml:3: not valid YAML: did not find expected key, while parsing a block mapping"),
-            ("a: 1\n---\nb: 2\n", "x.yaml: not valid YAML: deserializing from YAML containing more than one document is not supported"),
+            (
+                "a:\n  - b\n c: d\n",
+                "x.yaml:3: not valid YAML: did not find expected key, while parsing a block mapping",
+            ),
+            (
+                "a: 1\n---\nb: 2\n",
+                "x.yaml: not valid YAML: deserializing from YAML containing more than one document is not supported",
+            ),
             ("? [a]\n: 1\n", "x.yaml:1: a mapping key must be a string"),
         ];
         for (text, want) in cases {
