@@ -845,8 +845,9 @@ pub fn read(cx: &Ctx, root: &Node) -> Result<KubeletConfiguration, ConfigError> 
         let n = root.get("cgroupsPerQOS").unwrap_or(root);
         return Err(cx.err(
             n,
-            "enforceNodeAllocatable",
-            "enforcing node allocatable needs cgroupsPerQOS (--cgroups-per-qos); set enforceNodeAllocatable to none",
+            "cgroupsPerQOS",
+            "false needs enforceNodeAllocatable (--enforce-node-allocatable) set to none: node allocatable is \
+             enforced on the QoS cgroups",
         ));
     }
     c.provider_id = o.string("providerID")?.filter(|s| !s.is_empty());
