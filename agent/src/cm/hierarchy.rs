@@ -19,7 +19,7 @@ use super::{
 };
 use crate::{
     cgroups::{CgroupError, CgroupFs, CpuLimits},
-    config::KubeletConfiguration,
+    config::{KubeletConfiguration, Reservation, ReservedResource},
     quantity::Quantity,
 };
 
@@ -57,6 +57,23 @@ pub fn kubepods_limits(limits: &ResourceList) -> CgroupLimits {
             period_us: QUOTA_PERIOD_US,
         },
         pids: limits.get(&Resource::Pid).map(|q| q.value().max(0) as u64),
+    }
+}
+
+/// Limits of the kubeReservedCgroup / systemReservedCgroup when the
+/// kubelet enforces `kube-reserved` / `system-reserved` (memory, cpu
+/// shares and pids.max from the reservation), or only cpu shares for the
+/// `-compressible` forms (the kubelet's getCgroupConfig).
+pub fn reserved_cgroup_limits(reserved: &Reservation, compressible_only: bool) -> CgroupLimits {
+    let shares = reserved.get(&ReservedResource::Cpu).map(|q| milli_cpu_to_shares(q.milli_value()));
+    let cpu = CpuLimits { shares, quota_us: None, period_us: QUOTA_PERIOD_US };
+    if compressible_only {
+        return CgroupLimits { memory: None, cpu, pids: None };
+    }
+    CgroupLimits {
+        memory: reserved.get(&ReservedResource::Memory).map(|q| q.value().max(0) as u64),
+        cpu,
+        pids: reserved.get(&ReservedResource::Pid).map(|q| q.value().max(0) as u64),
     }
 }
 
@@ -189,6 +206,10 @@ impl PodCgroups {
 
     fn apply(&self, rel: &str, limits: &CgroupLimits) -> Result<(), CmError> {
         self.fs.create(rel).map_err(ctx(|| format!("create cgroup {rel}")))?;
+        self.set_limits(rel, limits)
+    }
+
+    fn set_limits(&self, rel: &str, limits: &CgroupLimits) -> Result<(), CmError> {
         if let Some(m) = limits.memory {
             self.fs.set_memory_limit(rel, Some(m)).map_err(ctx(|| format!("memory limit of {rel}")))?;
         }
@@ -214,6 +235,24 @@ impl PodCgroups {
         };
         self.apply(&self.naming.qos(QosClass::Burstable), &min)?;
         self.apply(&self.naming.qos(QosClass::BestEffort), &min)
+    }
+
+    /// Applies `limits` to an existing cgroup of the system (the
+    /// kubeReservedCgroup or systemReservedCgroup, absolute names such as
+    /// `/system.slice`), which the kubelet requires to exist already.
+    pub fn enforce_reserved_cgroup(&self, cgroup: &str, limits: &CgroupLimits) -> Result<(), CmError> {
+        let rel = cgroup.trim_matches('/');
+        if !self.fs.exists(rel) {
+            return Err(CmError {
+                what: format!("enforce reserved resources on {cgroup}"),
+                source: CgroupError::Io {
+                    path: self.fs.memory_dir(rel),
+                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "the cgroup does not exist"),
+                },
+            });
+        }
+        // Not created nor re-parented: it belongs to the system.
+        self.set_limits(rel, limits)
     }
 
     /// The Burstable QoS cgroup's cpu shares from the sum of its pods' cpu
@@ -461,6 +500,33 @@ mod tests {
         assert_eq!(rel, "kubepods.slice/kubepods-poda_b.slice");
         assert_eq!(read(&tmp.path().join("memory").join(&rel).join("memory.limit_in_bytes")), (256 * MI).to_string());
         assert_eq!(read(&tmp.path().join("cpu").join(&rel).join("cpu.cfs_quota_us")), "100000");
+    }
+
+    #[test]
+    fn reserved_cgroups() {
+        let r: Reservation = [
+            (ReservedResource::Cpu, "500m".parse().unwrap()),
+            (ReservedResource::Memory, "1Gi".parse().unwrap()),
+            (ReservedResource::Pid, "1000".parse().unwrap()),
+        ]
+        .into();
+        let full = reserved_cgroup_limits(&r, false);
+        assert_eq!(full, CgroupLimits { memory: Some(1 << 30), cpu: cpu(512, None), pids: Some(1000) });
+        let compressible = reserved_cgroup_limits(&r, true);
+        assert_eq!(compressible, CgroupLimits { memory: None, cpu: cpu(512, None), pids: None });
+
+        let tmp = tempfile::tempdir().unwrap();
+        let pc = PodCgroups::new(
+            CgroupFs::with_layout(tmp.path(), Version::V2),
+            CgroupNaming::new(CgroupDriver::Cgroupfs, "/"),
+        );
+        let err = pc.enforce_reserved_cgroup("/system.slice", &full).unwrap_err().to_string();
+        assert!(err.starts_with("enforce reserved resources on /system.slice: "), "{err}");
+        assert!(err.ends_with("the cgroup does not exist"), "{err}");
+        fs::create_dir(tmp.path().join("system.slice")).unwrap();
+        pc.enforce_reserved_cgroup("/system.slice", &full).unwrap();
+        assert_eq!(read(&tmp.path().join("system.slice/memory.max")), (1u64 << 30).to_string());
+        assert_eq!(read(&tmp.path().join("system.slice/pids.max")), "1000");
     }
 
     #[test]
