@@ -243,8 +243,10 @@ fn build(parsed: &flags::ParsedFlags, fs: &dyn ConfigFs) -> Result<Config, Confi
     let mut sources = Sources::default();
     let mut root = Node::empty_map(Origin::Default);
     let nonempty = |name: &str| parsed.string(name).filter(|s| !s.is_empty()).map(PathBuf::from);
-    if let Some(path) = nonempty("config") {
-        root = read_file(&mut sources, fs, &path, true)?.expect("an empty main file is an error");
+    if let Some(path) = nonempty("config")
+        && let Some(node) = read_file(&mut sources, fs, &path, true)?
+    {
+        root = node;
     }
     // An absent evictionHard is the defaults, put in before the drop-ins so
     // that a drop-in's evictionHard merges into them, as the kubelet does.
