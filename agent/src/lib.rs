@@ -3,6 +3,7 @@
 
 pub mod cgroups;
 pub mod cm;
+pub mod config;
 pub mod events;
 pub mod eviction;
 pub mod metrics;

@@ -1,50 +1,67 @@
-//! The `swiftlet` binary.
+//! The `swiftlet` binary: reads the configuration as the kubelet does, then
+//! runs the agent.
 
-use std::time::Duration;
+use std::{process::ExitCode, time::Duration};
 
 use anyhow::{Context as _, Result};
-use clap::Parser;
 use swiftlet::{
     cgroups::CgroupFs,
-    signals::{self, SourceChoice, ebpf::EbpfOptions},
+    config::{self, Config, Invocation},
+    signals::{self, ebpf::EbpfOptions},
 };
-use tracing::info;
+use tracing::{info, warn};
 
-/// A Kubernetes node agent with event-driven, in-kernel eviction.
-#[derive(Parser, Debug)]
-#[command(name = "swiftlet", version, about, long_about = None)]
-struct Cli {
-    /// KubeletConfiguration file (kubelet.config.k8s.io/v1beta1).
-    #[arg(long)]
-    config: Option<std::path::PathBuf>,
-    /// Static pod manifests directory.
-    #[arg(long)]
-    pod_manifest_path: Option<std::path::PathBuf>,
-    /// CRI endpoint.
-    #[arg(long)]
-    container_runtime_endpoint: Option<String>,
-    /// Directory for swiftlet's state.
-    #[arg(long)]
-    root_dir: Option<std::path::PathBuf>,
-    /// Parent cgroup of kubepods.
-    #[arg(long)]
-    cgroup_root: Option<String>,
-    /// Register the node with the API server.
-    #[arg(long)]
-    register_node: Option<bool>,
-    /// Where eviction signals come from: auto, ebpf or cgroupfs.
-    #[arg(long, default_value = "auto")]
-    signal_source: SourceChoice,
+fn main() -> ExitCode {
+    let config = match config::invocation(std::env::args().skip(1)) {
+        Ok(Invocation::Run(config)) => *config,
+        Ok(Invocation::Help(text)) => {
+            print!("{text}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Invocation::Version(text)) => {
+            println!("{text}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // One line naming the file and line (or flag) and the field.
+            eprintln!("swiftlet: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    init_logging(&config);
+    for w in &config.warnings {
+        warn!("{w}");
+    }
+    match run(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::from(1)
+        }
+    }
 }
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+/// RUST_LOG if set, else the kubelet's `--v` mapped onto levels.
+fn init_logging(config: &Config) {
+    let level = match config.kubelet.logging.verbosity {
+        0..=2 => "info",
+        3..=4 => "debug",
+        _ => "trace",
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into()))
         .init();
+}
+
+fn run(config: Config) -> Result<()> {
     let cgroupfs = CgroupFs::detect().context("cgroup filesystem")?;
-    let opened = signals::open(cli.signal_source, cgroupfs, &EbpfOptions::default(), Duration::from_secs(10))?;
-    info!(mode = opened.source.mode().as_str(), "swiftlet started");
+    let opened = signals::open(
+        config.swiftlet.signal_source,
+        cgroupfs,
+        &EbpfOptions::default(),
+        config.swiftlet.housekeeping_interval,
+    )?;
+    info!(mode = opened.source.mode().as_str(), standalone = config.standalone(), "swiftlet started");
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(5));

@@ -56,6 +56,24 @@ impl Quantity {
     }
 }
 
+/// Sums and differences saturate instead of overflowing (at ±1.7e35 units,
+/// far beyond any resource).
+impl std::ops::Add for Quantity {
+    type Output = Quantity;
+
+    fn add(self, rhs: Quantity) -> Quantity {
+        Quantity { milli: self.milli.saturating_add(rhs.milli) }
+    }
+}
+
+impl std::ops::Sub for Quantity {
+    type Output = Quantity;
+
+    fn sub(self, rhs: Quantity) -> Quantity {
+        Quantity { milli: self.milli.saturating_sub(rhs.milli) }
+    }
+}
+
 impl fmt::Display for Quantity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.milli % 1000 == 0 { write!(f, "{}", self.milli / 1000) } else { write!(f, "{}m", self.milli) }
@@ -205,6 +223,14 @@ mod tests {
         ] {
             assert_eq!(format_bytes(b), s);
         }
+    }
+
+    #[test]
+    fn arithmetic() {
+        let q = |s: &str| Quantity::parse(s).unwrap();
+        assert_eq!(q("32Gi") - q("2Gi") - q("1Gi") - q("500Mi"), q("29196Mi"));
+        assert_eq!(q("1") + q("500m"), q("1.5"));
+        assert!((q("1") - q("2")).is_negative());
     }
 
     #[test]

@@ -1,5 +1,8 @@
-//! The container manager: QoS, cgroup naming, and (with the configuration)
-//! node allocatable and the pods' cgroup hierarchy.
+//! The container manager: QoS and oom_score_adj (`qos`), cgroup names for
+//! both drivers (`naming`), node capacity and allocatable (`allocatable`),
+//! and the pods' cgroup hierarchy with its limits (`hierarchy`).
 
+pub mod allocatable;
+pub mod hierarchy;
 pub mod naming;
 pub mod qos;

@@ -1,0 +1,541 @@
+//! The pods' cgroup hierarchy under cgroupRoot: `kubepods`,
+//! `kubepods/burstable`, `kubepods/besteffort` and one cgroup per pod
+//! (Guaranteed pods directly under kubepods), with the kubelet's limits.
+//!
+//! What the limits are is decided by pure functions (`kubepods_limits`,
+//! `pod_cgroup_config`); `PodCgroups` writes them with `cgroups::CgroupFs`,
+//! on cgroup v1 and v2 alike. With the systemd driver the same tree is
+//! created with systemd's slice names, directly in cgroupfs (no D-Bus).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+use thiserror::Error;
+
+use super::{
+    allocatable::{Resource, ResourceList},
+    naming::{CgroupNaming, MIN_SHARES, QUOTA_PERIOD_US, milli_cpu_to_quota, milli_cpu_to_shares},
+    qos::{QosClass, container_resources, qos_class},
+};
+use crate::{
+    cgroups::{CgroupError, CgroupFs, CpuLimits},
+    config::{KubeletConfiguration, Reservation, ReservedResource},
+    quantity::Quantity,
+};
+
+#[derive(Debug, Error)]
+#[error("{what}: {source}")]
+pub struct CmError {
+    pub what: String,
+    #[source]
+    pub source: CgroupError,
+}
+
+fn ctx(what: impl FnOnce() -> String) -> impl FnOnce(CgroupError) -> CmError {
+    move |source| CmError { what: what(), source }
+}
+
+/// Settings of one cgroup, in the kubelet's terms (its ResourceConfig).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupLimits {
+    /// Bytes; None leaves the memory limit unset.
+    pub memory: Option<u64>,
+    pub cpu: CpuLimits,
+    /// pids.max; None leaves it unlimited.
+    pub pids: Option<u64>,
+}
+
+/// The kubepods cgroup: memory limit, cpu shares (no CFS quota) and
+/// pids.max from `limits` (enforced allocatable, or capacity when
+/// allocatable is not enforced; see `NodeAllocatable::kubepods`).
+pub fn kubepods_limits(limits: &ResourceList) -> CgroupLimits {
+    CgroupLimits {
+        memory: limits.get(&Resource::Memory).map(|q| q.value().max(0) as u64),
+        cpu: CpuLimits {
+            shares: limits.get(&Resource::Cpu).map(|q| milli_cpu_to_shares(q.milli_value())),
+            quota_us: None,
+            period_us: QUOTA_PERIOD_US,
+        },
+        pids: limits.get(&Resource::Pid).map(|q| q.value().max(0) as u64),
+    }
+}
+
+/// Limits of the kubeReservedCgroup / systemReservedCgroup when the
+/// kubelet enforces `kube-reserved` / `system-reserved` (memory, cpu
+/// shares and pids.max from the reservation), or only cpu shares for the
+/// `-compressible` forms (the kubelet's getCgroupConfig).
+pub fn reserved_cgroup_limits(reserved: &Reservation, compressible_only: bool) -> CgroupLimits {
+    let shares = reserved.get(&ReservedResource::Cpu).map(|q| milli_cpu_to_shares(q.milli_value()));
+    let cpu = CpuLimits { shares, quota_us: None, period_us: QUOTA_PERIOD_US };
+    if compressible_only {
+        return CgroupLimits { memory: None, cpu, pids: None };
+    }
+    CgroupLimits {
+        memory: reserved.get(&ReservedResource::Memory).map(|q| q.value().max(0) as u64),
+        cpu,
+        pids: reserved.get(&ReservedResource::Pid).map(|q| q.value().max(0) as u64),
+    }
+}
+
+/// cpu (milli) and memory (bytes) of a container or a pod.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct CpuMem {
+    cpu_milli: i64,
+    memory: i64,
+}
+
+impl CpuMem {
+    fn add(self, o: CpuMem) -> CpuMem {
+        CpuMem { cpu_milli: self.cpu_milli.saturating_add(o.cpu_milli), memory: self.memory.saturating_add(o.memory) }
+    }
+
+    fn max(self, o: CpuMem) -> CpuMem {
+        CpuMem { cpu_milli: self.cpu_milli.max(o.cpu_milli), memory: self.memory.max(o.memory) }
+    }
+}
+
+fn milli(q: Option<Quantity>) -> i64 {
+    q.map_or(0, |q| q.milli_value().max(0))
+}
+
+fn bytes(q: Option<Quantity>) -> i64 {
+    q.map_or(0, |q| q.value().max(0))
+}
+
+fn is_sidecar(c: &Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
+}
+
+/// The pod's effective requests or limits, as the kubelet's PodRequests /
+/// PodLimits: the sum over app containers and sidecars (restartable init
+/// containers), or the largest init container plus the sidecars started
+/// before it if that is more, plus the pod overhead.
+fn pod_total(spec: &PodSpec, of: impl Fn(&Container) -> CpuMem) -> CpuMem {
+    let mut total = spec.containers.iter().map(&of).fold(CpuMem::default(), CpuMem::add);
+    let mut sidecars = CpuMem::default();
+    let mut init_peak = CpuMem::default();
+    for c in spec.init_containers.iter().flatten() {
+        let own = of(c);
+        let running = if is_sidecar(c) {
+            total = total.add(own);
+            sidecars = sidecars.add(own);
+            sidecars
+        } else {
+            own.add(sidecars)
+        };
+        init_peak = init_peak.max(running);
+    }
+    total.max(init_peak)
+}
+
+fn overhead(spec: &PodSpec) -> CpuMem {
+    let get = |k: &str| spec.overhead.as_ref().and_then(|o| o.get(k)).and_then(|q| q.0.parse::<Quantity>().ok());
+    CpuMem { cpu_milli: milli(get("cpu")), memory: bytes(get("memory")) }
+}
+
+/// The pod cgroup's settings (the kubelet's ResourceConfigForPod):
+/// - cpu shares from the sum of cpu requests (2 for BestEffort);
+/// - CFS quota from the sum of cpu limits, only when every container has
+///   one (always for Guaranteed) and `cpu_cfs_quota` is on;
+/// - memory limit = the sum of memory limits, only when every container has
+///   one;
+/// - pids.max = podPidsLimit when positive.
+pub fn pod_cgroup_config(spec: &PodSpec, cpu_cfs_quota: bool, period: Duration, pod_pids_limit: i64) -> CgroupLimits {
+    let period_us = period.as_micros().clamp(1_000, 1_000_000) as u64;
+    let all = || spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    let cpu_limits_declared = all().all(|c| milli(container_resources(c).cpu_limit) > 0);
+    let memory_limits_declared = all().all(|c| bytes(container_resources(c).memory_limit) > 0);
+    let over = overhead(spec);
+    let requests = pod_total(spec, |c| {
+        let r = container_resources(c);
+        CpuMem { cpu_milli: milli(r.cpu_request), memory: bytes(r.memory_request) }
+    })
+    .add(over);
+    let limits = pod_total(spec, |c| {
+        let r = container_resources(c);
+        CpuMem { cpu_milli: milli(r.cpu_limit), memory: bytes(r.memory_limit) }
+    })
+    .add(over);
+    let quota = if cpu_cfs_quota { milli_cpu_to_quota(limits.cpu_milli, period_us) } else { None };
+    let pids = (pod_pids_limit > 0).then_some(pod_pids_limit as u64);
+    let mut cfg = CgroupLimits { memory: None, cpu: CpuLimits { shares: None, quota_us: None, period_us }, pids };
+    match qos_class(spec) {
+        QosClass::Guaranteed => {
+            cfg.cpu.shares = Some(milli_cpu_to_shares(requests.cpu_milli));
+            cfg.cpu.quota_us = quota;
+            cfg.memory = Some(limits.memory as u64);
+        }
+        QosClass::Burstable => {
+            cfg.cpu.shares = Some(milli_cpu_to_shares(requests.cpu_milli));
+            if cpu_limits_declared {
+                cfg.cpu.quota_us = quota;
+            }
+            if memory_limits_declared {
+                cfg.memory = Some(limits.memory as u64);
+            }
+        }
+        QosClass::BestEffort => cfg.cpu.shares = Some(MIN_SHARES),
+    }
+    cfg
+}
+
+/// Creates and removes the pods' cgroups.
+#[derive(Clone, Debug)]
+pub struct PodCgroups {
+    fs: CgroupFs,
+    naming: CgroupNaming,
+}
+
+impl PodCgroups {
+    pub fn new(fs: CgroupFs, naming: CgroupNaming) -> PodCgroups {
+        PodCgroups { fs, naming }
+    }
+
+    /// For the configured driver and cgroupRoot.
+    pub fn from_config(fs: CgroupFs, config: &KubeletConfiguration) -> PodCgroups {
+        PodCgroups::new(fs, config.cgroup_naming())
+    }
+
+    pub fn fs(&self) -> &CgroupFs {
+        &self.fs
+    }
+
+    pub fn naming(&self) -> &CgroupNaming {
+        &self.naming
+    }
+
+    fn apply(&self, rel: &str, limits: &CgroupLimits) -> Result<(), CmError> {
+        self.fs.create(rel).map_err(ctx(|| format!("create cgroup {rel}")))?;
+        self.set_limits(rel, limits)
+    }
+
+    fn set_limits(&self, rel: &str, limits: &CgroupLimits) -> Result<(), CmError> {
+        if let Some(m) = limits.memory {
+            self.fs.set_memory_limit(rel, Some(m)).map_err(ctx(|| format!("memory limit of {rel}")))?;
+        }
+        if limits.cpu.shares.is_some() || limits.cpu.quota_us.is_some() {
+            self.fs.set_cpu(rel, limits.cpu).map_err(ctx(|| format!("cpu of {rel}")))?;
+        }
+        if let Some(p) = limits.pids {
+            self.fs.set_pids_max(rel, Some(p)).map_err(ctx(|| format!("pids.max of {rel}")))?;
+        }
+        Ok(())
+    }
+
+    /// Creates kubepods (with `kubepods` limits, see `kubepods_limits`),
+    /// kubepods/burstable and kubepods/besteffort. BestEffort gets the
+    /// minimum cpu shares; Burstable starts there too until
+    /// `update_burstable_cpu_shares` is told the Burstable pods' requests.
+    /// Idempotent: safe at every start.
+    pub fn ensure_hierarchy(&self, kubepods: &CgroupLimits) -> Result<(), CmError> {
+        self.apply(&self.naming.kubepods(), kubepods)?;
+        let min = CgroupLimits {
+            cpu: CpuLimits { shares: Some(MIN_SHARES), quota_us: None, period_us: QUOTA_PERIOD_US },
+            ..Default::default()
+        };
+        self.apply(&self.naming.qos(QosClass::Burstable), &min)?;
+        self.apply(&self.naming.qos(QosClass::BestEffort), &min)
+    }
+
+    /// Applies `limits` to an existing cgroup of the system (the
+    /// kubeReservedCgroup or systemReservedCgroup, absolute names such as
+    /// `/system.slice`), which the kubelet requires to exist already.
+    pub fn enforce_reserved_cgroup(&self, cgroup: &str, limits: &CgroupLimits) -> Result<(), CmError> {
+        let rel = cgroup.trim_matches('/');
+        if !self.fs.exists(rel) {
+            return Err(CmError {
+                what: format!("enforce reserved resources on {cgroup}"),
+                source: CgroupError::Io {
+                    path: self.fs.memory_dir(rel),
+                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "the cgroup does not exist"),
+                },
+            });
+        }
+        // Not created nor re-parented: it belongs to the system.
+        self.set_limits(rel, limits)
+    }
+
+    /// The Burstable QoS cgroup's cpu shares from the sum of its pods' cpu
+    /// requests (the kubelet's QoS container manager).
+    pub fn update_burstable_cpu_shares(&self, total_request_milli: i64) -> Result<(), CmError> {
+        let rel = self.naming.qos(QosClass::Burstable);
+        let cpu = CpuLimits {
+            shares: Some(milli_cpu_to_shares(total_request_milli)),
+            quota_us: None,
+            period_us: QUOTA_PERIOD_US,
+        };
+        self.fs.set_cpu(&rel, cpu).map_err(ctx(|| format!("cpu of {rel}")))
+    }
+
+    /// The pod's cgroup (relative to the hierarchy root).
+    pub fn pod_cgroup(&self, qos: QosClass, uid: &str) -> String {
+        self.naming.pod(qos, uid)
+    }
+
+    /// Creates the pod's cgroup with `limits` (see `pod_cgroup_config`), or
+    /// updates it. Returns its relative path.
+    pub fn ensure_pod_cgroup(&self, qos: QosClass, uid: &str, limits: &CgroupLimits) -> Result<String, CmError> {
+        let rel = self.pod_cgroup(qos, uid);
+        self.apply(&rel, limits)?;
+        Ok(rel)
+    }
+
+    /// Kills whatever still runs in the pod's cgroup and removes it (and
+    /// any child cgroups the runtime left), waiting up to `timeout` for the
+    /// processes to go. A missing cgroup is fine.
+    pub fn remove_pod_cgroup(&self, qos: QosClass, uid: &str, timeout: Duration) -> Result<(), CmError> {
+        let rel = self.pod_cgroup(qos, uid);
+        if !self.fs.exists(&rel) {
+            return Ok(());
+        }
+        match self.fs.kill_all(&rel) {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(CmError { what: format!("kill the processes of {rel}"), source: e }),
+        }
+        self.fs.remove(&rel, timeout).map_err(ctx(|| format!("remove cgroup {rel}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeMap, fs, path::Path};
+
+    use k8s_openapi::{api::core::v1::ResourceRequirements, apimachinery::pkg::api::resource::Quantity as ApiQuantity};
+
+    use super::*;
+    use crate::{cgroups::Version, cm::naming::CgroupDriver};
+
+    fn res(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, ApiQuantity>> {
+        (!pairs.is_empty()).then(|| pairs.iter().map(|(k, v)| (k.to_string(), ApiQuantity(v.to_string()))).collect())
+    }
+
+    fn c(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> Container {
+        Container {
+            name: "c".into(),
+            resources: Some(ResourceRequirements {
+                requests: res(requests),
+                limits: res(limits),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn spec(containers: Vec<Container>) -> PodSpec {
+        PodSpec { containers, ..Default::default() }
+    }
+
+    const P: Duration = Duration::from_millis(100);
+    const MI: u64 = 1 << 20;
+
+    fn cpu(shares: u64, quota: Option<i64>) -> CpuLimits {
+        CpuLimits { shares: Some(shares), quota_us: quota, period_us: 100_000 }
+    }
+
+    #[test]
+    fn pod_cgroup_config_table() {
+        let sidecar = |mut c: Container| {
+            c.restart_policy = Some("Always".into());
+            c
+        };
+        let cases: Vec<(&str, PodSpec, CgroupLimits)> = vec![
+            (
+                "best effort",
+                spec(vec![c(&[], &[]), c(&[], &[])]),
+                CgroupLimits { memory: None, cpu: cpu(2, None), pids: None },
+            ),
+            (
+                "guaranteed: sums of limits",
+                spec(vec![
+                    c(&[], &[("cpu", "500m"), ("memory", "128Mi")]),
+                    c(&[], &[("cpu", "250m"), ("memory", "64Mi")]),
+                ]),
+                CgroupLimits { memory: Some(192 * MI), cpu: cpu(768, Some(75_000)), pids: None },
+            ),
+            (
+                "burstable with all limits",
+                spec(vec![
+                    c(&[("cpu", "100m"), ("memory", "64Mi")], &[("cpu", "1"), ("memory", "256Mi")]),
+                    c(&[("cpu", "100m")], &[("cpu", "1"), ("memory", "256Mi")]),
+                ]),
+                CgroupLimits { memory: Some(512 * MI), cpu: cpu(204, Some(200_000)), pids: None },
+            ),
+            (
+                "burstable with a container lacking limits: no quota, no memory limit",
+                spec(vec![c(&[("cpu", "500m")], &[("cpu", "1"), ("memory", "1Gi")]), c(&[("memory", "1Gi")], &[])]),
+                CgroupLimits { memory: None, cpu: cpu(512, None), pids: None },
+            ),
+            (
+                "burstable with memory limits only",
+                spec(vec![c(&[("cpu", "200m")], &[("memory", "100Mi")])]),
+                CgroupLimits { memory: Some(100 * MI), cpu: cpu(204, None), pids: None },
+            ),
+            (
+                "an init container larger than the app containers",
+                PodSpec {
+                    init_containers: Some(vec![c(&[], &[("cpu", "2"), ("memory", "1Gi")])]),
+                    ..spec(vec![c(&[], &[("cpu", "1"), ("memory", "512Mi")])])
+                },
+                CgroupLimits { memory: Some(1024 * MI), cpu: cpu(2048, Some(200_000)), pids: None },
+            ),
+            (
+                "a sidecar adds to the app containers",
+                PodSpec {
+                    init_containers: Some(vec![sidecar(c(&[], &[("cpu", "500m"), ("memory", "100Mi")]))]),
+                    ..spec(vec![c(&[], &[("cpu", "1"), ("memory", "200Mi")])])
+                },
+                CgroupLimits { memory: Some(300 * MI), cpu: cpu(1536, Some(150_000)), pids: None },
+            ),
+            (
+                "overhead is added",
+                PodSpec {
+                    overhead: res(&[("cpu", "250m"), ("memory", "120Mi")]),
+                    ..spec(vec![c(&[], &[("cpu", "1"), ("memory", "1Gi")])])
+                },
+                CgroupLimits { memory: Some(1144 * MI), cpu: cpu(1280, Some(125_000)), pids: None },
+            ),
+        ];
+        for (name, s, want) in cases {
+            assert_eq!(pod_cgroup_config(&s, true, P, -1), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn quota_off_and_pids() {
+        let s = spec(vec![c(&[], &[("cpu", "1"), ("memory", "1Gi")])]);
+        let cfg = pod_cgroup_config(&s, false, P, 1024);
+        assert_eq!(cfg.cpu.quota_us, None, "cpuCFSQuota=false: no quota");
+        assert_eq!(cfg.pids, Some(1024));
+        let period = pod_cgroup_config(&s, true, Duration::from_millis(50), 0);
+        assert_eq!((period.cpu.period_us, period.cpu.quota_us), (50_000, Some(50_000)));
+        assert_eq!(period.pids, None, "podPidsLimit 0 or -1: no per-pod limit");
+    }
+
+    #[test]
+    fn kubepods_limits_from_allocatable() {
+        let limits = ResourceList::from([
+            (Resource::Cpu, "14.5".parse().unwrap()),
+            (Resource::Memory, "29Gi".parse().unwrap()),
+            (Resource::Pid, "1000".parse().unwrap()),
+            (Resource::Pods, "110".parse().unwrap()),
+        ]);
+        let k = kubepods_limits(&limits);
+        assert_eq!(k.memory, Some(29 << 30));
+        assert_eq!(k.cpu, CpuLimits { shares: Some(14_848), quota_us: None, period_us: 100_000 });
+        assert_eq!(k.pids, Some(1000));
+        let nothing = CpuLimits { shares: None, quota_us: None, period_us: 100_000 };
+        assert_eq!(kubepods_limits(&ResourceList::new()), CgroupLimits { memory: None, cpu: nothing, pids: None });
+    }
+
+    fn read(p: &Path) -> String {
+        fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).trim().to_owned()
+    }
+
+    /// A fake cgroup2 tree in a temporary directory: directories are
+    /// cgroups, files are their interface files.
+    #[test]
+    fn v2_tree_in_a_temp_dir() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::write(tmp.path().join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
+        let cgfs = CgroupFs::with_layout(tmp.path(), Version::V2);
+        let pc = PodCgroups::new(cgfs, CgroupNaming::new(CgroupDriver::Cgroupfs, "/swiftlet-unit"));
+        let kubepods = CgroupLimits {
+            memory: Some(29 << 30),
+            cpu: CpuLimits { shares: Some(14_848), quota_us: None, period_us: 100_000 },
+            pids: Some(1000),
+        };
+        pc.ensure_hierarchy(&kubepods).unwrap();
+        let kp = tmp.path().join("swiftlet-unit/kubepods");
+        assert_eq!(read(&kp.join("memory.max")), (29u64 << 30).to_string());
+        assert_eq!(read(&kp.join("cpu.weight")), crate::cgroups::shares_to_weight(14_848).to_string());
+        assert_eq!(read(&kp.join("cpu.max")), "max 100000");
+        assert_eq!(read(&kp.join("pids.max")), "1000");
+        assert_eq!(read(&kp.join("besteffort/cpu.weight")), "1");
+        assert_eq!(read(&kp.join("burstable/cpu.weight")), "1");
+        assert!(!kp.join("besteffort/memory.max").exists(), "QoS cgroups get no memory limit");
+        assert_eq!(
+            read(&tmp.path().join("cgroup.subtree_control")),
+            "+memory +cpu +pids",
+            "controllers are enabled for the children"
+        );
+        pc.update_burstable_cpu_shares(2_000).unwrap();
+        assert_eq!(read(&kp.join("burstable/cpu.weight")), crate::cgroups::shares_to_weight(2048).to_string());
+
+        let cfg =
+            pod_cgroup_config(&spec(vec![c(&[("cpu", "250m")], &[("cpu", "500m"), ("memory", "64Mi")])]), true, P, 100);
+        let rel = pc.ensure_pod_cgroup(QosClass::Burstable, "u-1", &cfg).unwrap();
+        assert_eq!(rel, "swiftlet-unit/kubepods/burstable/podu-1");
+        let pod = tmp.path().join(&rel);
+        assert_eq!(read(&pod.join("memory.max")), (64 * MI).to_string());
+        assert_eq!(read(&pod.join("cpu.max")), "50000 100000");
+        assert_eq!(read(&pod.join("cpu.weight")), crate::cgroups::shares_to_weight(256).to_string());
+        assert_eq!(read(&pod.join("pids.max")), "100");
+    }
+
+    /// A fake v1 tree: one directory per controller.
+    #[test]
+    fn v1_tree_in_a_temp_dir_with_systemd_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        for c in ["memory", "cpu", "cpuacct", "pids", "freezer"] {
+            fs::create_dir(tmp.path().join(c)).unwrap();
+        }
+        let cgfs = CgroupFs::with_layout(tmp.path(), Version::V1);
+        let pc = PodCgroups::new(cgfs, CgroupNaming::new(CgroupDriver::Systemd, "/"));
+        let kubepods = kubepods_limits(&ResourceList::from([
+            (Resource::Cpu, "2".parse().unwrap()),
+            (Resource::Memory, "3Gi".parse().unwrap()),
+        ]));
+        pc.ensure_hierarchy(&kubepods).unwrap();
+        let mem = tmp.path().join("memory/kubepods.slice");
+        assert_eq!(read(&mem.join("memory.limit_in_bytes")), (3u64 << 30).to_string());
+        let cpu_dir = tmp.path().join("cpu/kubepods.slice");
+        assert_eq!(read(&cpu_dir.join("cpu.shares")), "2048");
+        assert_eq!(read(&cpu_dir.join("cpu.cfs_quota_us")), "-1");
+        assert_eq!(read(&cpu_dir.join("kubepods-besteffort.slice/cpu.shares")), "2");
+        assert!(!tmp.path().join("pids/kubepods.slice/pids.max").exists(), "no pid capacity, no pids.max");
+
+        let g = pod_cgroup_config(&spec(vec![c(&[], &[("cpu", "1"), ("memory", "256Mi")])]), true, P, -1);
+        let rel = pc.ensure_pod_cgroup(QosClass::Guaranteed, "a-b", &g).unwrap();
+        assert_eq!(rel, "kubepods.slice/kubepods-poda_b.slice");
+        assert_eq!(read(&tmp.path().join("memory").join(&rel).join("memory.limit_in_bytes")), (256 * MI).to_string());
+        assert_eq!(read(&tmp.path().join("cpu").join(&rel).join("cpu.cfs_quota_us")), "100000");
+    }
+
+    #[test]
+    fn reserved_cgroups() {
+        let r: Reservation = [
+            (ReservedResource::Cpu, "500m".parse().unwrap()),
+            (ReservedResource::Memory, "1Gi".parse().unwrap()),
+            (ReservedResource::Pid, "1000".parse().unwrap()),
+        ]
+        .into();
+        let full = reserved_cgroup_limits(&r, false);
+        assert_eq!(full, CgroupLimits { memory: Some(1 << 30), cpu: cpu(512, None), pids: Some(1000) });
+        let compressible = reserved_cgroup_limits(&r, true);
+        assert_eq!(compressible, CgroupLimits { memory: None, cpu: cpu(512, None), pids: None });
+
+        let tmp = tempfile::tempdir().unwrap();
+        let pc = PodCgroups::new(
+            CgroupFs::with_layout(tmp.path(), Version::V2),
+            CgroupNaming::new(CgroupDriver::Cgroupfs, "/"),
+        );
+        let err = pc.enforce_reserved_cgroup("/system.slice", &full).unwrap_err().to_string();
+        assert!(err.starts_with("enforce reserved resources on /system.slice: "), "{err}");
+        assert!(err.ends_with("the cgroup does not exist"), "{err}");
+        fs::create_dir(tmp.path().join("system.slice")).unwrap();
+        pc.enforce_reserved_cgroup("/system.slice", &full).unwrap();
+        assert_eq!(read(&tmp.path().join("system.slice/memory.max")), (1u64 << 30).to_string());
+        assert_eq!(read(&tmp.path().join("system.slice/pids.max")), "1000");
+    }
+
+    #[test]
+    fn removing_a_missing_pod_cgroup_is_fine() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pc = PodCgroups::new(
+            CgroupFs::with_layout(tmp.path(), Version::V2),
+            CgroupNaming::new(CgroupDriver::Cgroupfs, "/"),
+        );
+        pc.remove_pod_cgroup(QosClass::BestEffort, "nope", Duration::from_millis(10)).unwrap();
+    }
+}
