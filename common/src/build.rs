@@ -45,6 +45,12 @@ pub fn command(workspace_root: &Path, host_arch: &str) -> Command {
         "-Cdebuginfo=2".to_owned(),
         "-Clink-arg=--btf".to_owned(),
         "-Ctarget-cpu=v3".to_owned(),
+        // Keep the kill path's global functions global (not internalized by
+        // LTO): the verifier checks global functions once, on their own.
+        "-Clink-arg=--export=swiftlet_execute_plan".to_owned(),
+        "-Clink-arg=--export=swiftlet_kill_pass".to_owned(),
+        // clippy never sees the BPF build, so warnings fail it here.
+        "-Dwarnings".to_owned(),
     ];
     cmd.env("CARGO_ENCODED_RUSTFLAGS", OsString::from(flags.join("\x1f")));
     // The outer cargo's compiler wrappers (clippy, sccache) and flags are for

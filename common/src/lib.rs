@@ -35,9 +35,6 @@ pub const MAX_CHAIN: usize = 8;
 /// How many parent links the kernel follows when it resolves a cgroup.
 pub const MAX_WALK: usize = 16;
 
-/// How many victims one plan may name for one signal.
-pub const MAX_VICTIMS: usize = 8;
-
 /// Ring-buffer size in bytes (a power of two, multiple of the page size).
 pub const EVENTS_RING_BYTES: u32 = 256 * 1024;
 
@@ -200,24 +197,39 @@ pub struct Control {
     pub kernel_eviction: u32,
     /// One past the highest slot index in use (bounds the refresh loop).
     pub slot_high_water: u32,
+    /// The memcg (kernel address) of a victim the kernel is killing: its
+    /// tasks are signalled whenever they are seen, until the agent clears
+    /// it after finishing the eviction. 0 = none.
+    pub doomed_memcg: u64,
+    /// The doomed victim's slot.
+    pub doomed_slot: u32,
+    pub _pad: u32,
 }
 
-/// The agent's pre-ranked victims for one signal: what eviction ranking would
-/// pick next. The kernel executes it at the crossing; ranking stays in the
-/// agent, where it is pure and tested.
+/// How many victim plans there can be: one per kernel line (node memory,
+/// kubepods memory, node PIDs) with room to spare.
+pub const MAX_PLANS: u32 = 4;
+
+/// The agent's pre-ranked victim for one kernel line: the pod eviction
+/// ranking would pick next. The kernel executes it at the crossing; ranking
+/// stays in the agent, where it is pure and tested.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VictimPlan {
-    /// Plan generation; the kernel acts at most once per generation.
+    /// Plan generation, bumped by the agent for every new plan; 0 = no plan.
     pub generation: u64,
-    /// Generation the kernel last executed (written by the kernel).
+    /// The generation the kernel last executed (written by the kernel, with
+    /// compare-and-swap, so a generation is executed at most once).
     pub executed_generation: u64,
-    /// Slot whose crossing triggers this plan (the node or kubepods).
+    /// The slot whose crossing triggers the plan (the node or kubepods).
     pub trigger_slot: u32,
-    /// Number of valid entries in `victims`.
-    pub len: u32,
-    /// Cgroup ids of the victims' pod cgroups, in kill order.
-    pub victims: [u64; MAX_VICTIMS],
+    /// The [`Signal`] whose crossing triggers the plan.
+    pub signal: u32,
+    /// The victim pod's slot.
+    pub victim_slot: u32,
+    pub _pad: u32,
+    /// The victim pod's cgroup id; the kernel checks the slot still holds it.
+    pub victim_cgroup_id: u64,
 }
 
 /// What a ring-buffer record reports.
@@ -230,7 +242,9 @@ pub enum EventKind {
     OomVictim = 2,
     /// A registered cgroup was removed.
     CgroupRemoved = 3,
-    /// The kernel killed a planned victim at a crossing.
+    /// The kernel killed a planned victim at a crossing (sent before the
+    /// crossing's own record, which then carries the plan generation in
+    /// `aux`, so the agent's fast path knows the kernel acted).
     KernelKill = 4,
     /// A process the agent asked to watch has exited (benchmarks and the
     /// eviction path's "victim dead" time, on the kernel's clock).
@@ -271,14 +285,16 @@ pub struct Event {
     pub slot: u32,
     /// [`DIRECTION_UP`] or [`DIRECTION_DOWN`] for crossings.
     pub direction: u32,
-    /// The value that crossed (signal unit), or pages for OOM events.
+    /// The value that crossed (signal unit); for kernel kills, the
+    /// crossing's timestamp.
     pub value: u64,
-    /// The trigger it crossed.
+    /// The trigger it crossed; for kernel kills, the value that crossed.
     pub threshold: u64,
     /// The task involved: the one whose action crossed, the OOM victim, or
     /// the task the kernel killed.
     pub pid: u32,
-    /// For kernel kills: the plan generation executed.
+    /// For kernel kills, and crossings that triggered one: the plan
+    /// generation executed (truncated).
     pub aux: u32,
 }
 
@@ -313,18 +329,21 @@ pub struct KernelLayout {
     pub nr_file_pages: u32,
     /// Cgroup v1 hierarchy id of the memory controller; 0 on cgroup v2.
     pub memory_hierarchy_id: u32,
+    /// `struct task_struct` → `flags` (PF_EXITING is skipped when killing).
+    pub task_flags: u32,
     /// 1 when the layout was filled in (a zeroed layout disables the programs
     /// that need it).
     pub valid: u32,
+    pub _pad: u32,
 }
 
 // Layout checks: the kernel side and the agent compile these types separately.
 const _: () = assert!(core::mem::size_of::<CgroupSlot>() == 128);
 const _: () = assert!(core::mem::size_of::<Resolution>() == 112);
-const _: () = assert!(core::mem::size_of::<Control>() == 48);
-const _: () = assert!(core::mem::size_of::<VictimPlan>() == 88);
+const _: () = assert!(core::mem::size_of::<Control>() == 64);
+const _: () = assert!(core::mem::size_of::<VictimPlan>() == 40);
 const _: () = assert!(core::mem::size_of::<Event>() == 56);
-const _: () = assert!(core::mem::size_of::<KernelLayout>() == 56);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 64);
 
 #[cfg(feature = "user")]
 mod user {

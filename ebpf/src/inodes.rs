@@ -20,7 +20,7 @@ fn count_current(delta: i64) {
     let Some(memcg) = kernel::task_memcg(task) else { return };
     let Some(r) = resolve(memcg) else { return };
     if r.len > 0 {
-        apply_count(&r, Signal::Inodes, delta, kernel::task_pid(task).unwrap_or(0));
+        apply_count(&r, Signal::Inodes, delta, kernel::task_pid(task).unwrap_or(0), false);
     }
 }
 

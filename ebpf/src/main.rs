@@ -22,6 +22,8 @@ mod inodes;
 #[cfg(target_arch = "bpf")]
 mod kernel;
 #[cfg(target_arch = "bpf")]
+mod kill;
+#[cfg(target_arch = "bpf")]
 mod lifecycle;
 #[cfg(target_arch = "bpf")]
 mod maps;
@@ -33,6 +35,12 @@ mod processes;
 mod refresh;
 #[cfg(target_arch = "bpf")]
 mod threshold;
+
+/// kfuncs and several helpers are only for GPL-compatible programs.
+#[cfg(target_arch = "bpf")]
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

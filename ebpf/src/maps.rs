@@ -24,8 +24,17 @@ pub static LAYOUT: Global<KernelLayout> = Global::new(KernelLayout {
     nr_anon_mapped: 0,
     nr_file_pages: 0,
     memory_hierarchy_id: 0,
+    task_flags: 0,
     valid: 0,
+    _pad: 0,
 });
+
+/// 1 when the kernel has the kfuncs for the kill pass (iterate every task,
+/// signal the victim's). The agent patched their call sites at load; with 0
+/// the calls were patched to `r0 = 0` and the code guarded by this constant
+/// is dead, which the verifier prunes.
+#[unsafe(no_mangle)]
+pub static KFUNC_KILL: Global<u32> = Global::new(0);
 
 /// 1 when `sched_process_exit` passes `group_dead` (kernel 6.13 and later).
 #[unsafe(no_mangle)]
@@ -61,9 +70,9 @@ pub static WATCH_EXIT: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
 #[map]
 pub static CONTROL: Array<Control> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
-/// Victim plans, indexed by signal. Written by the agent.
+/// Victim plans, one per kernel line. Written by the agent.
 #[map]
-pub static PLANS: Array<VictimPlan> = Array::with_max_entries(swiftlet_common::NUM_SIGNALS as u32, 0);
+pub static PLANS: Array<VictimPlan> = Array::with_max_entries(swiftlet_common::MAX_PLANS, 0);
 
 /// Crossings, OOM kills, removals and kernel kills, for the agent.
 #[map]

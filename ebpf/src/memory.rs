@@ -12,7 +12,7 @@ use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::btf_tracepoint, programs::BtfT
 use swiftlet_common::{MAX_CHAIN, NODE_SLOT, Signal};
 
 use crate::{
-    kernel,
+    kernel, kill,
     maps::{LAYOUT, slot},
     threshold::{atomic_add, evaluate, resolve},
 };
@@ -25,6 +25,12 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
     let inactive_file = item == l.nr_inactive_file;
     if !(inactive_file || item == l.nr_anon_mapped || item == l.nr_file_pages) || l.valid == 0 {
         return 0;
+    }
+    // A victim being killed: whichever of its tasks charges memory next is
+    // signalled right away (one cheap load when nothing is doomed).
+    let doomed = kill::doomed();
+    if doomed != 0 {
+        kill::kill_current_if_member(doomed);
     }
     let delta = ctx.arg::<u64>(2) as i32 as i64;
     let memcg = ctx.arg::<u64>(0);
@@ -44,7 +50,7 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
             }
             core::ptr::write_volatile(&mut (*node).updated_ns, now);
             let ws = (*node).working_set_pages();
-            evaluate(NODE_SLOT, node, Signal::MemoryWorkingSet, ws, now, pid);
+            evaluate(NODE_SLOT, node, Signal::MemoryWorkingSet, ws, now, pid, true);
         }
     }
 
@@ -67,7 +73,7 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
                 core::ptr::write_volatile(&mut (*s).memcg, r.memcg[i]);
                 core::ptr::write_volatile(&mut (*s).updated_ns, now);
                 let ws = (*s).working_set_pages();
-                evaluate(index, s, Signal::MemoryWorkingSet, ws, now, pid);
+                evaluate(index, s, Signal::MemoryWorkingSet, ws, now, pid, true);
             }
         }
         i += 1;

@@ -23,7 +23,7 @@ fn count_node_task(delta: i64, pid: u32) {
             atomic_add(&mut (*node).processes, delta);
             let value = core::ptr::read_volatile(&(*node).processes).max(0) as u64;
             let now = aya_ebpf::helpers::bpf_ktime_get_ns();
-            evaluate(NODE_SLOT, node, Signal::Processes, value, now, pid);
+            evaluate(NODE_SLOT, node, Signal::Processes, value, now, pid, true);
         }
     }
 }
@@ -57,7 +57,7 @@ pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
     let Some(memcg) = kernel::task_memcg(child) else { return 0 };
     let Some(r) = resolve(memcg) else { return 0 };
     if r.len > 0 {
-        apply_count(&r, Signal::Processes, 1, pid);
+        apply_count(&r, Signal::Processes, 1, pid, true);
         remember(tgid, memcg, &r);
     }
     0
@@ -74,6 +74,12 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
         return 0;
     };
     count_node_task(-1, pid);
+    // An exit is a context where signals go out at once: finish killing a
+    // doomed victim whose first signal went out from an event context.
+    let doomed = crate::kill::doomed();
+    if doomed != 0 {
+        crate::kill::swiftlet_kill_pass(doomed);
+    }
     // The process ends with its last thread; before 6.13 the tracepoint does
     // not say which one that is, and the leader's exit stands in for it.
     let process_ends = if EXIT_HAS_GROUP_DEAD.load() != 0 { ctx.arg::<u64>(1) as u8 != 0 } else { pid == tgid };
@@ -107,7 +113,7 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
     };
     let _ = PROCS.remove(&tgid);
     if let Some(r) = resolve(memcg) {
-        apply_count(&r, Signal::Processes, -1, pid);
+        apply_count(&r, Signal::Processes, -1, pid, true);
     }
     0
 }
@@ -137,12 +143,12 @@ pub fn cgroup_attach(ctx: BtfTracePointContext) -> i32 {
     }
     if let Some(old) = old {
         if let Some(r) = resolve(old) {
-            apply_count(&r, Signal::Processes, -1, pid);
+            apply_count(&r, Signal::Processes, -1, pid, true);
         }
     }
     if let Some(r) = resolve(new) {
         if r.len > 0 {
-            apply_count(&r, Signal::Processes, 1, pid);
+            apply_count(&r, Signal::Processes, 1, pid, true);
         }
         remember(tgid, new, &r);
     }

@@ -22,8 +22,7 @@ use crate::{
 
 #[tracepoint]
 pub fn refresh(_ctx: TracePointContext) -> u32 {
-    // SAFETY: no preconditions.
-    if (unsafe { bpf_get_current_pid_tgid() } >> 32) as u32 != AGENT_TGID.load() {
+    if (bpf_get_current_pid_tgid() >> 32) as u32 != AGENT_TGID.load() {
         return 0;
     }
     let Some(ctl) = control() else { return 0 };
@@ -45,7 +44,7 @@ pub fn refresh(_ctx: TracePointContext) -> u32 {
                     if let Some(usage) = kernel::memcg_usage_pages(memcg) {
                         core::ptr::write_volatile(&mut (*s).usage_pages, usage);
                         let ws = (*s).working_set_pages();
-                        evaluate(i, s, Signal::MemoryWorkingSet, ws, now, 0);
+                        evaluate(i, s, Signal::MemoryWorkingSet, ws, now, 0, false);
                     }
                 }
             }

@@ -39,6 +39,13 @@ pub fn bump(counter: *mut u64) {
     unsafe { atomic_xadd::<u64, u64, { Relaxed }>(counter, 1) };
 }
 
+/// Compare-and-swap on a u64 in a map value; true when it swapped.
+#[inline(always)]
+pub fn atomic_cas_u64(ptr: *mut u64, current: u64, new: u64) -> bool {
+    // SAFETY: `ptr` points into a map value, suitably aligned.
+    unsafe { atomic_cxchg::<u64, { Relaxed }, { Relaxed }>(ptr, current, new) }.1
+}
+
 /// The registered slots that `memcg` counts towards, leaf first, cached per
 /// memcg and recomputed when the control generation moved on.
 #[inline(always)]
@@ -97,7 +104,19 @@ pub fn emit(ev: &Event) {
 /// of side, flips the slot's `above` bit with compare-and-swap so that
 /// exactly one CPU reports the crossing. Returns true on an upward crossing.
 #[inline(always)]
-pub fn evaluate(index: u32, s: *mut CgroupSlot, signal: Signal, value: u64, now: u64, pid: u32) -> bool {
+///
+/// With `may_kill`, an upward crossing executes the agent's victim plan for
+/// this slot and signal, if any (programs of tracepoint type, which cannot
+/// use the kill kfuncs, pass false).
+pub fn evaluate(
+    index: u32,
+    s: *mut CgroupSlot,
+    signal: Signal,
+    value: u64,
+    now: u64,
+    pid: u32,
+    may_kill: bool,
+) -> bool {
     // SAFETY: `s` points into the slot array; fields are read individually
     // and may be changed concurrently by the agent, which is harmless.
     let (trigger, rearm, cgroup_id) = unsafe {
@@ -130,6 +149,11 @@ pub fn evaluate(index: u32, s: *mut CgroupSlot, signal: Signal, value: u64, now:
         // crossing, and ours is re-evaluated on the next update.
         return false;
     }
+    let generation = if may_kill && direction == DIRECTION_UP {
+        crate::kill::swiftlet_execute_plan(index, signal as u32, now, value)
+    } else {
+        0
+    };
     emit(&Event {
         kind: EventKind::Crossing as u32,
         signal: signal as u32,
@@ -140,7 +164,7 @@ pub fn evaluate(index: u32, s: *mut CgroupSlot, signal: Signal, value: u64, now:
         value,
         threshold: trigger,
         pid,
-        aux: 0,
+        aux: generation,
     });
     direction == DIRECTION_UP
 }
@@ -148,7 +172,7 @@ pub fn evaluate(index: u32, s: *mut CgroupSlot, signal: Signal, value: u64, now:
 /// Applies a process or inode delta to every slot of a resolution and to
 /// their thresholds.
 #[inline(always)]
-pub fn apply_count(r: &Resolution, signal: Signal, delta: i64, pid: u32) {
+pub fn apply_count(r: &Resolution, signal: Signal, delta: i64, pid: u32, may_kill: bool) {
     // SAFETY: the helper has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let mut i = 0;
@@ -169,7 +193,7 @@ pub fn apply_count(r: &Resolution, signal: Signal, delta: i64, pid: u32) {
             // SAFETY: as above.
             let value = unsafe { core::ptr::read_volatile(counter) }.max(0) as u64;
             unsafe { core::ptr::write_volatile(&mut (*s).updated_ns, now) };
-            evaluate(index, s, signal, value, now, pid);
+            evaluate(index, s, signal, value, now, pid, may_kill);
         }
         i += 1;
     }

@@ -49,7 +49,7 @@ fn oom_kills(fs: &swiftlet::cgroups::CgroupFs, cg: &str) -> u64 {
         .expect("oom_kill counter")
 }
 
-fn race(choice: SourceChoice, poll: Duration) {
+fn race(choice: SourceChoice, poll: Duration, kernel_eviction: bool, sleepers_in_victim: usize) {
     prereq::require_root();
     prereq::require_btf();
     let tc = TestCgroup::new();
@@ -59,7 +59,8 @@ fn race(choice: SourceChoice, poll: Duration) {
     let besteffort_pod = tc.child("kubepods/besteffort/podhog");
     let guaranteed_pod = tc.child("kubepods/podsteady");
 
-    let opened = signals::open(choice, tc.fs.clone(), &EbpfOptions::default(), poll).unwrap();
+    let opened =
+        signals::open(choice, tc.fs.clone(), &EbpfOptions { kernel_eviction, ..Default::default() }, poll).unwrap();
     assert_eq!(opened.source.mode().as_str(), if choice == SourceChoice::Ebpf { "ebpf" } else { "cgroupfs" });
     let pods = Arc::new(FakePods::new(vec![pod("hog", &besteffort_pod, 0), pod("steady", &guaranteed_pod, 128 * MIB)]));
     let threshold = EvictionThreshold {
@@ -84,6 +85,7 @@ fn race(choice: SourceChoice, poll: Duration) {
         imagefs_path: None,
         housekeeping_interval: Duration::from_secs(10),
         plan_interval: Duration::from_millis(200),
+        kernel_eviction,
     };
     let metrics = Arc::new(Metrics::new());
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -113,6 +115,16 @@ fn race(choice: SourceChoice, poll: Duration) {
         std::thread::sleep(Duration::from_millis(50));
     }
 
+    // Other processes of the victim pod, which do not allocate: the kernel
+    // must find and kill them too.
+    let mut sleepers: Vec<std::process::Child> = (0..sleepers_in_victim)
+        .map(|_| {
+            let mut c = std::process::Command::new(workload::binary());
+            c.arg("sleep");
+            workload::in_cgroup(&mut c, &tc.fs, &besteffort_pod);
+            c.spawn().unwrap()
+        })
+        .collect();
     let mut cmd = std::process::Command::new(workload::binary());
     cmd.args(["hog", "256", "2048"]).stdout(std::process::Stdio::null());
     workload::in_cgroup(&mut cmd, &tc.fs, &besteffort_pod);
@@ -131,7 +143,11 @@ fn race(choice: SourceChoice, poll: Duration) {
     println!("[{}] eviction: {} killed={:?}: {}", opened.source.mode().as_str(), ev.name, ev.killed, ev.message);
     assert_eq!(ev.uid, "hog");
     assert_eq!(ev.signal, EvictionSignal::AllocatableMemoryAvailable);
-    assert_eq!(ev.killed, KillPath::Agent);
+    assert_eq!(ev.killed, if kernel_eviction { KillPath::Kernel } else { KillPath::Agent });
+    for s in &mut sleepers {
+        let st = s.wait().unwrap();
+        assert_eq!(st.signal(), Some(libc::SIGKILL), "every process of the victim pod dies");
+    }
     assert_eq!(ev.grace_period_secs, 0);
     assert!(
         ev.message.starts_with("The node was low on resource: memory. Threshold quantity: 256Mi, available: "),
@@ -165,16 +181,30 @@ fn race(choice: SourceChoice, poll: Duration) {
     for l in exposition.lines().filter(|l| l.starts_with("swiftlet_eviction_crossing_to_") && l.contains("_sum")) {
         println!("[{}] {l}", opened.source.mode().as_str());
     }
+    if kernel_eviction {
+        assert!(
+            exposition
+                .lines()
+                .any(|l| l.starts_with("swiftlet_eviction_crossing_to_kill_seconds_count{path=\"kernel\"} 1")),
+            "{exposition}"
+        );
+    }
     stop_tx.send(true).unwrap();
     rt.block_on(task).unwrap();
 }
 
 #[test]
 fn besteffort_hog_is_evicted_before_the_oom_killer_ebpf() {
-    race(SourceChoice::Ebpf, Duration::from_secs(10));
+    race(SourceChoice::Ebpf, Duration::from_secs(10), false, 2);
 }
 
 #[test]
 fn besteffort_hog_is_evicted_before_the_oom_killer_cgroupfs_100ms() {
-    race(SourceChoice::Cgroupfs, Duration::from_millis(100));
+    race(SourceChoice::Cgroupfs, Duration::from_millis(100), false, 2);
+}
+
+/// Issue 11: the kernel kills the planned victim at the crossing.
+#[test]
+fn the_kernel_kills_the_planned_victim_at_the_crossing() {
+    race(SourceChoice::Ebpf, Duration::from_secs(10), true, 3);
 }

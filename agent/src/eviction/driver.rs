@@ -124,6 +124,9 @@ pub struct DriverConfig {
     pub housekeeping_interval: Duration,
     /// How often the victim plan and cgroup registrations are refreshed.
     pub plan_interval: Duration,
+    /// Hand the top of the plan to the kernel, which kills at the crossing
+    /// (`--kernel-eviction`); otherwise the agent's fast path kills.
+    pub kernel_eviction: bool,
 }
 
 /// One planned victim: enough to kill it without asking anyone.
@@ -136,7 +139,19 @@ pub struct PlannedVictim {
 }
 
 enum Wake {
-    Crossing { at_ns: u64, signal: Option<EvictionSignal>, fast_kill: Option<PlannedVictim> },
+    /// `value` is what crossed the line (used amount, in the signal's unit).
+    Crossing {
+        at_ns: u64,
+        value: u64,
+        signal: Option<EvictionSignal>,
+        fast_kill: Option<PlannedVictim>,
+    },
+    /// The kernel killed a planned victim; the agent finishes the eviction.
+    KernelKill {
+        victim: PlannedVictim,
+        signal: EvictionSignal,
+        value: u64,
+    },
     Other,
 }
 
@@ -268,11 +283,21 @@ impl EvictionLoop {
                 w = self.wake_rx.recv() => {
                     let Some(w) = w else { break };
                     let crossing = match w {
-                        Wake::Crossing { at_ns, signal, fast_kill } => {
+                        Wake::Crossing { at_ns, value, signal, fast_kill } => {
                             if let Some(v) = fast_kill {
-                                inner.finish_fast_kill(&v, signal);
+                                inner.finish_fast_kill(&v, signal, KillPath::Agent, value);
                             }
                             Some(at_ns)
+                        }
+                        Wake::KernelKill { victim, signal, value } => {
+                            // Survivors (tasks the kernel could not signal
+                            // from the event's context) go through the cgroup.
+                            if let Err(e) = inner.cgroupfs.kill_all(&victim.cgroup) {
+                                debug!(pod = victim.name, "killing survivors through the cgroup: {e}");
+                            }
+                            inner.source.kernel_kill_finished();
+                            inner.finish_fast_kill(&victim, Some(signal), KillPath::Kernel, value);
+                            None
                         }
                         Wake::Other => None,
                     };
@@ -298,10 +323,46 @@ impl EventSink for Sink {
         let Some(inner) = self.0.upgrade() else { return };
         let _ = inner.events.send(event.clone());
         match event {
-            SignalEvent::Crossing { target, signal, direction: Direction::Up, at_ns, .. } => {
+            SignalEvent::Crossing {
+                target, signal, direction: Direction::Up, at_ns, kernel_generation, value, ..
+            } => {
                 let line = lock(&inner.lines).iter().find(|l| l.target == target && l.signal == signal).cloned();
-                let fast_kill = line.as_ref().and_then(|l| inner.fast_kill(l.eviction_signal, at_ns));
-                let _ = inner.wake.send(Wake::Crossing { at_ns, signal: line.map(|l| l.eviction_signal), fast_kill });
+                // When the kernel already killed at this crossing, the fast
+                // path stands down: one victim per crossing.
+                let fast_kill = match &line {
+                    Some(l) if kernel_generation == 0 => inner.fast_kill(l.eviction_signal, at_ns),
+                    _ => None,
+                };
+                let _ = inner.wake.send(Wake::Crossing {
+                    at_ns,
+                    value,
+                    signal: line.map(|l| l.eviction_signal),
+                    fast_kill,
+                });
+            }
+            SignalEvent::KernelKill { cgroup: Some(cgroup), signal, crossing_ns, crossing_value, at_ns, .. } => {
+                inner
+                    .metrics
+                    .crossing_to_kill
+                    .get_or_create(&KillPathLabels { path: KillPath::Kernel.as_str().into() })
+                    .observe(at_ns.saturating_sub(crossing_ns) as f64 / 1e9);
+                let line_signal = lock(&inner.lines).iter().find(|l| l.signal == signal).map(|l| l.eviction_signal);
+                let victim = lock(&inner.plan).values().flatten().find(|v| v.cgroup == cgroup).cloned();
+                match (victim, line_signal) {
+                    (Some(victim), Some(signal)) => {
+                        lock(&inner.in_flight).insert(victim.uid.clone(), (Instant::now(), victim.clone()));
+                        let _ = inner.wake.send(Wake::KernelKill { victim, signal, value: crossing_value });
+                    }
+                    _ => {
+                        warn!(
+                            cgroup,
+                            "the kernel killed a victim the agent no longer plans for; killing through the cgroup"
+                        );
+                        let _ = inner.cgroupfs.kill_all(&cgroup);
+                        inner.source.kernel_kill_finished();
+                        let _ = inner.wake.send(Wake::Other);
+                    }
+                }
             }
             SignalEvent::OomKill { cgroup, pid, .. } => {
                 inner.metrics.oom_kills.inc();
@@ -348,11 +409,13 @@ impl Inner {
         None
     }
 
-    fn finish_fast_kill(&self, v: &PlannedVictim, signal: Option<EvictionSignal>) {
+    /// `used` is the value that crossed the kernel line: the message reports
+    /// what the decision saw, not what is left after the kill.
+    fn finish_fast_kill(&self, v: &PlannedVictim, signal: Option<EvictionSignal>, killed: KillPath, used: u64) {
         let Some(signal) = signal else { return };
-        info!(pod = format!("{}/{}", v.namespace, v.name), %signal, "evicted by the fast path");
+        info!(pod = format!("{}/{}", v.namespace, v.name), %signal, killed_by = killed.as_str(), "evicted at the crossing");
         // The message needs current figures; build it from a fresh snapshot.
-        let (message, annotations) = self.message_for(&v.uid, signal);
+        let (message, annotations) = self.message_for(&v.uid, signal, used);
         self.metrics
             .kubelet_evictions
             .get_or_create(&EvictionSignalLabels { eviction_signal: signal.name().into() })
@@ -365,14 +428,25 @@ impl Inner {
             grace_period_secs: 0,
             message,
             annotations,
-            killed: KillPath::Agent,
+            killed,
         });
     }
 
-    fn message_for(&self, uid: &str, signal: EvictionSignal) -> (String, std::collections::BTreeMap<String, String>) {
+    fn message_for(
+        &self,
+        uid: &str,
+        signal: EvictionSignal,
+        used: u64,
+    ) -> (String, std::collections::BTreeMap<String, String>) {
         let cfg = lock(&self.cfg).clone();
         let snapshot = self.source.snapshot().ok();
-        let obs = snapshot.as_ref().map(|s| self.observe(s, &cfg));
+        let obs = snapshot.as_ref().map(|s| {
+            let mut o = self.observe(s, &cfg);
+            if let Some(at) = o.get_mut(&signal) {
+                at.available = at.capacity as i64 - used as i64;
+            }
+            o
+        });
         let threshold = cfg.eviction.thresholds.iter().find(|t| t.signal == signal && t.is_hard()).cloned();
         let pod = self.pods.eviction_pods().into_iter().find(|p| p.uid == uid);
         match (threshold, obs.and_then(|o| o.get(&signal).copied()), pod, snapshot) {
@@ -518,11 +592,17 @@ impl Inner {
     fn refresh_plan(&self) {
         let pods = self.sync_registrations();
         let Ok(snapshot) = self.source.snapshot() else { return };
+        // Only pods under kubepods are ever planned: the kernel kills what
+        // the plan names, so nothing else may get there.
+        let kubepods = format!("{}/", lock(&self.cfg).node.kubepods_cgroup);
+        let pods: Vec<EvictionPod> = pods.into_iter().filter(|p| p.cgroup.starts_with(&kubepods)).collect();
         let candidates: Vec<Candidate> = pods.iter().map(|p| self.candidate(p, &snapshot, false)).collect();
         let by_uid: HashMap<&str, &EvictionPod> = pods.iter().map(|p| (p.uid.as_str(), p)).collect();
-        let signals: Vec<EvictionSignal> = lock(&self.lines).iter().map(|l| l.eviction_signal).collect();
+        let lines = lock(&self.lines).clone();
+        let kernel_eviction = lock(&self.cfg).kernel_eviction;
         let mut plan = HashMap::new();
-        for signal in signals {
+        for line in &lines {
+            let signal = line.eviction_signal;
             let order = match signal {
                 EvictionSignal::PidAvailable => ranking::by_processes,
                 _ => ranking::by_memory,
@@ -540,8 +620,16 @@ impl Inner {
                         name: p.name.clone(),
                         cgroup: p.cgroup.clone(),
                     })
-                    .collect(),
+                    .collect::<Vec<_>>(),
             );
+            // The kernel gets the first victim not already being evicted.
+            let in_flight = lock(&self.in_flight);
+            let first = plan[&signal].iter().find(|v| !in_flight.contains_key(&v.uid)).map(|v| v.cgroup.clone());
+            drop(in_flight);
+            let victim = if kernel_eviction { first } else { None };
+            if let Err(e) = self.source.set_kernel_victim(&line.target, line.signal, victim.as_deref()) {
+                debug!("cannot hand the {signal} victim to the kernel: {e}");
+            }
         }
         *lock(&self.plan) = plan;
     }

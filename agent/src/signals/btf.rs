@@ -304,6 +304,12 @@ impl Btf {
     pub fn has_func(&self, name: &str) -> bool {
         self.find(name, Kind::Func).is_some()
     }
+
+    /// The BTF type id of a kernel function, which is how a program names a
+    /// kfunc it calls.
+    pub fn func_id(&self, name: &str) -> Option<u32> {
+        self.find(name, Kind::Func)
+    }
 }
 
 #[cfg(test)]

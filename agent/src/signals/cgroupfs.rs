@@ -169,6 +169,7 @@ fn poll_once(shared: &Shared) {
                     at_ns: now,
                     received_ns: now,
                     pid: 0,
+                    kernel_generation: 0,
                 });
             }
         }

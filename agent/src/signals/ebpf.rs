@@ -34,12 +34,19 @@ use crate::cgroups::CgroupFs;
 /// The kernel programs, built by the agent's build script.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/swiftlet-ebpf.o"));
 
+/// The embedded object, before kfunc patching.
+pub fn object() -> &'static [u8] {
+    OBJECT
+}
+
 /// How each signal is tracked in the kernel, for the log line and metric.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Strategies {
     pub memory: &'static str,
     pub processes: &'static str,
     pub inodes: &'static str,
+    /// How the kernel kills a planned victim at a crossing.
+    pub kill: &'static str,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -50,6 +57,8 @@ pub struct EbpfOptions {
     pub kernel_log: bool,
     /// Fail the load on purpose (to exercise the fallback).
     pub force_load_failure: bool,
+    /// Let the kernel kill planned victims at a crossing (`--kernel-eviction`).
+    pub kernel_eviction: bool,
 }
 
 /// A shared mapping of a BPF array map created with BPF_F_MMAPABLE.
@@ -131,6 +140,8 @@ pub struct EbpfSource {
     cgroup_slot: Mutex<BpfHashMap<MapData, u64, u32>>,
     plans: Mutex<Array<MapData, VictimPlan>>,
     watch_exit: Mutex<BpfHashMap<MapData, u32, u32>>,
+    /// Victim plans by kernel line: (plan index, generation written).
+    plan_lines: Mutex<HashMap<(Target, Signal), (u32, u64)>>,
     strategies: Strategies,
     /// Program names and ids, for the run-time metrics.
     program_names: Vec<String>,
@@ -160,21 +171,24 @@ impl EbpfSource {
         let exit_has_group_dead: u32 = u32::from(btf.tracepoint_args("sched_process_exit").unwrap_or(1) >= 2);
         let log_level: u8 = if opts.kernel_log { 0xff } else { 0 };
 
-        let owned_object;
-        let object: &[u8] = match &opts.object {
-            Some(p) => {
-                owned_object = std::fs::read(p).map_err(|e| err(&p.display().to_string(), e))?;
-                &owned_object
-            }
-            None => OBJECT,
+        let mut object = match &opts.object {
+            Some(p) => std::fs::read(p).map_err(|e| err(&p.display().to_string(), e))?,
+            None => OBJECT.to_vec(),
         };
+        let patched = super::kfunc::patch(&mut object, &btf).map_err(|e| err("patching kfunc calls", e))?;
+        let kfunc_kill = u32::from(patched.all_resolved());
+        let missing: Vec<&str> = patched.calls.iter().filter(|(_, id)| id.is_none()).map(|(n, _)| n.as_str()).collect();
+        if !missing.is_empty() {
+            info!("the kernel lacks kfuncs {missing:?}: the in-kernel kill signals only the allocating task");
+        }
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&aya_btf))
             .override_global("LAYOUT", &layout, true)
             .override_global("EXIT_HAS_GROUP_DEAD", &exit_has_group_dead, true)
             .override_global("AYA_LOG_LEVEL", &log_level, false)
             .override_global("AGENT_TGID", &std::process::id(), true)
-            .load(object)
+            .override_global("KFUNC_KILL", &kfunc_kill, true)
+            .load(&object)
             .map_err(|e| err("loading the object", e))?;
         let logger = if opts.kernel_log {
             match aya_log::EbpfLogger::init(&mut ebpf) {
@@ -237,6 +251,11 @@ impl EbpfSource {
             memory: "tp_btf:mod_memcg_lruvec_state+page_counter",
             processes: "tp_btf:sched_process_fork/exit+cgroup_attach_task",
             inodes,
+            kill: if kfunc_kill == 1 {
+                "kfunc:bpf_iter_task+bpf_send_signal_task (+current task, doomed drain at exit)"
+            } else {
+                "helper:bpf_send_signal (current task; doomed tasks on their next charge)"
+            },
         };
 
         let take = |ebpf: &mut Ebpf, name: &str| ebpf.take_map(name).ok_or_else(|| err(name, "map missing"));
@@ -269,6 +288,10 @@ impl EbpfSource {
         });
         let page = page_size();
         seed_node(&shared, &cgroupfs, page);
+        // SAFETY: the control block is mapped for the source's lifetime.
+        unsafe {
+            std::ptr::write_volatile(&mut (*shared.control.at(0)).kernel_eviction, u32::from(opts.kernel_eviction));
+        }
 
         // SAFETY: eventfd has no preconditions; the fd is owned below.
         let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -298,6 +321,7 @@ impl EbpfSource {
             memory = strategies.memory,
             processes = strategies.processes,
             inodes = strategies.inodes,
+            kill = strategies.kill,
             "eBPF signal source attached"
         );
         Ok(EbpfSource {
@@ -307,6 +331,7 @@ impl EbpfSource {
             cgroup_slot: Mutex::new(cgroup_slot),
             plans: Mutex::new(plans),
             watch_exit: Mutex::new(watch_exit),
+            plan_lines: Mutex::new(HashMap::new()),
             strategies,
             program_names,
             stop,
@@ -333,22 +358,10 @@ impl EbpfSource {
             .collect()
     }
 
-    /// Writes a victim plan for a signal (the in-kernel eviction path).
-    pub fn set_plan(&self, signal: Signal, plan: &VictimPlan) -> Result<(), SignalError> {
-        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        plans.set(signal as u32, plan, 0).map_err(|e| err("PLANS", e))
-    }
-
     /// Reports the exit of process `pid` as [`SignalEvent::ProcessExit`],
     /// timestamped by the kernel.
     pub fn watch_exit(&self, pid: u32) -> Result<(), SignalError> {
         self.watch_exit.lock().unwrap_or_else(|p| p.into_inner()).insert(pid, 1, 0).map_err(|e| err("WATCH_EXIT", e))
-    }
-
-    /// Turns the kernel's own kills on or off.
-    pub fn set_kernel_eviction(&self, enabled: bool) {
-        // SAFETY: the control block is mapped for the source's lifetime.
-        unsafe { std::ptr::write_volatile(&mut (*self.shared.control.at(0)).kernel_eviction, u32::from(enabled)) };
     }
 
     /// The slot index of a registered cgroup (for plans and tests).
@@ -591,6 +604,63 @@ impl SignalSource for EbpfSource {
         *self.shared.sink.write().unwrap_or_else(|p| p.into_inner()) = Some(sink);
     }
 
+    fn set_kernel_victim(&self, target: &Target, signal: Signal, victim: Option<&str>) -> Result<bool, SignalError> {
+        let trigger = self.slot_index(target)?;
+        let victim = match victim {
+            Some(v) => {
+                let reg = self.shared.registry.read().unwrap_or_else(|p| p.into_inner());
+                let e = reg.by_path.get(v.trim_matches('/')).ok_or_else(|| SignalError::NotRegistered(v.to_owned()))?;
+                Some((e.index, e.cgroup_id))
+            }
+            None => None,
+        };
+        let mut lines = self.plan_lines.lock().unwrap_or_else(|p| p.into_inner());
+        let next_index = lines.len() as u32;
+        let (index, generation) = *lines.entry((target.clone(), signal)).or_insert((next_index, 0));
+        if index >= swiftlet_common::MAX_PLANS {
+            return Err(err("PLANS", "more kernel lines than plan slots"));
+        }
+        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        let current = plans.get(&index, 0).map_err(|e| err("PLANS", e))?;
+        let wanted = victim.map(|(slot, id)| (trigger, signal as u32, slot, id));
+        let have = (current.generation != 0 && current.executed_generation != current.generation).then_some((
+            current.trigger_slot,
+            current.signal,
+            current.victim_slot,
+            current.victim_cgroup_id,
+        ));
+        if wanted == have {
+            return Ok(true);
+        }
+        // A new generation for every change: the kernel executes each at
+        // most once, so a plan it used is never replayed.
+        let generation = generation + 1;
+        let plan = match victim {
+            Some((victim_slot, victim_cgroup_id)) => VictimPlan {
+                generation,
+                executed_generation: current.executed_generation,
+                trigger_slot: trigger,
+                signal: signal as u32,
+                victim_slot,
+                _pad: 0,
+                victim_cgroup_id,
+            },
+            None => VictimPlan { executed_generation: current.executed_generation, ..VictimPlan::default() },
+        };
+        plans.set(index, plan, 0).map_err(|e| err("PLANS", e))?;
+        lines.insert((target.clone(), signal), (index, generation));
+        Ok(true)
+    }
+
+    fn kernel_kill_finished(&self) {
+        // SAFETY: mapped control block; the kernel only reads these once set.
+        unsafe {
+            let c = self.shared.control.at(0);
+            std::ptr::write_volatile(&mut (*c).doomed_memcg, 0);
+            std::ptr::write_volatile(&mut (*c).doomed_slot, 0);
+        }
+    }
+
     fn counters(&self) -> Vec<(&'static str, u64)> {
         // SAFETY: mapped control block.
         let c = unsafe { std::ptr::read_volatile(self.shared.control.at(0)) };
@@ -671,6 +741,7 @@ fn decode(bytes: &[u8], shared: &Shared, page: u64, received_ns: u64) -> Option<
                 at_ns: ev.ts_ns,
                 received_ns,
                 pid: ev.pid,
+                kernel_generation: ev.aux,
             })
         }
         EventKind::OomVictim => Some(SignalEvent::OomKill {
@@ -688,6 +759,8 @@ fn decode(bytes: &[u8], shared: &Shared, page: u64, received_ns: u64) -> Option<
             signal: Signal::from_u32(ev.signal)?,
             pid: ev.pid,
             generation: ev.aux,
+            crossing_ns: ev.value,
+            crossing_value: ev.threshold * if ev.signal == Signal::MemoryWorkingSet as u32 { page } else { 1 },
             at_ns: ev.ts_ns,
             received_ns,
         }),

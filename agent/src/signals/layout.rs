@@ -32,7 +32,9 @@ pub fn kernel_layout(btf: &Btf) -> Result<KernelLayout, BtfError> {
         nr_anon_mapped: as_u32(btf.enum_value("node_stat_item", "NR_ANON_MAPPED")?),
         nr_file_pages: as_u32(btf.enum_value("node_stat_item", "NR_FILE_PAGES")?),
         memory_hierarchy_id: memory_hierarchy_id().unwrap_or(0),
+        task_flags: btf.member_offset("task_struct", "flags")?,
         valid: 1,
+        _pad: 0,
     })
 }
 

@@ -12,6 +12,7 @@ pub mod btf;
 pub mod cgroupfs;
 pub mod ebpf;
 pub mod hysteresis;
+pub mod kfunc;
 pub mod layout;
 pub mod node;
 
@@ -150,6 +151,9 @@ pub enum SignalEvent {
         received_ns: u64,
         /// The task whose action crossed (eBPF only; 0 when unknown).
         pid: u32,
+        /// Non-zero when the kernel executed the victim plan at this
+        /// crossing (the plan generation); the agent's fast path stands down.
+        kernel_generation: u32,
     },
     /// The kernel OOM killer chose a victim.
     OomKill {
@@ -169,8 +173,14 @@ pub enum SignalEvent {
         cgroup: Option<String>,
         cgroup_id: u64,
         signal: Signal,
+        /// The task signalled as the current one (0 when the victim was not
+        /// the allocating task).
         pid: u32,
         generation: u32,
+        /// When the line was crossed, and when the kill was done.
+        crossing_ns: u64,
+        /// The value that crossed the line, in the signal's unit.
+        crossing_value: u64,
         at_ns: u64,
         received_ns: u64,
     },
@@ -207,6 +217,17 @@ pub trait SignalSource: Send + Sync {
 
     /// Starts delivering events to `sink` (replacing any earlier sink).
     fn subscribe(&self, sink: Arc<dyn EventSink>);
+
+    /// Names the pod (registered cgroup) the kernel should kill the moment
+    /// `target`'s `signal` line is crossed; None withdraws it. Returns false
+    /// when this source cannot kill in the kernel.
+    fn set_kernel_victim(&self, _target: &Target, _signal: Signal, _victim: Option<&str>) -> Result<bool, SignalError> {
+        Ok(false)
+    }
+
+    /// The agent has finished an eviction the kernel started: stop
+    /// signalling the victim's tasks.
+    fn kernel_kill_finished(&self) {}
 
     /// Counters for the metrics endpoint: (name, value).
     fn counters(&self) -> Vec<(&'static str, u64)> {

@@ -39,7 +39,9 @@ const THRESHOLD: u64 = 256 * MIB;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// swiftlet with eBPF signals (event-driven).
+    /// swiftlet with the kernel killing the planned victim at the crossing.
+    Kernel,
+    /// swiftlet with eBPF signals (event-driven), killing from userspace.
     Ebpf,
     /// swiftlet polling cgroupfs at this interval (10 s is the kubelet's).
     Poll(Duration),
@@ -50,6 +52,7 @@ pub enum Mode {
 impl Mode {
     pub fn label(self) -> String {
         match self {
+            Mode::Kernel => "swiftlet in-kernel kill".into(),
             Mode::Ebpf => "swiftlet eBPF".into(),
             Mode::Poll(d) if d >= Duration::from_secs(1) => format!("cgroupfs poll {}s", d.as_secs()),
             Mode::Poll(d) => format!("cgroupfs poll {}ms", d.as_millis()),
@@ -144,11 +147,12 @@ fn run_once(mode: Mode, rate: u64) -> Result<Run> {
     let mut agent = None;
     if mode != Mode::NoAgent {
         let (choice, interval) = match mode {
-            Mode::Ebpf => (SourceChoice::Ebpf, Duration::from_secs(10)),
+            Mode::Ebpf | Mode::Kernel => (SourceChoice::Ebpf, Duration::from_secs(10)),
             Mode::Poll(d) => (SourceChoice::Cgroupfs, d),
             Mode::NoAgent => unreachable!(),
         };
-        let opened = signals::open(choice, tc.fs.clone(), &EbpfOptions::default(), interval)?;
+        let opts = EbpfOptions { kernel_eviction: mode == Mode::Kernel, ..Default::default() };
+        let opened = signals::open(choice, tc.fs.clone(), &opts, interval)?;
         let cfg = DriverConfig {
             eviction: EvictionConfig {
                 thresholds: vec![EvictionThreshold {
@@ -171,6 +175,7 @@ fn run_once(mode: Mode, rate: u64) -> Result<Run> {
             // The kubelet's housekeeping period, or the poll interval.
             housekeeping_interval: interval,
             plan_interval: Duration::from_millis(200),
+            kernel_eviction: mode == Mode::Kernel,
         };
         let (manager, event_loop) = EvictionManager::new(
             cfg,
@@ -314,7 +319,9 @@ pub fn race(ctx: &Ctx) -> Result<BenchResult> {
             ));
         }
         let ebpf = p50_of.get(&Mode::Ebpf.label()).copied();
-        for other in [Mode::Poll(Duration::from_secs(10)), Mode::Poll(Duration::from_millis(100)), Mode::NoAgent] {
+        for other in
+            [Mode::Kernel, Mode::Poll(Duration::from_secs(10)), Mode::Poll(Duration::from_millis(100)), Mode::NoAgent]
+        {
             if let (Some(a), Some(b)) = (ebpf, p50_of.get(&other.label())) {
                 figures.push(Figure::value(
                     format!("{} / swiftlet eBPF at {rate} MiB/s (p50 crossing → dead)", other.label()),
