@@ -25,6 +25,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     setup::require_root("the benchmarks")?;
     let tc = setup::all()?;
+    setup::ensure_apt(setup::APT_BENCH)?;
     setup::build_ebpf(&tc)?;
     let root = cmd::workspace_root();
     step("building the benchmark runner (release)");

@@ -21,6 +21,8 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages, grouped by what needs them.
 pub const APT_BUILD: &[&str] = &["protobuf-compiler", "gcc", "libc6-dev"];
 pub const APT_RUNTIME: &[&str] = &["containerd", "runc", "busybox-static", "iproute2"];
+/// The eviction race compares against earlyoom.
+pub const APT_BENCH: &[&str] = &["earlyoom"];
 
 /// What the eBPF build needs on PATH.
 pub struct EbpfToolchain {

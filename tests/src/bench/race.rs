@@ -1,11 +1,20 @@
 //! The eviction race (issue 9): a memory hog in a BestEffort pod ramps at a
-//! fixed rate toward the pods' allocatable limit, with a Guaranteed pod
-//! beside it. Every mode sees the same ramp; an independent observer (its
-//! own instance of the kernel programs, on the same clock) records when the
-//! line was crossed, when the hog died, how far memory overshot the line,
-//! and whether the kernel OOM killer fired.
+//! fixed rate past a hard eviction threshold, with a Guaranteed pod beside
+//! it. Every mode sees the same ramp; an independent observer (its own
+//! instance of the kernel programs, on the same clock) records when the line
+//! was crossed, when the hog died, how far memory overshot the line, and
+//! whether the kernel OOM killer fired.
+//!
+//! Two scenarios:
+//! - allocatable: `allocatableMemory.available<256Mi` with kubepods limited
+//!   to 1 GiB (the kernel's OOM point), as a node with enforced allocatable;
+//! - node: `memory.available` on the whole node, where earlyoom (which only
+//!   watches MemAvailable) can compete. A balloon locks most of RAM first so
+//!   the ramp reaches the line in seconds, and is released afterwards.
 
 use std::{
+    io::BufRead,
+    process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -32,12 +41,32 @@ use super::{BenchResult, Ctx, Figure, Table, median, svg};
 use crate::{cgroup::TestCgroup, pods::FakePods, workload};
 
 const MIB: u64 = 1 << 20;
-/// The pods' allocatable memory, enforced on kubepods.
+/// Allocatable scenario: the pods' allocatable memory, enforced on kubepods.
 const ALLOCATABLE: u64 = 1024 * MIB;
-/// allocatableMemory.available<256Mi: the line sits at 768 MiB of working set.
-const THRESHOLD: u64 = 256 * MIB;
+/// Allocatable scenario: allocatableMemory.available<256Mi, a line at 768 MiB.
+const ALLOCATABLE_THRESHOLD: u64 = 256 * MIB;
+/// Node scenario: how far below the node's available memory at the start of
+/// a run the line sits (how much the hog allocates before crossing).
+const NODE_RAMP_TO_LINE: u64 = 768 * MIB;
+/// Node scenario: what the balloon leaves available.
+const NODE_HEADROOM: u64 = 3 * 1024 * MIB;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    Allocatable,
+    Node,
+}
+
+impl Scenario {
+    fn label(self) -> &'static str {
+        match self {
+            Scenario::Allocatable => "allocatableMemory.available",
+            Scenario::Node => "memory.available",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mode {
     /// swiftlet with the kernel killing the planned victim at the crossing.
     Kernel,
@@ -45,6 +74,8 @@ pub enum Mode {
     Ebpf,
     /// swiftlet polling cgroupfs at this interval (10 s is the kubelet's).
     Poll(Duration),
+    /// earlyoom at the equivalent MemAvailable threshold (node scenario).
+    Earlyoom,
     /// No agent: the kernel OOM killer alone.
     NoAgent,
 }
@@ -53,9 +84,10 @@ impl Mode {
     pub fn label(self) -> String {
         match self {
             Mode::Kernel => "swiftlet in-kernel kill".into(),
-            Mode::Ebpf => "swiftlet eBPF".into(),
-            Mode::Poll(d) if d >= Duration::from_secs(1) => format!("cgroupfs poll {}s", d.as_secs()),
+            Mode::Ebpf => "swiftlet eBPF (userspace kill)".into(),
+            Mode::Poll(d) if d >= Duration::from_secs(1) => format!("cgroupfs poll {}s (kubelet)", d.as_secs()),
             Mode::Poll(d) => format!("cgroupfs poll {}ms", d.as_millis()),
+            Mode::Earlyoom => "earlyoom".into(),
             Mode::NoAgent => "no agent (kernel OOM)".into(),
         }
     }
@@ -63,49 +95,97 @@ impl Mode {
 
 #[derive(Clone, Debug)]
 pub struct Run {
+    pub scenario: Scenario,
     pub mode: Mode,
     pub rate: u64,
     /// From the line crossed to the hog's exit, both kernel timestamps.
     pub crossing_to_dead_ms: Option<f64>,
-    /// Peak working set above the line.
+    /// Peak usage above the line.
     pub overshoot_mib: f64,
     pub oom_killed: bool,
-    pub evicted: bool,
-    /// (ms since the hog started, kubepods working set MiB)
+    /// (ms since the hog started, used MiB relative to the line)
     pub trace: Vec<(f64, f64)>,
-    /// ms since start of crossing and death.
-    pub crossing_ms: Option<f64>,
     pub dead_ms: Option<f64>,
 }
 
-fn line_bytes() -> u64 {
-    ALLOCATABLE - THRESHOLD
+/// A process killed (and reaped) when dropped.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
-fn run_once(mode: Mode, rate: u64) -> Result<Run> {
+/// The node scenario's balloon: most of RAM locked by one process.
+fn balloon() -> Result<Reaped> {
+    let available =
+        node::parse_meminfo(&std::fs::read_to_string("/proc/meminfo")?, "MemAvailable").context("MemAvailable")?;
+    if available < NODE_HEADROOM + 1024 * MIB {
+        bail!("only {} MiB available: the node scenario needs more than 4 GiB", available / MIB);
+    }
+    let size = (available - NODE_HEADROOM) / MIB;
+    eprintln!("    locking {size} MiB in a balloon (released at the end)");
+    let mut child =
+        Command::new(workload::binary()).args(["balloon", &size.to_string()]).stdout(Stdio::piped()).spawn()?;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().context("balloon stdout")?).read_line(&mut line)?;
+    if line.trim() != "ready" {
+        let _ = child.kill();
+        bail!("the balloon could not lock memory");
+    }
+    Ok(Reaped(child))
+}
+
+fn earlyoom_running() -> bool {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == "earlyoom"))
+}
+
+fn run_once(scenario: Scenario, mode: Mode, rate: u64) -> Result<Run> {
     let tc = TestCgroup::new();
     let kubepods = tc.child("kubepods");
-    tc.fs.set_memory_limit(&kubepods, Some(ALLOCATABLE))?;
     let hog_pod = tc.child("kubepods/besteffort/podhog");
     let steady_pod = tc.child("kubepods/podsteady");
+    let capacity = node::mem_total()?;
 
-    // The observer: its own programs, a line at the same place.
     let observer = Arc::new(EbpfSource::load(tc.fs.clone(), &EbpfOptions::default()).context("observer")?);
     observer.register(&kubepods, CgroupKind::Kubepods)?;
+    // The line, as "used" bytes of the observed target, and the threshold.
+    let (target, line_used, threshold) = match scenario {
+        Scenario::Allocatable => {
+            tc.fs.set_memory_limit(&kubepods, Some(ALLOCATABLE))?;
+            (Target::Cgroup(kubepods.clone()), ALLOCATABLE - ALLOCATABLE_THRESHOLD, ALLOCATABLE_THRESHOLD)
+        }
+        Scenario::Node => {
+            let used = observer.snapshot()?.node.working_set_bytes;
+            let available = capacity - used;
+            let threshold = available.saturating_sub(NODE_RAMP_TO_LINE);
+            (Target::Node, capacity - threshold, threshold)
+        }
+    };
+    let used_of = |s: &signals::Snapshot| match &target {
+        Target::Node => s.node.working_set_bytes,
+        Target::Cgroup(c) => s.cgroups.get(c).map_or(0, |u| u.working_set_bytes),
+    };
     observer.set_threshold(
-        &Target::Cgroup(kubepods.clone()),
+        &target,
         Signal::MemoryWorkingSet,
-        Some(Threshold { trigger: line_bytes() + 1, rearm: line_bytes() - 64 * MIB }),
+        Some(Threshold { trigger: line_used + 1, rearm: line_used.saturating_sub(64 * MIB) }),
     )?;
     let seen = Arc::new(Mutex::new((None::<u64>, None::<u64>, false)));
     let hog_pid = Arc::new(Mutex::new(0u32));
     {
-        let (seen, hog_pid, kubepods) = (seen.clone(), hog_pid.clone(), kubepods.clone());
+        let (seen, hog_pid, target) = (seen.clone(), hog_pid.clone(), target.clone());
         observer.subscribe(Arc::new(move |e: SignalEvent| {
             let mut s = seen.lock().unwrap();
             match e {
-                SignalEvent::Crossing { direction: Direction::Up, target: Target::Cgroup(c), at_ns, .. }
-                    if c == kubepods && s.0.is_none() =>
+                SignalEvent::Crossing { direction: Direction::Up, target: t, at_ns, .. }
+                    if t == target && s.0.is_none() =>
                 {
                     s.0 = Some(at_ns)
                 }
@@ -119,7 +199,6 @@ fn run_once(mode: Mode, rate: u64) -> Result<Run> {
     let mut steady = workload::Steps::spawn(&tc.fs, &steady_pod);
     steady.run("anon 32");
 
-    // The agent under test.
     let pods = Arc::new(FakePods::new(vec![
         EvictionPod {
             uid: "hog".into(),
@@ -145,60 +224,88 @@ fn run_once(mode: Mode, rate: u64) -> Result<Run> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut agent = None;
-    if mode != Mode::NoAgent {
-        let (choice, interval) = match mode {
-            Mode::Ebpf | Mode::Kernel => (SourceChoice::Ebpf, Duration::from_secs(10)),
-            Mode::Poll(d) => (SourceChoice::Cgroupfs, d),
-            Mode::NoAgent => unreachable!(),
-        };
-        let opts = EbpfOptions { kernel_eviction: mode == Mode::Kernel, ..Default::default() };
-        let opened = signals::open(choice, tc.fs.clone(), &opts, interval)?;
-        let cfg = DriverConfig {
-            eviction: EvictionConfig {
-                thresholds: vec![EvictionThreshold {
-                    signal: EvictionSignal::AllocatableMemoryAvailable,
-                    value: ThresholdValue::Quantity(Quantity::from_units(THRESHOLD as i64)),
-                    grace_period: Duration::ZERO,
-                    min_reclaim: None,
-                }],
-                pressure_transition_period: Duration::from_secs(30),
-                max_pod_grace_period_secs: 0,
-            },
-            node: NodeInfo {
-                memory_capacity: node::mem_total()?,
-                allocatable_memory: ALLOCATABLE,
-                pid_limit: node::pid_limit()?,
-                kubepods_cgroup: kubepods.clone(),
-            },
-            nodefs_path: std::env::temp_dir(),
-            imagefs_path: None,
-            // The kubelet's housekeeping period, or the poll interval.
-            housekeeping_interval: interval,
-            plan_interval: Duration::from_millis(200),
-            kernel_eviction: mode == Mode::Kernel,
-        };
-        let (manager, event_loop) = EvictionManager::new(
-            cfg,
-            opened.source.clone(),
-            tc.fs.clone(),
-            pods.clone(),
-            pods.clone(),
-            None,
-            Arc::new(Metrics::new()),
-        );
-        let task = rt.spawn(event_loop.run(stop_rx));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while manager.plan(EvictionSignal::AllocatableMemoryAvailable).first().map(|v| v.uid.as_str()) != Some("hog") {
-            if Instant::now() > deadline {
-                bail!("the agent made no victim plan");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+    let mut earlyoom = None;
+    match mode {
+        Mode::NoAgent => {}
+        Mode::Earlyoom => {
+            // earlyoom watches MemAvailable, which differs from the kubelet's
+            // memory.available by the reclaimable memory it counts; shift its
+            // line by that difference so both fire at the same ramp point.
+            let mem_available = node::parse_meminfo(&std::fs::read_to_string("/proc/meminfo")?, "MemAvailable")
+                .context("MemAvailable")?;
+            let ours = capacity - used_of(&observer.snapshot()?);
+            let line_kib = ((threshold as i64 + mem_available as i64 - ours as i64).max(0) as u64) / 1024;
+            let child = Command::new("earlyoom")
+                .args(["-M", &format!("{line_kib},{line_kib}"), "-r", "0", "--prefer", "^swiftlet-worklo"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("cannot start earlyoom (Debian package earlyoom; `cargo xtask bench` installs it)")?;
+            std::thread::sleep(Duration::from_millis(300));
+            earlyoom = Some(Reaped(child));
         }
-        agent = Some((manager, task, opened));
+        Mode::Kernel | Mode::Ebpf | Mode::Poll(_) => {
+            let (choice, interval) = match mode {
+                Mode::Poll(d) => (SourceChoice::Cgroupfs, d),
+                _ => (SourceChoice::Ebpf, Duration::from_secs(10)),
+            };
+            let opts = EbpfOptions { kernel_eviction: mode == Mode::Kernel, ..Default::default() };
+            let opened = signals::open(choice, tc.fs.clone(), &opts, interval)?;
+            let signal = match scenario {
+                Scenario::Allocatable => EvictionSignal::AllocatableMemoryAvailable,
+                Scenario::Node => EvictionSignal::MemoryAvailable,
+            };
+            let cfg = DriverConfig {
+                eviction: EvictionConfig {
+                    thresholds: vec![EvictionThreshold {
+                        signal,
+                        value: ThresholdValue::Quantity(Quantity::from_units(threshold as i64)),
+                        grace_period: Duration::ZERO,
+                        min_reclaim: None,
+                    }],
+                    pressure_transition_period: Duration::from_secs(30),
+                    max_pod_grace_period_secs: 0,
+                },
+                node: NodeInfo {
+                    memory_capacity: capacity,
+                    allocatable_memory: ALLOCATABLE,
+                    pid_limit: node::pid_limit()?,
+                    kubepods_cgroup: kubepods.clone(),
+                },
+                nodefs_path: std::env::temp_dir(),
+                imagefs_path: None,
+                // The kubelet's housekeeping period, or the poll interval.
+                housekeeping_interval: interval,
+                plan_interval: Duration::from_millis(200),
+                kernel_eviction: mode == Mode::Kernel,
+            };
+            let (manager, event_loop) = EvictionManager::new(
+                cfg,
+                opened.source.clone(),
+                tc.fs.clone(),
+                pods.clone(),
+                pods.clone(),
+                None,
+                Arc::new(Metrics::new()),
+            );
+            let task = rt.spawn(event_loop.run(stop_rx));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while manager.plan(signal).first().map(|v| v.uid.as_str()) != Some("hog") {
+                if Instant::now() > deadline {
+                    bail!("the agent made no victim plan");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            agent = Some((manager, task, opened));
+        }
     }
 
-    let mut cmd = std::process::Command::new(workload::binary());
-    cmd.args(["hog", &rate.to_string(), "2048"]).stdout(std::process::Stdio::null());
+    let max = match scenario {
+        Scenario::Allocatable => 2048,
+        Scenario::Node => 4096 + NODE_HEADROOM / MIB,
+    };
+    let mut cmd = Command::new(workload::binary());
+    cmd.args(["hog", &rate.to_string(), &max.to_string()]).stdout(Stdio::null());
     workload::in_cgroup(&mut cmd, &tc.fs, &hog_pod);
     let start_ns = monotonic_ns();
     let start = Instant::now();
@@ -206,22 +313,22 @@ fn run_once(mode: Mode, rate: u64) -> Result<Run> {
     *hog_pid.lock().unwrap() = hog.id();
     observer.watch_exit(hog.id())?;
     let mut trace = vec![];
-    let status = loop {
-        if let Some(s) = hog.try_wait()? {
-            break s;
+    loop {
+        if hog.try_wait()?.is_some() {
+            break;
         }
         if start.elapsed() > Duration::from_secs(30) {
             let _ = hog.kill();
-            break hog.wait()?;
+            hog.wait()?;
+            break;
         }
         if let Ok(s) = observer.snapshot() {
-            let ws = s.cgroups.get(&kubepods).map_or(0, |c| c.working_set_bytes);
-            trace.push((start.elapsed().as_secs_f64() * 1e3, ws as f64 / MIB as f64));
+            trace.push((start.elapsed().as_secs_f64() * 1e3, (used_of(&s) as f64 - line_used as f64) / MIB as f64));
         }
         std::thread::sleep(Duration::from_millis(2));
-    };
-    let _ = status;
+    }
     std::thread::sleep(Duration::from_millis(100));
+    drop(earlyoom);
     stop_tx.send(true).ok();
     if let Some((_, task, _)) = agent.take() {
         let _ = rt.block_on(task);
@@ -234,38 +341,33 @@ fn run_once(mode: Mode, rate: u64) -> Result<Run> {
         .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse::<u64>().ok()))
         .unwrap_or(0);
     let peak = trace.iter().map(|p| p.1).fold(0.0, f64::max);
-    let ms = |ns: u64| ns.saturating_sub(start_ns) as f64 / 1e6;
     Ok(Run {
+        scenario,
         mode,
         rate,
         crossing_to_dead_ms: match (crossing, dead) {
             (Some(c), Some(d)) if d >= c => Some((d - c) as f64 / 1e6),
             _ => None,
         },
-        overshoot_mib: (peak - line_bytes() as f64 / MIB as f64).max(0.0),
+        overshoot_mib: peak.max(0.0),
         oom_killed: oom_event || oom_counter > 0,
-        evicted: !pods.evictions().is_empty(),
         trace,
-        crossing_ms: crossing.map(ms),
-        dead_ms: dead.map(ms),
+        dead_ms: dead.map(|ns| ns.saturating_sub(start_ns) as f64 / 1e6),
     })
 }
 
-pub fn race(ctx: &Ctx) -> Result<BenchResult> {
-    let runs_per_cell = ctx.pick(20, 2);
-    let modes =
-        [Mode::Ebpf, Mode::Poll(Duration::from_millis(100)), Mode::Poll(Duration::from_secs(10)), Mode::NoAgent];
-    let rates = [256u64, 1024];
-    let mut all: Vec<Run> = vec![];
-    for rate in rates {
-        for i in 0..runs_per_cell {
-            // Modes interleaved run by run, so drift hits them alike.
-            for mode in modes {
-                eprintln!("    race: {} at {rate} MiB/s, run {}/{runs_per_cell}", mode.label(), i + 1);
-                all.push(run_once(mode, rate)?);
-            }
-        }
+fn modes(scenario: Scenario) -> Vec<Mode> {
+    let mut m =
+        vec![Mode::Kernel, Mode::Ebpf, Mode::Poll(Duration::from_millis(100)), Mode::Poll(Duration::from_secs(10))];
+    if scenario == Scenario::Node {
+        m.push(Mode::Earlyoom);
     }
+    m.push(Mode::NoAgent);
+    m
+}
+
+fn report(ctx: &Ctx, scenario: Scenario, runs: &[Run], runs_per_cell: usize, out: &mut BenchResult) -> Result<()> {
+    let rates = [256u64, 1024];
     let mut table = Table {
         header: [
             "rate",
@@ -277,23 +379,26 @@ pub fn race(ctx: &Ctx) -> Result<BenchResult> {
             "overshoot p50 (MiB)",
             "overshoot max (MiB)",
             "kernel OOM kills",
-            "evicted by agent",
         ]
         .map(String::from)
         .to_vec(),
         rows: vec![],
     };
-    let mut figures = vec![];
     let mut bars = vec![];
     for rate in rates {
         let mut group = vec![];
         let mut p50_of = std::collections::HashMap::new();
-        for mode in modes {
-            let cell: Vec<&Run> = all.iter().filter(|r| r.mode == mode && r.rate == rate).collect();
+        for mode in modes(scenario) {
+            let cell: Vec<&Run> = runs.iter().filter(|r| r.mode == mode && r.rate == rate).collect();
+            if cell.is_empty() {
+                continue;
+            }
             let lat: Vec<f64> = cell.iter().filter_map(|r| r.crossing_to_dead_ms).collect();
             let over: Vec<f64> = cell.iter().map(|r| r.overshoot_mib).collect();
-            let f = Figure::distribution(format!("{} at {rate} MiB/s: crossing → dead", mode.label()), "ms", &lat);
+            let name = format!("{}: {} at {rate} MiB/s", scenario.label(), mode.label());
+            let f = Figure::distribution(format!("{name}: crossing → dead"), "ms", &lat);
             let fmt = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into());
+            let ooms = cell.iter().filter(|r| r.oom_killed).count();
             table.rows.push(vec![
                 format!("{rate} MiB/s"),
                 mode.label(),
@@ -303,46 +408,40 @@ pub fn race(ctx: &Ctx) -> Result<BenchResult> {
                 fmt(f.max),
                 format!("{:.1}", median(&over)),
                 format!("{:.1}", over.iter().copied().fold(0.0, f64::max)),
-                cell.iter().filter(|r| r.oom_killed).count().to_string(),
-                cell.iter().filter(|r| r.evicted).count().to_string(),
+                ooms.to_string(),
             ]);
             if let Some(p) = f.p50 {
                 group.push((mode.label(), p));
-                p50_of.insert(mode.label(), p);
+                p50_of.insert(mode, p);
             }
-            figures.push(f);
-            figures.push(Figure::value(
-                format!("{} at {rate} MiB/s: kernel OOM kills", mode.label()),
-                "runs",
-                cell.len(),
-                cell.iter().filter(|r| r.oom_killed).count() as f64,
-            ));
+            out.figures.push(f);
+            out.figures.push(Figure::value(format!("{name}: kernel OOM kills"), "runs", cell.len(), ooms as f64));
         }
-        let ebpf = p50_of.get(&Mode::Ebpf.label()).copied();
-        for other in
-            [Mode::Kernel, Mode::Poll(Duration::from_secs(10)), Mode::Poll(Duration::from_millis(100)), Mode::NoAgent]
-        {
-            if let (Some(a), Some(b)) = (ebpf, p50_of.get(&other.label())) {
-                figures.push(Figure::value(
-                    format!("{} / swiftlet eBPF at {rate} MiB/s (p50 crossing → dead)", other.label()),
-                    "×",
-                    runs_per_cell,
-                    b / a,
-                ));
+        // Ratios against the event-driven userspace path and the kernel path,
+        // measured side by side in this run.
+        for base in [Mode::Kernel, Mode::Ebpf] {
+            for other in modes(scenario).into_iter().filter(|m| *m != base && *m != Mode::Kernel) {
+                if let (Some(a), Some(b)) = (p50_of.get(&base), p50_of.get(&other)) {
+                    out.figures.push(Figure::value(
+                        format!("{}: {} / {} at {rate} MiB/s (p50)", scenario.label(), other.label(), base.label()),
+                        "×",
+                        runs_per_cell,
+                        b / a,
+                    ));
+                }
             }
         }
         bars.push((format!("{rate} MiB/s"), group));
 
-        // Memory over time: the first run of each mode at this rate.
         let mut series = vec![];
         let mut markers = vec![];
-        for (i, mode) in modes.iter().enumerate() {
-            if let Some(r) = all.iter().find(|r| r.mode == *mode && r.rate == rate) {
+        for (i, mode) in modes(scenario).into_iter().enumerate() {
+            if let Some(r) = runs.iter().find(|r| r.mode == mode && r.rate == rate) {
                 series.push(svg::Series { name: mode.label(), points: r.trace.clone() });
                 if let Some(d) = r.dead_ms {
                     let y = r.trace.iter().rev().find(|p| p.0 <= d).map_or(0.0, |p| p.1);
                     markers.push(svg::Marker {
-                        label: if r.oom_killed { "OOM".into() } else { "killed".into() },
+                        label: if r.oom_killed { "OOM".into() } else { "dead".into() },
                         x: d,
                         y,
                         series: i,
@@ -350,37 +449,80 @@ pub fn race(ctx: &Ctx) -> Result<BenchResult> {
                 }
             }
         }
-        let plot = format!("eviction-race-memory-{rate}.svg");
+        let plot = format!("eviction-race-{}-{rate}.svg", scenario.label().replace('.', "-"));
+        let mut hlines = vec![(format!("eviction line ({} threshold)", scenario.label()), 0.0)];
+        if scenario == Scenario::Allocatable {
+            hlines.push(("kubepods limit (kernel OOM)".into(), ALLOCATABLE_THRESHOLD as f64 / MIB as f64));
+        }
         std::fs::write(
             ctx.out.join(&plot),
             svg::line_chart(
-                &format!("kubepods working set during a {rate} MiB/s ramp"),
+                &format!("{}: a {rate} MiB/s ramp, one run per mode", scenario.label()),
                 "ms since the hog started",
-                "MiB",
+                "MiB above the eviction line",
                 &series,
-                &[
-                    ("eviction line (allocatable − 256Mi)".into(), line_bytes() as f64 / MIB as f64),
-                    ("kubepods limit (kernel OOM)".into(), ALLOCATABLE as f64 / MIB as f64),
-                ],
+                &hlines,
                 &markers,
             ),
         )?;
+        out.plots.push(plot);
     }
-    let bar_plot = "eviction-race-latency.svg";
-    std::fs::write(ctx.out.join(bar_plot), svg::log_bars("Crossing → victim dead, p50 (log scale)", "ms", &bars))?;
-    Ok(BenchResult {
+    let bar_plot = format!("eviction-race-{}-latency.svg", scenario.label().replace('.', "-"));
+    std::fs::write(
+        ctx.out.join(&bar_plot),
+        svg::log_bars(&format!("{}: crossing → victim dead, p50 (log scale)", scenario.label()), "ms", &bars),
+    )?;
+    out.plots.push(bar_plot);
+    out.tables.push(table);
+    Ok(())
+}
+
+pub fn race(ctx: &Ctx) -> Result<BenchResult> {
+    let runs_per_cell = ctx.pick(20, 2);
+    let mut out = BenchResult {
         name: "eviction-race".into(),
         title: format!(
-            "A BestEffort hog ramps toward kubepods' enforced allocatable ({} MiB) with a Guaranteed pod beside it; \
-             hard threshold allocatableMemory.available<256Mi (line at {} MiB). Crossing and death are kernel \
-             timestamps from an independent observer (its own programs: the line crossing event and \
-             sched_process_exit of the hog). Modes run interleaved, {runs_per_cell} runs per cell.",
+            "A BestEffort hog (oom_score_adj 1000) ramps past a hard threshold with a Guaranteed pod beside it. \
+             Crossing and death are kernel timestamps from an independent observer (its own programs: the line \
+             crossing event and the hog's sched_process_exit). Modes run interleaved, {runs_per_cell} runs per \
+             cell. Allocatable scenario: allocatableMemory.available<256Mi with kubepods limited to {} MiB (the \
+             kernel OOM-kills at the limit). Node scenario: memory.available with a threshold {} MiB below what \
+             was available at the start of each run; a balloon locks all but {} MiB of RAM; earlyoom runs with \
+             -M at the same point (shifted by MemAvailable − memory.available).",
             ALLOCATABLE / MIB,
-            line_bytes() / MIB
+            NODE_RAMP_TO_LINE / MIB,
+            NODE_HEADROOM / MIB
         ),
-        figures,
-        tables: vec![table],
-        plots: vec!["eviction-race-memory-256.svg".into(), "eviction-race-memory-1024.svg".into(), bar_plot.into()],
-        notes: vec![],
-    })
+        ..Default::default()
+    };
+    for scenario in [Scenario::Allocatable, Scenario::Node] {
+        let _balloon = match scenario {
+            Scenario::Node => {
+                if earlyoom_running() {
+                    bail!(
+                        "an earlyoom not started by the bench is running; stop it first (it would kill during the node scenario)"
+                    );
+                }
+                Some(balloon()?)
+            }
+            Scenario::Allocatable => None,
+        };
+        let mut runs = vec![];
+        for rate in [256u64, 1024] {
+            for i in 0..runs_per_cell {
+                // Modes interleaved run by run, so drift hits them alike.
+                for mode in modes(scenario) {
+                    eprintln!(
+                        "    race {}: {} at {rate} MiB/s, run {}/{runs_per_cell}",
+                        scenario.label(),
+                        mode.label(),
+                        i + 1
+                    );
+                    runs.push(run_once(scenario, mode, rate)?);
+                }
+            }
+        }
+        report(ctx, scenario, &runs, runs_per_cell, &mut out)?;
+    }
+    Ok(out)
 }

@@ -13,6 +13,8 @@
 //!   exit
 //! `swiftlet-workload hog <MiB/s> <max MiB>` touches memory at a steady rate.
 //! `swiftlet-workload sleep` waits until killed.
+//! `swiftlet-workload balloon <MiB>` locks that much memory (mlock), makes
+//! itself the OOM killer's last choice, prints `ready` and waits.
 //! `swiftlet-workload touch <MiB>` touches that much memory in 4 KiB pages, then exits.
 //! `swiftlet-workload forkloop <N>` forks N children that exit at once, one at a time.
 //! `swiftlet-workload fileloop <N> <dir>` creates and unlinks N files.
@@ -66,9 +68,35 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("steps") => steps(),
         Some("hog") => {
+            // A BestEffort container's score: first in line for the OOM killer.
+            let _ = fs::write("/proc/self/oom_score_adj", "1000");
             let rate: f64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(256.0);
             let max: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1024);
             hog(rate, max);
+        }
+        Some("balloon") => {
+            let mib: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1024);
+            // Never the OOM killer's choice: the balloon stands for memory
+            // the rest of a node would use.
+            let _ = fs::write("/proc/self/oom_score_adj", "-1000");
+            match map_and_touch(mib * MIB) {
+                Ok(a) => {
+                    // SAFETY: locking the mapping we just made.
+                    if unsafe { libc::mlock(a.ptr.cast(), a.len) } != 0 {
+                        eprintln!("balloon: mlock failed: {}", std::io::Error::last_os_error());
+                        std::process::exit(1);
+                    }
+                    println!("ready");
+                    let _ = std::io::stdout().flush();
+                    loop {
+                        std::thread::sleep(Duration::from_secs(3600));
+                    }
+                }
+                Err(e) => {
+                    eprintln!("balloon: {e}");
+                    std::process::exit(1);
+                }
+            }
         }
         Some("touch") => {
             let mib: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(256);
