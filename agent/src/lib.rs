@@ -4,6 +4,7 @@
 pub mod cgroups;
 pub mod cm;
 pub mod config;
+pub mod cri;
 pub mod events;
 pub mod eviction;
 pub mod metrics;

@@ -1,0 +1,80 @@
+//! The container runtime over CRI (`runtime.v1`): two small traits, the
+//! RuntimeService and the ImageService, that the pod workers, the image
+//! manager, garbage collection and node status call; a tonic client over
+//! the runtime's unix socket (`client`); and the label and annotation keys
+//! the kubelet puts on what it creates (`labels`).
+//!
+//! The traits take and return the generated CRI types (`api`) so nothing
+//! is lost in translation; they exist so the logic above them runs against
+//! containerd in integration tests and against an in-memory runtime in unit
+//! tests.
+
+pub mod client;
+pub mod error;
+pub mod labels;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+pub use error::CriError;
+pub use k8s_cri::v1 as api;
+
+pub type Result<T> = std::result::Result<T, CriError>;
+
+/// The RuntimeService calls the kubelet makes.
+#[async_trait]
+pub trait RuntimeService: Send + Sync {
+    async fn version(&self) -> Result<api::VersionResponse>;
+    /// The runtime's conditions (RuntimeReady, NetworkReady).
+    async fn status(&self) -> Result<api::StatusResponse>;
+
+    /// Returns the new sandbox's id.
+    async fn run_pod_sandbox(&self, config: api::PodSandboxConfig, runtime_handler: &str) -> Result<String>;
+    async fn stop_pod_sandbox(&self, sandbox_id: &str) -> Result<()>;
+    async fn remove_pod_sandbox(&self, sandbox_id: &str) -> Result<()>;
+    async fn pod_sandbox_status(&self, sandbox_id: &str) -> Result<api::PodSandboxStatus>;
+    async fn list_pod_sandbox(&self, filter: Option<api::PodSandboxFilter>) -> Result<Vec<api::PodSandbox>>;
+
+    /// Returns the new container's id.
+    async fn create_container(
+        &self,
+        sandbox_id: &str,
+        config: api::ContainerConfig,
+        sandbox_config: api::PodSandboxConfig,
+    ) -> Result<String>;
+    async fn start_container(&self, container_id: &str) -> Result<()>;
+    /// Stops with `timeout` of grace between SIGTERM (or the image's stop
+    /// signal) and SIGKILL.
+    async fn stop_container(&self, container_id: &str, timeout: Duration) -> Result<()>;
+    async fn remove_container(&self, container_id: &str) -> Result<()>;
+    async fn list_containers(&self, filter: Option<api::ContainerFilter>) -> Result<Vec<api::Container>>;
+    async fn container_status(&self, container_id: &str) -> Result<api::ContainerStatus>;
+    /// Runs `cmd` in the container and waits at most `timeout`.
+    async fn exec_sync(&self, container_id: &str, cmd: Vec<String>, timeout: Duration)
+    -> Result<api::ExecSyncResponse>;
+    /// Asks the runtime to reopen the container's log file (after rotation).
+    async fn reopen_container_log(&self, container_id: &str) -> Result<()>;
+    async fn list_container_stats(&self, filter: Option<api::ContainerStatsFilter>)
+    -> Result<Vec<api::ContainerStats>>;
+}
+
+/// The ImageService calls the kubelet makes.
+#[async_trait]
+pub trait ImageService: Send + Sync {
+    async fn list_images(&self) -> Result<Vec<api::Image>>;
+    /// None when the image is not present.
+    async fn image_status(&self, image: &str) -> Result<Option<api::Image>>;
+    /// Pulls `image`; returns the image reference (its id) the runtime gives.
+    async fn pull_image(&self, image: &str, sandbox_config: Option<api::PodSandboxConfig>) -> Result<String>;
+    async fn remove_image(&self, image: &str) -> Result<()>;
+    async fn image_fs_info(&self) -> Result<Vec<api::FilesystemUsage>>;
+}
+
+/// The CRI sandbox and container states, readable.
+pub fn sandbox_ready(state: i32) -> bool {
+    state == api::PodSandboxState::SandboxReady as i32
+}
+
+pub fn container_state(state: i32) -> api::ContainerState {
+    api::ContainerState::try_from(state).unwrap_or(api::ContainerState::ContainerUnknown)
+}
