@@ -16,6 +16,7 @@ pub mod labels;
 use std::time::Duration;
 
 use async_trait::async_trait;
+pub use client::CriClient;
 pub use error::CriError;
 pub use k8s_cri::v1 as api;
 
