@@ -5,4 +5,8 @@
 //! changes (the kubelet's config "SET" operation): simple to reason about,
 //! and a re-list after a watch gap needs no special case.
 
+pub mod defaults;
+pub mod file;
+pub mod manifest;
 pub mod source;
+pub mod validation;
