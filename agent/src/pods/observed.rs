@@ -143,7 +143,7 @@ pub async fn observe(rt: &dyn RuntimeService, uid: &str) -> cri::Result<Observed
             ip,
         });
     }
-    out.sandboxes.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+    out.sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
     let containers =
         rt.list_containers(Some(api::ContainerFilter { label_selector: selector, ..Default::default() })).await?;
     let sandbox_of: HashMap<&str, &str> =

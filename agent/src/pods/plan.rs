@@ -280,7 +280,7 @@ mod tests {
     }
 
     fn observed(sandboxes: Vec<SandboxState>, mut containers: Vec<ContainerState>) -> ObservedPod {
-        containers.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        containers.sort_by_key(|c| std::cmp::Reverse(c.created_at));
         ObservedPod { sandboxes, containers }
     }
 

@@ -24,8 +24,6 @@ use crate::{
 #[derive(Clone, Debug)]
 pub struct NodeSettings {
     pub node_name: String,
-    /// The node's hostname (the hostname of host-network pods).
-    pub hostname: String,
     pub node_ip: Option<String>,
     pub pod_logs_dir: PathBuf,
     /// `<root-dir>/pods`: per-pod files (termination messages).
@@ -150,8 +148,10 @@ pub fn parse_resolv_conf(text: &str) -> api::DnsConfig {
 pub fn sandbox_config(pod: &Pod, attempt: u32, settings: &NodeSettings) -> api::PodSandboxConfig {
     let id = identity(pod);
     let spec = pod.spec.as_ref();
+    // Host-network pods share the node's UTS namespace: the runtime must
+    // not set a hostname for them.
     let hostname = if host_network(pod) {
-        settings.hostname.clone()
+        String::new()
     } else {
         let h = spec.and_then(|s| s.hostname.clone()).unwrap_or_else(|| id.name.clone());
         h.chars().take(63).collect::<String>().trim_end_matches(['-', '.']).to_owned()
@@ -391,7 +391,6 @@ mod tests {
     fn settings() -> NodeSettings {
         NodeSettings {
             node_name: "node-a".into(),
-            hostname: "node-a".into(),
             node_ip: Some("10.0.0.1".into()),
             pod_logs_dir: "/var/log/pods".into(),
             pods_dir: "/var/lib/kubelet/pods".into(),
@@ -451,7 +450,7 @@ mod tests {
         let m = cfg.metadata.as_ref().unwrap();
         assert_eq!((m.name.as_str(), m.namespace.as_str(), m.uid.as_str(), m.attempt), ("web", "prod", "1234", 2));
         assert_eq!(cfg.log_directory, "/var/log/pods/prod_web_1234");
-        assert_eq!(cfg.hostname, "node-a", "host-network pods get the node's hostname");
+        assert_eq!(cfg.hostname, "", "host-network pods keep the node's hostname");
         assert_eq!(cfg.labels[labels::POD_UID], "1234");
         assert_eq!(cfg.labels["app"], "web");
         let linux = cfg.linux.as_ref().unwrap();

@@ -269,7 +269,7 @@ pub fn generate(input: &StatusInput<'_>) -> PodStatus {
     let completed = phase == "Succeeded";
     let incomplete: Vec<&ContainerStatus> = init_statuses
         .iter()
-        .filter(|s| !s.state.as_ref().and_then(|x| x.terminated.as_ref()).is_some_and(|t| t.exit_code == 0))
+        .filter(|s| s.state.as_ref().and_then(|x| x.terminated.as_ref()).is_none_or(|t| t.exit_code != 0))
         .collect();
     let unready: Vec<&ContainerStatus> = statuses.iter().filter(|s| !s.ready).collect();
     let mut conditions = vec![];
@@ -347,14 +347,15 @@ mod tests {
 
     fn pod(policy: &str, inits: &[&str], containers: &[&str]) -> Pod {
         let c = |n: &&str| Container { name: n.to_string(), image: Some("busybox".into()), ..Default::default() };
-        let mut p = Pod::default();
-        p.spec = Some(PodSpec {
-            restart_policy: Some(policy.into()),
-            init_containers: (!inits.is_empty()).then(|| inits.iter().map(c).collect()),
-            containers: containers.iter().map(c).collect(),
+        Pod {
+            spec: Some(PodSpec {
+                restart_policy: Some(policy.into()),
+                init_containers: (!inits.is_empty()).then(|| inits.iter().map(c).collect()),
+                containers: containers.iter().map(c).collect(),
+                ..Default::default()
+            }),
             ..Default::default()
-        });
-        p
+        }
     }
 
     fn obs(name: &str, state: ContainerRunState, exit: i32, attempt: u32, created: i64) -> Obs {
@@ -388,7 +389,7 @@ mod tests {
 
     impl World {
         fn new(mut containers: Vec<Obs>) -> World {
-            containers.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+            containers.sort_by_key(|c| std::cmp::Reverse(c.created_at));
             World {
                 observed: ObservedPod {
                     sandboxes: vec![SandboxState {

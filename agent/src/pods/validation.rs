@@ -274,9 +274,11 @@ mod tests {
         &mut p.spec.as_mut().unwrap().containers[0]
     }
 
+    type Edit = Box<dyn FnOnce(&mut Pod)>;
+
     #[test]
     fn table() {
-        let cases: Vec<(&str, Box<dyn FnOnce(&mut Pod)>, &str)> = vec![
+        let cases: Vec<(&str, Edit, &str)> = vec![
             ("valid", Box::new(|_| {}), ""),
             ("no name", Box::new(|p| p.metadata.name = None), "metadata.name: Required value"),
             ("bad name", Box::new(|p| p.metadata.name = Some("Web".into())), "metadata.name: Invalid value: \"Web\""),
