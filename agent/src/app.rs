@@ -95,6 +95,15 @@ impl Agent {
     /// signal source and the runtime client, and builds the managers.
     /// Nothing runs until [`Agent::run`].
     pub async fn build(config: Config, shutdown: watch::Receiver<bool>) -> Result<Agent, StartError> {
+        Agent::build_with_recorder(config, shutdown, Arc::new(LogRecorder)).await
+    }
+
+    /// [`Agent::build`] with events going to `recorder`.
+    pub async fn build_with_recorder(
+        config: Config,
+        shutdown: watch::Receiver<bool>,
+        recorder: Arc<dyn EventRecorder>,
+    ) -> Result<Agent, StartError> {
         let node_name = config.node_name()?;
         let k = &config.kubelet;
         let cgroupfs = CgroupFs::detect()?;
@@ -135,7 +144,6 @@ impl Agent {
         let pod_metrics = PodMetrics::default();
         pod_metrics.register(&mut metrics.registry);
         let metrics = Arc::new(metrics);
-        let recorder: Arc<dyn EventRecorder> = Arc::new(LogRecorder);
 
         let cap = &allocatable.capacity;
         let alloc = &allocatable.allocatable;
