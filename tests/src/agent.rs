@@ -190,7 +190,19 @@ impl TestAgent {
             let _in_runtime = rt.enter();
             CriClient::new(&endpoint, Duration::from_secs(30)).unwrap()
         };
-        TestAgent { agent, events, dir, manifests, cgroup_root, node, cri, rt, stop, task: Some(task), _cgroups: cgroups }
+        TestAgent {
+            agent,
+            events,
+            dir,
+            manifests,
+            cgroup_root,
+            node,
+            cri,
+            rt,
+            stop,
+            task: Some(task),
+            _cgroups: cgroups,
+        }
     }
 
     /// Writes a static pod manifest; returns the pod's name on this node.
@@ -216,7 +228,13 @@ impl TestAgent {
 
     /// Waits until `check` holds for the pod's status, or fails with the
     /// last status and the events seen.
-    pub fn wait_status(&self, name: &str, timeout: Duration, what: &str, check: impl Fn(&PodStatus) -> bool) -> PodStatus {
+    pub fn wait_status(
+        &self,
+        name: &str,
+        timeout: Duration,
+        what: &str,
+        check: impl Fn(&PodStatus) -> bool,
+    ) -> PodStatus {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(s) = self.status(name)
@@ -227,7 +245,9 @@ impl TestAgent {
             if Instant::now() > deadline {
                 panic!(
                     "pod {name}: {what} did not happen within {timeout:?}\nlast status: {}\nevents: {:#?}",
-                    self.status(name).map(|s| serde_json::to_string_pretty(&s).unwrap()).unwrap_or_else(|| "none".into()),
+                    self.status(name)
+                        .map(|s| serde_json::to_string_pretty(&s).unwrap())
+                        .unwrap_or_else(|| "none".into()),
                     self.events.all()
                 );
             }
@@ -264,7 +284,11 @@ fn write_manifest(dir: &Path, node: &str, file: &str, yaml: &str) -> String {
     pod.metadata.name.unwrap()
 }
 
-pub fn runtime_state(cri: &CriClient, rt: &tokio::runtime::Runtime, uid: &str) -> (Vec<api::PodSandbox>, Vec<api::Container>) {
+pub fn runtime_state(
+    cri: &CriClient,
+    rt: &tokio::runtime::Runtime,
+    uid: &str,
+) -> (Vec<api::PodSandbox>, Vec<api::Container>) {
     let mut sel = labels::managed_selector();
     sel.insert(labels::POD_UID.into(), uid.into());
     rt.block_on(async {
@@ -272,7 +296,10 @@ pub fn runtime_state(cri: &CriClient, rt: &tokio::runtime::Runtime, uid: &str) -
             .list_pod_sandbox(Some(api::PodSandboxFilter { label_selector: sel.clone(), ..Default::default() }))
             .await
             .unwrap();
-        let c = cri.list_containers(Some(api::ContainerFilter { label_selector: sel, ..Default::default() })).await.unwrap();
+        let c = cri
+            .list_containers(Some(api::ContainerFilter { label_selector: sel, ..Default::default() }))
+            .await
+            .unwrap();
         (s, c)
     })
 }
@@ -302,7 +329,10 @@ pub fn force_remove_pods(cri: &CriClient, rt: &tokio::runtime::Runtime, node: &s
     let suffix = format!("-{node}");
     rt.block_on(async {
         let all = cri
-            .list_pod_sandbox(Some(api::PodSandboxFilter { label_selector: labels::managed_selector(), ..Default::default() }))
+            .list_pod_sandbox(Some(api::PodSandboxFilter {
+                label_selector: labels::managed_selector(),
+                ..Default::default()
+            }))
             .await
             .unwrap_or_default();
         for s in all {

@@ -23,11 +23,17 @@ fn container(name: &str, script: &str) -> String {
 }
 
 fn cs<'a>(s: &'a PodStatus, name: &str) -> &'a ContainerStatus {
-    s.container_statuses.as_ref().and_then(|l| l.iter().find(|c| c.name == name)).unwrap_or_else(|| panic!("no status for container {name}"))
+    s.container_statuses
+        .as_ref()
+        .and_then(|l| l.iter().find(|c| c.name == name))
+        .unwrap_or_else(|| panic!("no status for container {name}"))
 }
 
 fn init_cs<'a>(s: &'a PodStatus, name: &str) -> &'a ContainerStatus {
-    s.init_container_statuses.as_ref().and_then(|l| l.iter().find(|c| c.name == name)).unwrap_or_else(|| panic!("no status for init container {name}"))
+    s.init_container_statuses
+        .as_ref()
+        .and_then(|l| l.iter().find(|c| c.name == name))
+        .unwrap_or_else(|| panic!("no status for init container {name}"))
 }
 
 fn terminated(c: &ContainerStatus) -> Option<(i32, String)> {
@@ -86,7 +92,10 @@ fn restart_policies() {
     assert!(sandboxes.iter().all(|s| !swiftlet::cri::sandbox_ready(s.state)), "a finished pod's sandbox is stopped");
     // The events the kubelet emits.
     let started = a.events.with_reason("Started");
-    assert!(started.iter().any(|e| e.object == never && e.field_path.as_deref() == Some("spec.containers{c}")), "{started:?}");
+    assert!(
+        started.iter().any(|e| e.object == never && e.field_path.as_deref() == Some("spec.containers{c}")),
+        "{started:?}"
+    );
 }
 
 #[test]

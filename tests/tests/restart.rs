@@ -29,7 +29,8 @@ fn state(agent: &AgentProcess, uid: &str) -> State {
 }
 
 fn all_up(s: &State) -> bool {
-    let running = |n: &str| s.1.iter().any(|(_, name, st)| name == n && *st == api::ContainerState::ContainerRunning as i32);
+    let running =
+        |n: &str| s.1.iter().any(|(_, name, st)| name == n && *st == api::ContainerState::ContainerRunning as i32);
     s.0.len() == 1 && cri::sandbox_ready(s.0[0].1) && running("a") && running("b")
 }
 
@@ -37,7 +38,8 @@ fn all_up(s: &State) -> bool {
 fn a_killed_agent_readopts_its_pods_with_zero_restarts() {
     let setup = AgentSetup::new("", &["--signal-source=cgroupfs"]);
     setup.add_manifest("web.yaml", &manifest("web"));
-    let uid = swiftlet::pods::manifest::load(&setup.manifests.join("web.yaml"), &setup.node).unwrap().metadata.uid.unwrap();
+    let uid =
+        swiftlet::pods::manifest::load(&setup.manifests.join("web.yaml"), &setup.node).unwrap().metadata.uid.unwrap();
     let mut agent = AgentProcess::start(setup);
 
     let deadline = Instant::now() + Duration::from_secs(60);
