@@ -405,6 +405,10 @@ impl AgentProcess {
         }
     }
 
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.setup.dir.path().join("agent.log")).unwrap_or_default()
     }

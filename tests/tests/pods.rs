@@ -306,3 +306,27 @@ fn a_bad_manifest_is_reported_and_the_others_run() {
 fn free_port() -> u16 {
     std::net::TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port()
 }
+
+#[test]
+fn pre_stop_hooks_run_before_the_container_is_stopped() {
+    let a = TestAgent::start("", &["--signal-source=cgroupfs"]);
+    // The main process exits with whatever code the preStop hook left for
+    // it when SIGTERM arrives; the liveness probe fails after 2 s, so the
+    // kubelet's kill path (preStop, then SIGTERM) runs.
+    let c = format!(
+        "{}    lifecycle:\n      preStop:\n        exec: {{command: [\"sh\", \"-c\", \"echo 42 > /tmp/code\"]}}\n    livenessProbe:\n      exec: {{command: [\"test\", \"-f\", \"/tmp/alive\"]}}\n      periodSeconds: 1\n      failureThreshold: 1\n",
+        container(
+            "c",
+            "trap 'exit $(cat /tmp/code)' TERM; touch /tmp/alive; (sleep 2; rm /tmp/alive) & while true; do sleep 1; done"
+        )
+    );
+    let name = a.add_manifest(
+        "hook.yaml",
+        &manifest("hook", "Always", "", &c)
+            .replace("terminationGracePeriodSeconds: 2", "terminationGracePeriodSeconds: 10"),
+    );
+    let s = a.wait_status(&name, T, "a restart", |s| cs(s, "c").restart_count >= 1);
+    let last = cs(&s, "c").last_state.as_ref().and_then(|l| l.terminated.as_ref()).expect("the killed instance");
+    assert_eq!(last.exit_code, 42, "the preStop hook ran before SIGTERM");
+    assert!(a.events.with_reason("FailedPreStopHook").is_empty(), "{:?}", a.events.all());
+}

@@ -52,7 +52,8 @@ struct Entry {
     /// Found in the runtime with no pod: being stopped and removed.
     orphan: bool,
     first_seen: Instant,
-    started_reported: bool,
+    /// From first sight to all containers running, once it happened.
+    started_after: Option<Duration>,
 }
 
 struct Inner {
@@ -116,6 +117,12 @@ impl PodManager {
     /// Where status changes go (the API server's status manager).
     pub fn set_reporter(&self, reporter: Arc<dyn StatusReporter>) {
         *self.inner.reporter.write().unwrap_or_else(|p| p.into_inner()) = reporter;
+    }
+
+    /// How long a pod took from first sight to all its containers running
+    /// (kubelet_pod_start_duration_seconds, per pod).
+    pub fn start_duration(&self, uid: &str) -> Option<Duration> {
+        lock(&self.inner.pods).get(uid).and_then(|e| e.started_after)
     }
 
     /// When the runtime was last relisted (healthz: the sync loop is alive).
@@ -315,7 +322,7 @@ impl Entry {
             handle,
             orphan: false,
             first_seen: Instant::now(),
-            started_reported: false,
+            started_after: None,
         }
     }
 }
@@ -344,9 +351,10 @@ impl WorkerSink for Sink {
             let all_running = status.container_statuses.as_ref().is_some_and(|cs| {
                 !cs.is_empty() && cs.iter().all(|c| c.state.as_ref().and_then(|s| s.running.as_ref()).is_some())
             });
-            if all_running && !e.started_reported {
-                e.started_reported = true;
-                inner.metrics.pod_start_duration.observe(e.first_seen.elapsed().as_secs_f64());
+            if all_running && e.started_after.is_none() {
+                let took = e.first_seen.elapsed();
+                e.started_after = Some(took);
+                inner.metrics.pod_start_duration.observe(took.as_secs_f64());
             }
             if e.orphan || e.status.as_ref() == Some(status) {
                 false
