@@ -2,6 +2,7 @@
 //! the runtime every minute (the kubelet's ContainerGCPeriod).
 
 use std::{
+    collections::HashSet,
     path::PathBuf,
     sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -13,7 +14,7 @@ use tracing::{debug, info, warn};
 
 use super::plan::{ActivePods, GcPlan, GcPolicy, PodStates, log_dir_uid, plan};
 use crate::{
-    cri::{CriError, RuntimeService, labels},
+    cri::{CriError, RuntimeService},
     logs::ContainerLogManager,
 };
 
@@ -86,26 +87,23 @@ impl ContainerGc {
         self
     }
 
-    async fn list(&self) -> Result<(Vec<crate::cri::api::Container>, Vec<crate::cri::api::PodSandbox>), CriError> {
-        let ours =
-            Some(crate::cri::api::ContainerFilter { label_selector: labels::managed_selector(), ..Default::default() });
-        let containers = self.runtime.list_containers(ours).await?;
-        let ours = Some(crate::cri::api::PodSandboxFilter {
-            label_selector: labels::managed_selector(),
-            ..Default::default()
-        });
-        let sandboxes = self.runtime.list_pod_sandbox(ours).await?;
-        Ok((containers, sandboxes))
-    }
-
     async fn collect(&self, evict_non_deleted: bool) -> Result<ContainerGcReport, CriError> {
         let _busy = self.busy.lock().await;
-        let (containers, sandboxes) = self.list().await?;
+        // Everything, not only ours: the plan skips what lacks swiftlet's
+        // labels, and a pod log directory is kept while any sandbox of
+        // that pod exists, whoever made it.
+        let containers = self.runtime.list_containers(None).await?;
+        let sandboxes = self.runtime.list_pod_sandbox(None).await?;
         let states =
             PodStates { pods: self.pods.as_ref(), sources_ready: self.pods.all_sources_ready(), evict_non_deleted };
         let p = plan(&self.policy, now_ns(), &containers, &sandboxes, &states);
         let mut report = self.execute(p).await;
-        self.remove_log_dirs(&states, &mut report).await;
+        let live_uids: HashSet<String> = sandboxes
+            .iter()
+            .filter(|s| !report.sandboxes_removed.contains(&s.id))
+            .filter_map(|s| s.metadata.as_ref().map(|m| m.uid.clone()))
+            .collect();
+        self.remove_log_dirs(&states, &live_uids, &mut report).await;
         Ok(report)
     }
 
@@ -164,7 +162,12 @@ impl ContainerGc {
         report
     }
 
-    async fn remove_log_dirs(&self, states: &PodStates<'_>, report: &mut ContainerGcReport) {
+    async fn remove_log_dirs(
+        &self,
+        states: &PodStates<'_>,
+        live_uids: &HashSet<String>,
+        report: &mut ContainerGcReport,
+    ) {
         if !states.sources_ready {
             return;
         }
@@ -179,7 +182,9 @@ impl ContainerGc {
         let mut doomed = vec![];
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if log_dir_uid(&name).is_some_and(|uid| states.remove_log_dir(uid)) && e.path().is_dir() {
+            if log_dir_uid(&name).is_some_and(|uid| states.remove_log_dir(uid) && !live_uids.contains(uid))
+                && e.path().is_dir()
+            {
                 doomed.push(e.path());
             }
         }
@@ -246,7 +251,7 @@ impl ContainerGc {
 
 #[cfg(test)]
 mod tests {
-    use std::{collections::HashSet, sync::Mutex};
+    use std::sync::Mutex;
 
     use super::*;
     use crate::{
@@ -381,6 +386,7 @@ mod tests {
         let r = s.gc(false).garbage_collect().await.unwrap();
         assert_eq!(r.containers_removed.len(), 1);
         assert!(r.sandboxes_removed.is_empty(), "ready sandboxes are the pod workers' to stop");
+        assert!(r.log_dirs_removed.is_empty(), "a pod's logs stay while it has a sandbox");
         assert_eq!(s.rt.sandbox_ids(), vec![sb]);
     }
 

@@ -14,7 +14,7 @@
 //! - sandboxes: of a pod whose content may be removed, every one that is
 //!   not ready and holds no container; otherwise all but the newest;
 //! - pod log directories (`<ns>_<name>_<uid>`) of pods whose content may
-//!   be removed.
+//!   be removed, once no sandbox of the pod is left (whoever made it).
 //!
 //! Only sandboxes and containers carrying swiftlet's labels are ever
 //! considered (`cri::labels::identity`).

@@ -210,6 +210,10 @@ impl ContainerLogManager {
         }
         let files = rotated_files(&log).map_err(io_err(&log))?;
         let actions = rotation::plan(&log, &files, self.policy.max_files, &(self.clock)());
+        if actions.is_empty() {
+            debug!(container = id, "rotated name taken (two rotations within a second); rotating next round");
+            return Ok(());
+        }
         // Compression reads and writes whole files: off the async threads.
         let file_actions: Vec<Action> = actions.iter().filter(|a| !matches!(a, Action::Rotate(_))).cloned().collect();
         let (compressed, removed) = tokio::task::spawn_blocking(move || -> Result<(usize, usize), LogError> {
@@ -234,7 +238,6 @@ impl ContainerLogManager {
         report.compressed += compressed;
         report.removed += removed;
         let Some(Action::Rotate(to)) = actions.into_iter().find(|a| matches!(a, Action::Rotate(_))) else {
-            debug!(container = id, "rotated name taken (two rotations within a second); rotating next round");
             return Ok(());
         };
         fs::rename(&log, &to).map_err(io_err(&to))?;

@@ -33,10 +33,14 @@ fn name_of(p: &Path) -> String {
 /// The actions for rotating `log`, given the files named `<log>.*` next
 /// to it, `max_files` (containerLogMaxFiles) and the timestamp for the new
 /// rotated file. When a file of that timestamp already exists (two
-/// rotations within a second), the live log is left for the next round
-/// rather than risking the loss of either.
+/// rotations within a second), nothing is done until the next round: the
+/// newest rotated file stays plain and nothing is overwritten.
 pub fn plan(log: &Path, rotated: &[PathBuf], max_files: u32, stamp: &str) -> Vec<Action> {
     let names: Vec<String> = rotated.iter().map(|p| name_of(p)).collect();
+    let target = format!("{}.{stamp}", name_of(log));
+    if names.iter().any(|n| n.strip_suffix(COMPRESS_SUFFIX).unwrap_or(n) == target) {
+        return vec![];
+    }
     let mut actions = vec![];
     let in_use = |n: &String| {
         if n.ends_with(TMP_SUFFIX) {
@@ -67,11 +71,7 @@ pub fn plan(log: &Path, rotated: &[PathBuf], max_files: u32, stamp: &str) -> Vec
             actions.push(Action::Compress(PathBuf::from(n)));
         }
     }
-    let target = format!("{}.{stamp}", name_of(log));
-    let taken = kept.iter().any(|n| *n == target || *n == format!("{target}{COMPRESS_SUFFIX}"));
-    if !taken {
-        actions.push(Action::Rotate(PathBuf::from(target)));
-    }
+    actions.push(Action::Rotate(PathBuf::from(target)));
     actions
 }
 
@@ -118,9 +118,10 @@ mod tests {
                 2,
                 vec![Remove(p(".20240101-000001.gz")), Remove(p(".20240101-000002")), Rotate(p(".20240101-000010"))],
             ),
-            // Rotated twice within one second: the name is taken, so the
-            // live log waits for the next round.
-            (vec![".20240101-000010"], 5, vec![Compress(p(".20240101-000010"))]),
+            // Rotated twice within one second: the name is taken, so
+            // everything waits for the next round.
+            (vec![".20240101-000010"], 5, vec![]),
+            (vec![".20240101-000009.gz", ".20240101-000010.gz"], 5, vec![]),
         ];
         for (i, (files, max, want)) in cases.into_iter().enumerate() {
             let files: Vec<PathBuf> = files.iter().map(|f| p(f)).collect();
