@@ -385,6 +385,22 @@ impl ImageManager {
     }
 }
 
+/// The pod worker's seam: the image manager in place of the plain
+/// policy puller.
+#[async_trait::async_trait]
+impl crate::pods::pull::ImageEnsurer for ImageManager {
+    async fn ensure(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        sandbox: &api::PodSandboxConfig,
+    ) -> Result<String, crate::pods::pull::ImageFailure> {
+        self.ensure_image(pod, container, Some(sandbox)).await.map(|r| r.0).map_err(|e| {
+            crate::pods::pull::ImageFailure { reason: e.reason.as_str().to_owned(), message: e.message }
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex as StdMutex;
@@ -640,6 +656,20 @@ mod tests {
         let e = m.ensure_image(&pod("u2", vec![b.clone()], vec![]), &b, None).await.unwrap_err();
         assert_eq!((e.reason, e.message.as_str()), (ImageErrorReason::ErrImagePull, "pull QPS exceeded"));
         assert_eq!(rt.count(Method::PullImage), 1, "the throttled pull never reached the runtime");
+    }
+
+    #[tokio::test]
+    async fn serves_the_pod_workers_seam() {
+        use crate::pods::pull::ImageEnsurer;
+        let (rt, _ev, m) = setup(unthrottled());
+        rt.add_image("busybox:1.36", 1);
+        let ensurer: Arc<dyn ImageEnsurer> = Arc::new(m);
+        let ok = container("app", "busybox:1.36", None);
+        let id = ensurer.ensure(&pod("u", vec![ok.clone()], vec![]), &ok, &Default::default()).await.unwrap();
+        assert!(id.starts_with("sha256:"));
+        let bad = container("app", "Busybox", None);
+        let e = ensurer.ensure(&pod("u", vec![bad.clone()], vec![]), &bad, &Default::default()).await.unwrap_err();
+        assert_eq!(e.reason, "InvalidImageName");
     }
 
     #[test]
