@@ -395,9 +395,10 @@ impl crate::pods::pull::ImageEnsurer for ImageManager {
         container: &Container,
         sandbox: &api::PodSandboxConfig,
     ) -> Result<String, crate::pods::pull::ImageFailure> {
-        self.ensure_image(pod, container, Some(sandbox)).await.map(|r| r.0).map_err(|e| {
-            crate::pods::pull::ImageFailure { reason: e.reason.as_str().to_owned(), message: e.message }
-        })
+        self.ensure_image(pod, container, Some(sandbox))
+            .await
+            .map(|r| r.0)
+            .map_err(|e| crate::pods::pull::ImageFailure { reason: e.reason.as_str().to_owned(), message: e.message })
     }
 }
 
