@@ -56,13 +56,14 @@ async fn a_busy_containers_log_is_rotated_compressed_and_capped() {
         PodOptions { name: "logs", logs_root: logs_root.path(), cgroup: &tc, foreign: false },
     )
     .await;
-    // ~130-byte lines, a few thousand a second.
-    let script = "i=0; while true; do echo \"line $i ....................................................................................................\"; i=$((i+1)); usleep 100; done";
+    // ~450-byte lines, as fast as sh goes with a 100 µs pause: even on a
+    // busy machine far more than the 16 KiB limit per rotation round.
+    let script = "pad=$(printf '%0400d' 0); i=0; while true; do echo \"line $i $pad\"; i=$((i+1)); usleep 100; done";
     let id = pod.container("writer", 0, script, true).await;
     let dir = pod.log_dir.join("writer");
     let live = dir.join("0.log");
 
-    let policy = LogPolicy { max_size_bytes: 64 << 10, max_files: 4 };
+    let policy = LogPolicy { max_size_bytes: 16 << 10, max_files: 4 };
     let manager = ContainerLogManager::new(cri.clone(), policy).unwrap();
     let mut rotations = 0;
     let mut compressed = 0;

@@ -53,7 +53,7 @@ pub struct ContainerGcReport {
 
 /// Construct once and run:
 ///
-/// ```ignore
+/// ```text
 /// let container_gc = Arc::new(ContainerGc::new(cri.clone(), pod_workers.clone() /* Arc<dyn ActivePods> */,
 ///     GcPolicy::default(), config.kubelet.pod_logs_dir.clone()).with_log_cleaner(logs.clone()));
 /// tokio::spawn(container_gc.clone().run(shutdown.clone()));   // every minute

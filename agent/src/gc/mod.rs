@@ -4,7 +4,7 @@
 //!
 //! How to construct and run:
 //!
-//! ```ignore
+//! ```text
 //! use swiftlet::gc::{ContainerGc, DiskReclaimer, GcPolicy};
 //! // `pods` is the pod manager, which implements `ActivePods`.
 //! let container_gc = Arc::new(

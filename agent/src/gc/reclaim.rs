@@ -33,7 +33,7 @@ pub struct ReclaimReport {
 
 /// Construct with the two collectors and hand to the eviction manager:
 ///
-/// ```ignore
+/// ```text
 /// let reclaimer = Arc::new(DiskReclaimer::new(container_gc.clone(), image_gc.clone(), imagefs_path.is_some()));
 /// EvictionManager::new(cfg, ..., Some(reclaimer as Arc<dyn NodeReclaimer>), metrics);
 /// ```

@@ -4,7 +4,7 @@
 //!
 //! Construct once, share, and run:
 //!
-//! ```ignore
+//! ```text
 //! let image_gc = Arc::new(ImageGc::new(
 //!     agent.cri.clone(),                       // Arc<dyn ImageService>
 //!     agent.cri.clone(),                       // Arc<dyn RuntimeService>

@@ -135,7 +135,7 @@ struct PullState {
 /// Construct once per agent and share (`Arc`); every pod worker calls
 /// [`ImageManager::ensure_image`] before CreateContainer:
 ///
-/// ```ignore
+/// ```text
 /// let images = Arc::new(ImageManager::new(
 ///     agent.cri.clone(),                                  // Arc<dyn ImageService>
 ///     recorder.clone(),                                   // Arc<dyn EventRecorder>

@@ -5,7 +5,7 @@
 //!
 //! How to construct and run (the composition root wires these):
 //!
-//! ```ignore
+//! ```text
 //! use swiftlet::images::{ImageManager, ImageManagerConfig, ImageGc, ImageGcPolicy, ImageMetrics};
 //! let metrics = ImageMetrics::register(&mut registry);
 //! // Shared by every pod worker: `ensure_image` before CreateContainer.

@@ -96,7 +96,7 @@ type Clock = dyn Fn() -> String + Send + Sync;
 
 /// Construct once and run (the container GC gets a clone for `clean`):
 ///
-/// ```ignore
+/// ```text
 /// let logs = Arc::new(ContainerLogManager::new(cri.clone(), LogPolicy::from_kubelet(&config.kubelet))?);
 /// tokio::spawn(logs.clone().run(shutdown.clone()));
 /// ```

@@ -4,7 +4,7 @@
 //!
 //! How to construct and run:
 //!
-//! ```ignore
+//! ```text
 //! use swiftlet::logs::{ContainerLogManager, LogPolicy};
 //! let logs = Arc::new(ContainerLogManager::new(cri.clone(), LogPolicy::from_kubelet(&config.kubelet))?);
 //! tokio::spawn(logs.clone().run(shutdown.clone()));   // every 10 s
