@@ -10,4 +10,7 @@ pub mod bench;
 pub mod cgroup;
 pub mod pods;
 pub mod prereq;
+pub mod recorder;
+pub mod registry;
+pub mod sandbox;
 pub mod workload;
