@@ -13,6 +13,7 @@ use std::{
     time::Duration,
 };
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use thiserror::Error;
 use tokio::{sync::watch, task::JoinHandle};
 use tracing::{info, warn};
@@ -26,6 +27,9 @@ use crate::{
     config::Config,
     cri::{CriClient, CriError, RuntimeService},
     events::{EventRecorder, LogRecorder},
+    gc::{ContainerGc, DiskReclaimer, GcPolicy},
+    images::{ImageGc, ImageGcPolicy, ImageManager, ImageManagerConfig, ImageMetrics},
+    logs::{ContainerLogManager, LogPolicy},
     eviction::{
         core::EvictionConfig,
         driver::{DriverConfig, EvictionLoop, EvictionManager},
@@ -39,7 +43,6 @@ use crate::{
         file::FileSource,
         manager::PodManager,
         metrics::{PodMetrics, ProbeLabels},
-        pull::PolicyPuller,
         source::{PodSink, SourceKind},
         spec::{NodeSettings, parse_resolv_conf},
         worker::{ProbeObserver, WorkerDeps},
@@ -59,6 +62,8 @@ pub enum StartError {
     Runtime(#[from] CriError),
     #[error("node capacity: {0}")]
     Capacity(std::io::Error),
+    #[error("container logs: {0}")]
+    Logs(#[from] crate::logs::LogError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -82,6 +87,9 @@ pub struct Agent {
     pub recorder: Arc<dyn EventRecorder>,
     pub pods: PodManager,
     pub eviction: EvictionManager,
+    pub image_gc: Arc<ImageGc>,
+    pub container_gc: Arc<ContainerGc>,
+    pub logs: Arc<ContainerLogManager>,
     eviction_loop: Mutex<Option<EvictionLoop>>,
     shutdown: watch::Receiver<bool>,
 }
@@ -143,6 +151,7 @@ impl Agent {
         let mut metrics = Metrics::new();
         let pod_metrics = PodMetrics::default();
         pod_metrics.register(&mut metrics.registry);
+        let image_metrics = ImageMetrics::register(&mut metrics.registry);
         let metrics = Arc::new(metrics);
 
         let cap = &allocatable.capacity;
@@ -185,7 +194,10 @@ impl Agent {
         });
         let deps = Arc::new(WorkerDeps {
             runtime: cri.clone(),
-            images: Arc::new(PolicyPuller { images: cri.clone() }),
+            images: Arc::new(
+                ImageManager::new(cri.clone(), recorder.clone(), ImageManagerConfig::from_kubelet(k))
+                    .with_metrics(image_metrics.clone()),
+            ),
             cgroups: pod_cgroups.clone(),
             settings,
             recorder: recorder.clone(),
@@ -214,6 +226,27 @@ impl Agent {
         };
         let pods = PodManager::new(deps, expected, admit, pod_metrics.clone(), shutdown.clone());
 
+        // Image GC keeps the image sandboxes are made from.
+        let mut pinned: Vec<String> = config.flags.pod_infra_container_image.iter().cloned().collect();
+        pinned.extend(cri.sandbox_image().await);
+        let node_ref = ObjectReference {
+            kind: Some("Node".into()),
+            name: Some(node_name.clone()),
+            uid: Some(node_name.clone()),
+            ..Default::default()
+        };
+        let image_gc = Arc::new(
+            ImageGc::new(cri.clone(), cri.clone(), ImageGcPolicy::from_kubelet(k, pinned), recorder.clone(), node_ref)
+                .with_metrics(image_metrics),
+        );
+        let logs = Arc::new(ContainerLogManager::new(cri.clone(), LogPolicy::from_kubelet(k))?);
+        let container_gc = Arc::new(
+            ContainerGc::new(cri.clone(), Arc::new(pods.clone()), GcPolicy::default(), k.pod_logs_dir.clone())
+                .with_log_cleaner(logs.clone()),
+        );
+        // The runtime's images live on the root dir's filesystem here.
+        let reclaimer = Arc::new(DiskReclaimer::new(container_gc.clone(), image_gc.clone(), false));
+
         let driver = DriverConfig {
             eviction: EvictionConfig {
                 thresholds: k.eviction_thresholds(),
@@ -238,7 +271,7 @@ impl Agent {
             cgroupfs.clone(),
             Arc::new(pods.clone()),
             Arc::new(pods.clone()),
-            None,
+            Some(reclaimer),
             metrics.clone(),
         );
         Ok(Agent {
@@ -253,6 +286,9 @@ impl Agent {
             recorder,
             pods,
             eviction,
+            image_gc,
+            container_gc,
+            logs,
             eviction_loop: Mutex::new(Some(eviction_loop)),
             shutdown,
             config,
@@ -267,6 +303,9 @@ impl Agent {
         if let Some(l) = self.eviction_loop.lock().unwrap_or_else(|p| p.into_inner()).take() {
             tasks.push(tokio::spawn(l.run(self.shutdown.clone())));
         }
+        tasks.push(tokio::spawn(self.image_gc.clone().run(self.shutdown.clone())));
+        tasks.push(tokio::spawn(self.container_gc.clone().run(self.shutdown.clone())));
+        tasks.push(tokio::spawn(self.logs.clone().run(self.shutdown.clone())));
         if let Some(dir) = &k.static_pod_path {
             let sink: Arc<dyn PodSink> = Arc::new(self.pods.clone());
             let source = FileSource::new(

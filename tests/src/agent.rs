@@ -123,10 +123,14 @@ impl AgentSetup {
         let node = format!("node-{}-{n}", std::process::id());
         let cgroup_root = format!("swiftlet-test-{}-agent{n}", std::process::id());
         let config_file = dir.path().join("kubelet.yaml");
+        // The disk these tests run on is shared and often fuller than the
+        // default nodefs/imagefs thresholds allow: unless a test is about
+        // them, only memory evicts.
+        let eviction = if kubelet_config.contains("evictionHard") { "" } else { "evictionHard:\n  memory.available: 100Mi\n" };
         std::fs::write(
             &config_file,
             format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\n{kubelet_config}\n",
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\n{eviction}{kubelet_config}\n",
                 dir.path().join("logs").display()
             ),
         )

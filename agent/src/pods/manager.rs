@@ -29,6 +29,7 @@ use super::{
     worker::{Msg, Worker, WorkerDeps, WorkerHandle, WorkerSink},
 };
 use crate::{
+    gc::ActivePods,
     cm::{
         hierarchy::pod_requests,
         qos::{SYSTEM_CRITICAL_PRIORITY, priority, qos_class},
@@ -51,6 +52,7 @@ struct Entry {
     handle: Option<WorkerHandle>,
     /// Found in the runtime with no pod: being stopped and removed.
     orphan: bool,
+    evicted: bool,
     first_seen: Instant,
     /// From first sight to all containers running, once it happened.
     started_after: Option<Duration>,
@@ -321,6 +323,7 @@ impl Entry {
             active: true,
             handle,
             orphan: false,
+            evicted: false,
             first_seen: Instant::now(),
             started_after: None,
         }
@@ -467,6 +470,7 @@ impl PodEvictor for PodManager {
             return;
         };
         e.active = false;
+        e.evicted = true;
         self.inner.deps.recorder.record(&pod_ref(&e.pod), EventType::Warning, "Evicted", &request.message);
         if let Some(h) = &e.handle {
             let _ = h.tx.send(Msg::Evict {
@@ -474,5 +478,23 @@ impl PodEvictor for PodManager {
                 reason: TerminalReason { reason: "Evicted".into(), message: request.message, disruption: true },
             });
         }
+    }
+}
+
+impl ActivePods for PodManager {
+    fn all_sources_ready(&self) -> bool {
+        self.inner.sources_ready()
+    }
+
+    /// Known and kept: running, or finished but not deleted (its last
+    /// containers hold its logs and exit status).
+    fn is_active(&self, uid: &str) -> bool {
+        lock(&self.inner.pods)
+            .get(uid)
+            .is_some_and(|e| !e.orphan && !e.evicted && (e.pod.metadata.deletion_timestamp.is_none() || e.active))
+    }
+
+    fn is_terminated(&self, uid: &str) -> bool {
+        lock(&self.inner.pods).get(uid).is_none_or(|e| !e.active)
     }
 }

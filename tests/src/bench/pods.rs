@@ -38,11 +38,15 @@ async fn direct_start(cri: &CriClient, pod: &Pod, settings: &NodeSettings) -> Re
     let t = Instant::now();
     let c = &pod.spec.as_ref().context("pod spec")?.containers[0];
     let image = cri.image_status(c.image.as_deref().unwrap_or_default()).await?.context("image present")?.id;
-    let sandbox_config = spec::sandbox_config(pod, 0, settings);
+    // Without swiftlet's label: the agent running beside the baseline would
+    // rightly stop a managed sandbox that no pod of its own explains.
+    let mut sandbox_config = spec::sandbox_config(pod, 0, settings);
+    sandbox_config.labels.remove(labels::MANAGED_BY);
     let sandbox = cri.run_pod_sandbox(sandbox_config.clone(), "").await?;
     let _ = cri.pod_sandbox_status(&sandbox).await?;
     let start = ContainerStart { pod, container: c, init: false, restart_count: 0, image_ref: &image, pod_ips: vec![] };
-    let config = spec::container_config(&start, settings)?;
+    let mut config = spec::container_config(&start, settings)?;
+    config.labels.remove(labels::MANAGED_BY);
     let id = cri.create_container(&sandbox, config, sandbox_config).await?;
     cri.start_container(&id).await?;
     Ok((t.elapsed(), sandbox))
