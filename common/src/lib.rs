@@ -203,7 +203,19 @@ pub struct Control {
     pub doomed_memcg: u64,
     /// The doomed victim's slot.
     pub doomed_slot: u32,
-    pub _pad: u32,
+    /// How the attached programs keep memory ([`memory_strategy`]), set by
+    /// the agent after attaching; the refresh program reads the node's
+    /// figures accordingly.
+    pub memory_strategy: u32,
+}
+
+/// Values of [`Control::memory_strategy`].
+pub mod memory_strategy {
+    /// The memcg statistics tracepoint: node figures kept from its deltas.
+    pub const STAT_EVENTS: u32 = 1;
+    /// Page-counter charge/uncharge hooks: node figures read from the
+    /// kernel's global `vm_node_stat` counters.
+    pub const PAGE_COUNTER: u32 = 2;
 }
 
 /// How many victim plans there can be: one per kernel line (node memory,
@@ -334,7 +346,23 @@ pub struct KernelLayout {
     /// 1 when the layout was filled in (a zeroed layout disables the programs
     /// that need it).
     pub valid: u32,
-    pub _pad: u32,
+    /// `struct mem_cgroup` → `memory` (the page counter itself; the charge
+    /// hooks get its address).
+    pub memcg_memory: u32,
+    /// `struct page_counter` → `parent`.
+    pub pc_parent: u32,
+    /// `struct mem_cgroup_per_node` → `lruvec` and → `memcg`: a lruvec's
+    /// memory cgroup.
+    pub mz_lruvec: u32,
+    pub mz_memcg: u32,
+    /// `enum lru_list` value of LRU_INACTIVE_FILE.
+    pub lru_inactive_file: u32,
+    /// 1 when the page-counter fields above were found (the charge hooks do
+    /// nothing otherwise).
+    pub charge_valid: u32,
+    /// Kernel address of `vm_node_stat` (the node's global statistics,
+    /// from /proc/kallsyms); 0 when unknown.
+    pub vm_node_stat: u64,
 }
 
 // Layout checks: the kernel side and the agent compile these types separately.
@@ -343,7 +371,7 @@ const _: () = assert!(core::mem::size_of::<Resolution>() == 112);
 const _: () = assert!(core::mem::size_of::<Control>() == 64);
 const _: () = assert!(core::mem::size_of::<VictimPlan>() == 40);
 const _: () = assert!(core::mem::size_of::<Event>() == 56);
-const _: () = assert!(core::mem::size_of::<KernelLayout>() == 64);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 96);
 
 #[cfg(feature = "user")]
 mod user {

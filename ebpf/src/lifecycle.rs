@@ -9,7 +9,7 @@ use swiftlet_common::{Event, EventKind, slot_flags};
 
 use crate::{
     kernel,
-    maps::{CGROUP_SLOT, LAYOUT, control, slot},
+    maps::{CGROUP_SLOT, LAYOUT, MARK_VICTIM_PID_ONLY, PROCS, control, slot},
     threshold::{bump, emit},
 };
 
@@ -65,11 +65,19 @@ pub fn cgroup_rmdir(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// mark_victim(struct task_struct *task, uid_t uid)
+/// mark_victim(struct task_struct *task, uid_t uid), or mark_victim(int pid)
+/// on older kernels, where the victim's memory cgroup comes from the table of
+/// processes counted in registered cgroups (victims elsewhere report none).
 #[btf_tracepoint(function = "mark_victim")]
 pub fn oom_mark_victim(ctx: BtfTracePointContext) -> i32 {
-    let task = ctx.arg::<u64>(0);
-    let memcg = kernel::task_memcg(task).unwrap_or(0);
+    let (memcg, pid) = if MARK_VICTIM_PID_ONLY.load() != 0 {
+        let pid = ctx.arg::<u64>(0) as u32;
+        // SAFETY: read-only lookup of a u64 value.
+        (unsafe { PROCS.get(&pid) }.copied().unwrap_or(0), pid)
+    } else {
+        let task = ctx.arg::<u64>(0);
+        (kernel::task_memcg(task).unwrap_or(0), kernel::task_pid(task).unwrap_or(0))
+    };
     let cgroup_id = if memcg != 0 { kernel::css_cgroup_id(memcg).unwrap_or(0) } else { 0 };
     // SAFETY: read-only lookup of a u32 value.
     let index = unsafe { CGROUP_SLOT.get(&cgroup_id) }.copied().unwrap_or(u32::MAX);
@@ -83,7 +91,7 @@ pub fn oom_mark_victim(ctx: BtfTracePointContext) -> i32 {
         direction: 0,
         value: 0,
         threshold: 0,
-        pid: kernel::task_pid(task).unwrap_or(0),
+        pid,
         aux: 0,
     });
     0

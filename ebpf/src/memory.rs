@@ -9,7 +9,7 @@
 //! kernel memory included; inactive_file is kept from the deltas.
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::btf_tracepoint, programs::BtfTracePointContext};
-use swiftlet_common::{MAX_CHAIN, NODE_SLOT, Signal};
+use swiftlet_common::{MAX_CHAIN, NODE_SLOT, Resolution, Signal};
 
 use crate::{
     kernel, kill,
@@ -55,6 +55,20 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
     }
 
     let Some(r) = resolve(memcg) else { return 0 };
+    update_chain(&r, inactive_file, delta, now, pid);
+    0
+}
+
+/// Brings every registered slot of a resolution up to date: its page
+/// counter read directly (what `memory.current` / `memory.usage_in_bytes`
+/// report), with `inactive`, `delta` added to its inactive file pages, and
+/// its memory threshold evaluated. Shared by every memory strategy.
+///
+/// `inactive` is a flag rather than "delta != 0" on purpose: the verifier
+/// learns a flag's value at the first branch, but would split its states on
+/// a signed delta's "!= 0" in every iteration of the loop.
+#[inline(always)]
+pub fn update_chain(r: &Resolution, inactive: bool, delta: i64, now: u64, pid: u32) {
     let mut i = 0;
     while i < MAX_CHAIN {
         if i >= r.len as usize {
@@ -64,7 +78,7 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
         if let Some(s) = slot(index) {
             // SAFETY: `s` points into the slot array.
             unsafe {
-                if inactive_file {
+                if inactive {
                     atomic_add(&mut (*s).inactive_file_pages, delta);
                 }
                 if let Some(usage) = kernel::memcg_usage_pages(r.memcg[i]) {
@@ -78,5 +92,4 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
         }
         i += 1;
     }
-    0
 }

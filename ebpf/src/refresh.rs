@@ -12,7 +12,7 @@ use aya_ebpf::{
     macros::tracepoint,
     programs::TracePointContext,
 };
-use swiftlet_common::{MAX_SLOTS, Signal, slot_flags};
+use swiftlet_common::{MAX_SLOTS, Signal, memory_strategy, slot_flags};
 
 use crate::{
     kernel,
@@ -30,6 +30,10 @@ pub fn refresh(_ctx: TracePointContext) -> u32 {
     let high = unsafe { core::ptr::read_volatile(&(*ctl).slot_high_water) };
     // SAFETY: no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: as above.
+    if unsafe { core::ptr::read_volatile(&(*ctl).memory_strategy) } == memory_strategy::PAGE_COUNTER {
+        crate::charge::node_from_vmstat(now, 0, false);
+    }
     let mut i: u32 = 1;
     while i < MAX_SLOTS {
         if i >= high {

@@ -91,6 +91,8 @@ struct Type {
     members: Vec<Member>,
     enum_values: Vec<(u32, i64)>,
     params: usize,
+    /// Parameter types of a function prototype.
+    param_types: Vec<u32>,
 }
 
 /// Parsed kernel BTF.
@@ -137,8 +139,15 @@ impl Btf {
         let tb = data.get(types_start..types_end).ok_or(BtfError::Malformed("type section out of bounds"))?;
 
         // Type id 0 is void.
-        let mut types =
-            vec![Type { name: 0, kind: Kind::Int, size_or_type: 0, members: vec![], enum_values: vec![], params: 0 }];
+        let mut types = vec![Type {
+            name: 0,
+            kind: Kind::Int,
+            size_or_type: 0,
+            members: vec![],
+            enum_values: vec![],
+            params: 0,
+            param_types: vec![],
+        }];
         let mut off = 0;
         while off < tb.len() {
             let name = u32_at(tb, off)?;
@@ -148,7 +157,8 @@ impl Btf {
             let vlen = (info & 0xffff) as usize;
             let kind_flag = info >> 31 == 1;
             let kind = Kind::from_u32((info >> 24) & 0x1f).ok_or(BtfError::Malformed("unknown kind"))?;
-            let mut t = Type { name, kind, size_or_type, members: vec![], enum_values: vec![], params: 0 };
+            let mut t =
+                Type { name, kind, size_or_type, members: vec![], enum_values: vec![], params: 0, param_types: vec![] };
             match kind {
                 Kind::Int | Kind::Var | Kind::DeclTag => off += 4,
                 Kind::Array => off += 12,
@@ -179,7 +189,10 @@ impl Btf {
                 }
                 Kind::FuncProto => {
                     t.params = vlen;
-                    off += 8 * vlen;
+                    for _ in 0..vlen {
+                        t.param_types.push(u32_at(tb, off + 4)?);
+                        off += 8;
+                    }
                 }
                 Kind::Datasec => off += 12 * vlen,
                 Kind::Ptr
@@ -300,6 +313,21 @@ impl Btf {
         (f.kind == Kind::FuncProto).then(|| f.params.saturating_sub(1))
     }
 
+    /// Whether argument `index` of a BTF tracepoint (counting from 0, after
+    /// the private `void *data`) is a pointer; None when there is no such
+    /// tracepoint or argument. Tracepoints change their arguments between
+    /// kernels (`mark_victim` took a pid before it took the task).
+    pub fn tracepoint_arg_is_pointer(&self, name: &str, index: usize) -> Option<bool> {
+        let td = self.find(&format!("btf_trace_{name}"), Kind::Typedef)?;
+        let ptr = self.types.get(self.resolve(td) as usize)?;
+        if ptr.kind != Kind::Ptr {
+            return None;
+        }
+        let f = self.types.get(self.resolve(ptr.size_or_type) as usize)?;
+        let ty = *f.param_types.get(index + 1)?;
+        Some(self.types.get(self.resolve(ty) as usize)?.kind == Kind::Ptr)
+    }
+
     /// True when the kernel has a function (e.g. a kfunc) of that name.
     pub fn has_func(&self, name: &str) -> bool {
         self.find(name, Kind::Func).is_some()
@@ -318,9 +346,10 @@ mod tests {
 
     /// Builds a tiny BTF blob: `struct inner { long usage; }`,
     /// `struct outer { int a; union { struct inner memory; }; }`,
-    /// `enum e { A = 0, B = 7 }`, and a `btf_trace_x` typedef.
+    /// `enum e { A = 0, B = 7 }`, and `btf_trace_x` (two ints) and
+    /// `btf_trace_z` (a pointer) typedefs.
     fn sample() -> Vec<u8> {
-        let mut strings = b"\0inner\0usage\0outer\0a\0memory\0e\0A\0B\0long\0int\0btf_trace_x\0".to_vec();
+        let mut strings = b"\0inner\0usage\0outer\0a\0memory\0e\0A\0B\0long\0int\0btf_trace_x\0btf_trace_z\0".to_vec();
         let s = |name: &str, strings: &Vec<u8>| -> u32 {
             let needle = format!("\0{name}\0");
             strings.windows(needle.len()).position(|w| w == needle.as_bytes()).map(|p| p as u32 + 1).unwrap()
@@ -345,6 +374,12 @@ mod tests {
         t.extend([0, info(2, 0), 7]);
         // 9: typedef btf_trace_x -> 8
         t.extend([s("btf_trace_x", &strings), info(8, 0), 8]);
+        // 10: ptr to struct inner; 11: func proto (void *, struct inner *);
+        // 12: ptr to 11; 13: typedef btf_trace_z -> 12
+        t.extend([0, info(2, 0), 3]);
+        t.extend([0, info(13, 2), 0, 0, 1, 0, 10]);
+        t.extend([0, info(2, 0), 11]);
+        t.extend([s("btf_trace_z", &strings), info(8, 0), 12]);
         let types: Vec<u8> = t.iter().flat_map(|v| v.to_le_bytes()).collect();
         let mut out = vec![];
         out.extend(MAGIC.to_le_bytes());
@@ -376,6 +411,13 @@ mod tests {
         assert!(btf.enum_value("e", "C").is_err());
         assert_eq!(btf.tracepoint_args("x"), Some(2));
         assert_eq!(btf.tracepoint_args("y"), None);
+        // btf_trace_x(void *data, int, int): the arguments are not pointers.
+        assert_eq!(btf.tracepoint_arg_is_pointer("x", 0), Some(false));
+        assert_eq!(btf.tracepoint_arg_is_pointer("x", 1), Some(false));
+        assert_eq!(btf.tracepoint_arg_is_pointer("x", 2), None);
+        assert_eq!(btf.tracepoint_arg_is_pointer("y", 0), None);
+        assert_eq!(btf.tracepoint_arg_is_pointer("z", 0), Some(true));
+        assert_eq!(btf.tracepoint_args("z"), Some(1));
     }
 
     #[test]

@@ -20,14 +20,17 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap as BpfHashMap, MapData, RingBuf},
-    programs::{BtfTracePoint, TracePoint},
+    programs::{BtfTracePoint, FEntry, FExit, TracePoint},
 };
 use swiftlet_common::{CgroupSlot, Control, EventKind, MAX_SLOTS, NODE_SLOT, VictimPlan, slot_flags};
 use tracing::{debug, info, warn};
 
 use super::{
     CgroupKind, CgroupUsage, Direction, EventSink, NodeUsage, Signal, SignalError, SignalEvent, SignalSource, Snapshot,
-    SourceMode, Target, Threshold, btf::Btf, layout, monotonic_ns, node, page_size,
+    SourceMode, Target, Threshold,
+    btf::Btf,
+    layout, monotonic_ns, node, page_size,
+    probe::{self, InactiveHook, KernelFeatures, MarkVictim, MemoryStrategy},
 };
 use crate::cgroups::CgroupFs;
 
@@ -40,13 +43,31 @@ pub fn object() -> &'static [u8] {
 }
 
 /// How each signal is tracked in the kernel, for the log line and metric.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Strategies {
-    pub memory: &'static str,
+    pub memory: MemoryStrategy,
     pub processes: &'static str,
     pub inodes: &'static str,
+    /// How kernel OOM kills are attributed to cgroups.
+    pub oom: &'static str,
     /// How the kernel kills a planned victim at a crossing.
     pub kill: &'static str,
+    /// Strategies more exact than the ones in use, and why they are not:
+    /// refused by the probes, or failed to load or attach.
+    pub passed_over: Vec<String>,
+}
+
+impl Strategies {
+    /// (signal, strategy) pairs, for the metric.
+    pub fn pairs(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("memory", self.memory.name().to_owned()),
+            ("processes", self.processes.to_owned()),
+            ("inodes", self.inodes.to_owned()),
+            ("oom", self.oom.to_owned()),
+            ("kill", self.kill.to_owned()),
+        ]
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -59,6 +80,9 @@ pub struct EbpfOptions {
     pub force_load_failure: bool,
     /// Let the kernel kill planned victims at a crossing (`--kernel-eviction`).
     pub kernel_eviction: bool,
+    /// Use this memory strategy or fail, instead of the most exact one this
+    /// kernel supports (tests and benchmarks compare them).
+    pub memory_strategy: Option<MemoryStrategy>,
 }
 
 /// A shared mapping of a BPF array map created with BPF_F_MMAPABLE.
@@ -165,7 +189,7 @@ impl EbpfSource {
             return Err(SignalError::Ebpf("load failure forced by --ebpf-force-failure".into()));
         }
         let btf = Btf::from_sys_fs().map_err(|e| err("kernel BTF", e))?;
-        let layout = layout::kernel_layout(&btf).map_err(|e| err("kernel layout", e))?;
+        let mut layout = layout::kernel_layout(&btf).map_err(|e| err("kernel layout", e))?;
         let aya_btf = aya::Btf::from_sys_fs().map_err(|e| err("kernel BTF (aya)", e))?;
         // sched_process_exit gained `group_dead` in 6.13.
         let exit_has_group_dead: u32 = u32::from(btf.tracepoint_args("sched_process_exit").unwrap_or(1) >= 2);
@@ -178,13 +202,33 @@ impl EbpfSource {
         let patched = super::kfunc::patch(&mut object, &btf).map_err(|e| err("patching kfunc calls", e))?;
         let kfunc_kill = u32::from(patched.all_resolved());
         let missing: Vec<&str> = patched.calls.iter().filter(|(_, id)| id.is_none()).map(|(n, _)| n.as_str()).collect();
-        if !missing.is_empty() {
-            info!("the kernel lacks kfuncs {missing:?}: the in-kernel kill signals only the allocating task");
+
+        // Feature probes: what this kernel offers, and from that the
+        // strategies to try per signal, most exact first.
+        let mut features = KernelFeatures::from_btf(&btf, layout.charge_valid == 1);
+        features.kill_kfuncs = kfunc_kill == 1;
+        if let Some(addr) = layout::kernel_symbol("vm_node_stat") {
+            layout.vm_node_stat = addr;
+            features.vm_node_stat = true;
         }
+        let (memory_candidates, refused) = probe::memory_candidates(&features, opts.memory_strategy);
+        let mut passed_over: Vec<String> = refused.iter().map(|(s, why)| format!("{s}: {why}")).collect();
+        if memory_candidates.is_empty() {
+            return Err(err("memory", format!("no eBPF strategy works on this kernel: {}", passed_over.join("; "))));
+        }
+        if !features.process_tracepoints {
+            return Err(err("processes", "no BTF tracepoints sched_process_fork/exit and cgroup_attach_task"));
+        }
+        let Some(oom) = probe::oom_strategy(&features) else {
+            return Err(err("OOM kills", "no BTF tracepoint oom/mark_victim"));
+        };
+        let mark_victim_pid_only = u32::from(features.mark_victim == Some(MarkVictim::Pid));
+
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&aya_btf))
             .override_global("LAYOUT", &layout, true)
             .override_global("EXIT_HAS_GROUP_DEAD", &exit_has_group_dead, true)
+            .override_global("MARK_VICTIM_PID_ONLY", &mark_victim_pid_only, true)
             .override_global("AYA_LOG_LEVEL", &log_level, false)
             .override_global("AGENT_TGID", &std::process::id(), true)
             .override_global("KFUNC_KILL", &kfunc_kill, true)
@@ -203,59 +247,62 @@ impl EbpfSource {
         };
 
         let mut program_names = Vec::new();
-        let mut attach_btf = |ebpf: &mut Ebpf, prog: &str, tp: &str| -> Result<(), SignalError> {
-            let p: &mut BtfTracePoint = ebpf
-                .program_mut(prog)
-                .ok_or_else(|| err(prog, "missing from the object"))?
-                .try_into()
-                .map_err(|e| err(prog, e))?;
-            p.load(tp, &aya_btf).map_err(|e| err(&format!("{prog} (tp_btf/{tp})"), e))?;
-            p.attach().map_err(|e| err(&format!("attaching {prog}"), e))?;
-            program_names.push(prog.to_owned());
-            Ok(())
-        };
         // Memory is the signal the fast path exists for: without it the
         // eBPF source is not worth having.
-        attach_btf(&mut ebpf, "memcg_lruvec_state", "mod_memcg_lruvec_state")?;
-        attach_btf(&mut ebpf, "process_fork", "sched_process_fork")?;
-        attach_btf(&mut ebpf, "process_exit", "sched_process_exit")?;
-        attach_btf(&mut ebpf, "cgroup_attach", "cgroup_attach_task")?;
-        attach_btf(&mut ebpf, "oom_mark_victim", "mark_victim")?;
-        let attach_tp = |ebpf: &mut Ebpf, prog: &str, category: &str, name: &str| -> Result<(), SignalError> {
-            let p: &mut TracePoint = ebpf
-                .program_mut(prog)
-                .ok_or_else(|| err(prog, "missing from the object"))?
-                .try_into()
-                .map_err(|e| err(prog, e))?;
-            p.load().map_err(|e| err(prog, e))?;
-            p.attach(category, name).map_err(|e| err(&format!("attaching {prog} to {category}/{name}"), e))?;
-            Ok(())
+        let mut memory = None;
+        for candidate in memory_candidates {
+            match attach_memory(&mut ebpf, candidate, &aya_btf) {
+                Ok(names) => {
+                    program_names.extend(names.iter().map(|n| n.to_string()));
+                    memory = Some(candidate);
+                    break;
+                }
+                Err(e) => passed_over.push(format!("{candidate}: {e}")),
+            }
+        }
+        let Some(memory) = memory else {
+            return Err(err("memory", format!("no strategy attaches: {}", passed_over.join("; "))));
         };
+        for (prog, tp) in [
+            ("process_fork", "sched_process_fork"),
+            ("process_exit", "sched_process_exit"),
+            ("cgroup_attach", "cgroup_attach_task"),
+            ("oom_mark_victim", "mark_victim"),
+        ] {
+            attach_btf_tracepoint(&mut ebpf, prog, tp, &aya_btf)?;
+            program_names.push(prog.to_owned());
+        }
         attach_tp(&mut ebpf, "cgroup_mkdir", "cgroup", "cgroup_mkdir")?;
         attach_tp(&mut ebpf, "cgroup_rmdir", "cgroup", "cgroup_rmdir")?;
         attach_tp(&mut ebpf, "refresh", "syscalls", "sys_enter_getppid")?;
         program_names.extend(["cgroup_mkdir", "cgroup_rmdir", "refresh"].map(String::from));
-        let inodes = match attach_tp(&mut ebpf, "inode_alloc", "ext4", "ext4_allocate_inode")
-            .and_then(|()| attach_tp(&mut ebpf, "inode_free", "ext4", "ext4_free_inode"))
-        {
-            Ok(()) => {
-                program_names.extend(["inode_alloc".to_owned(), "inode_free".to_owned()]);
-                "tracepoint:ext4"
-            }
-            Err(e) => {
-                warn!("inode tracking unavailable (no ext4 tracepoints): {e}");
-                "none"
+        let inodes = if !features.ext4_tracepoints {
+            passed_over.push(format!("inodes {}: no ext4 tracepoints", probe::INODES_EXT4));
+            probe::NONE
+        } else {
+            match attach_tp(&mut ebpf, "inode_alloc", "ext4", "ext4_allocate_inode")
+                .and_then(|()| attach_tp(&mut ebpf, "inode_free", "ext4", "ext4_free_inode"))
+            {
+                Ok(()) => {
+                    program_names.extend(["inode_alloc".to_owned(), "inode_free".to_owned()]);
+                    probe::INODES_EXT4
+                }
+                Err(e) => {
+                    passed_over.push(format!("inodes {}: {e}", probe::INODES_EXT4));
+                    probe::NONE
+                }
             }
         };
+        if !missing.is_empty() {
+            passed_over.push(format!("kill {}: the kernel lacks kfuncs {missing:?}", probe::KILL_KFUNCS));
+        }
         let strategies = Strategies {
-            memory: "tp_btf:mod_memcg_lruvec_state+page_counter",
-            processes: "tp_btf:sched_process_fork/exit+cgroup_attach_task",
+            memory,
+            processes: probe::PROCESSES,
             inodes,
-            kill: if kfunc_kill == 1 {
-                "kfunc:bpf_iter_task+bpf_send_signal_task (+current task, doomed drain at exit)"
-            } else {
-                "helper:bpf_send_signal (current task; doomed tasks on their next charge)"
-            },
+            oom,
+            kill: if kfunc_kill == 1 { probe::KILL_KFUNCS } else { probe::KILL_HELPER },
+            passed_over,
         };
 
         let take = |ebpf: &mut Ebpf, name: &str| ebpf.take_map(name).ok_or_else(|| err(name, "map missing"));
@@ -287,11 +334,17 @@ impl EbpfSource {
             unknown_cgroup_events: AtomicU64::new(0),
         });
         let page = page_size();
-        seed_node(&shared, &cgroupfs, page);
+        let memory_strategy = match memory {
+            MemoryStrategy::StatTracepoint => swiftlet_common::memory_strategy::STAT_EVENTS,
+            MemoryStrategy::PageCounter(_) => swiftlet_common::memory_strategy::PAGE_COUNTER,
+        };
         // SAFETY: the control block is mapped for the source's lifetime.
         unsafe {
-            std::ptr::write_volatile(&mut (*shared.control.at(0)).kernel_eviction, u32::from(opts.kernel_eviction));
+            let c = shared.control.at(0);
+            std::ptr::write_volatile(&mut (*c).kernel_eviction, u32::from(opts.kernel_eviction));
+            std::ptr::write_volatile(&mut (*c).memory_strategy, memory_strategy);
         }
+        seed_node(&shared, &cgroupfs, page, memory);
 
         // SAFETY: eventfd has no preconditions; the fd is owned below.
         let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -318,10 +371,12 @@ impl EbpfSource {
         };
 
         info!(
-            memory = strategies.memory,
+            memory = %strategies.memory,
             processes = strategies.processes,
             inodes = strategies.inodes,
+            oom = strategies.oom,
             kill = strategies.kill,
+            passed_over = ?strategies.passed_over,
             "eBPF signal source attached"
         );
         Ok(EbpfSource {
@@ -387,21 +442,111 @@ impl EbpfSource {
     }
 }
 
-/// Seeds the node slot from cgroupfs and procfs. The programs are already
-/// attached, so deltas since the reading are counted on top of it.
-fn seed_node(shared: &Shared, cgroupfs: &CgroupFs, page: u64) {
+/// Seeds the node slot. The programs are already attached, so deltas since
+/// the reading are counted on top of it. With the page-counter strategy the
+/// kernel reads the node's memory itself (the refresh program, run here).
+fn seed_node(shared: &Shared, cgroupfs: &CgroupFs, page: u64, memory: MemoryStrategy) {
     let s = shared.slots.at(NODE_SLOT);
-    let usage = cgroupfs.memory_stat("").map(|st| st.anon + st.file).unwrap_or(0);
-    let inactive = cgroupfs.memory_stat("").map(|st| st.inactive_file).unwrap_or(0);
     let tasks = node::tasks().unwrap_or(0);
     // SAFETY: mapped slot; counters are updated atomically by the kernel.
     unsafe {
         (*s).cgroup_id = cgroupfs.cgroup_id("").unwrap_or(0);
         (*s).flags = slot_flags::ACTIVE | slot_flags::NODE;
-        AtomicI64::from_ptr(&mut (*s).usage_pages).fetch_add((usage / page) as i64, Ordering::SeqCst);
-        AtomicI64::from_ptr(&mut (*s).inactive_file_pages).fetch_add((inactive / page) as i64, Ordering::SeqCst);
         AtomicI64::from_ptr(&mut (*s).processes).fetch_add(tasks as i64, Ordering::SeqCst);
     }
+    match memory {
+        MemoryStrategy::StatTracepoint => {
+            let stat = cgroupfs.memory_stat("").unwrap_or_default();
+            // SAFETY: as above.
+            unsafe {
+                AtomicI64::from_ptr(&mut (*s).usage_pages)
+                    .fetch_add(((stat.anon + stat.file) / page) as i64, Ordering::SeqCst);
+                AtomicI64::from_ptr(&mut (*s).inactive_file_pages)
+                    .fetch_add((stat.inactive_file / page) as i64, Ordering::SeqCst);
+            }
+        }
+        MemoryStrategy::PageCounter(_) => refresh_kernel_side(),
+    }
+}
+
+/// Loads and attaches the programs of one memory strategy, all or none.
+fn attach_memory(ebpf: &mut Ebpf, strategy: MemoryStrategy, btf: &aya::Btf) -> Result<Vec<&'static str>, SignalError> {
+    let programs: &[(&'static str, &'static str, bool)] = match strategy {
+        MemoryStrategy::StatTracepoint => {
+            attach_btf_tracepoint(ebpf, "memcg_lruvec_state", "mod_memcg_lruvec_state", btf)?;
+            return Ok(vec!["memcg_lruvec_state"]);
+        }
+        // (program, kernel function, fexit?)
+        MemoryStrategy::PageCounter(hook) => &[
+            ("memcg_try_charge", "page_counter_try_charge", true),
+            ("memcg_charge", "page_counter_charge", true),
+            ("memcg_uncharge", "page_counter_uncharge", true),
+            match hook {
+                InactiveHook::UpdateLruSize => ("lru_size", "mem_cgroup_update_lru_size", false),
+                InactiveHook::ModLruvecState => ("lruvec_state", "__mod_lruvec_state", false),
+            },
+        ],
+    };
+    let mut attached = vec![];
+    for &(prog, function, exit) in programs {
+        let r = if exit { attach_fexit(ebpf, prog, function, btf) } else { attach_fentry(ebpf, prog, function, btf) };
+        if let Err(e) = r {
+            // All or none: a half-attached strategy would count wrongly.
+            for done in attached {
+                unload(ebpf, done);
+            }
+            unload(ebpf, prog);
+            return Err(e);
+        }
+        attached.push(prog);
+    }
+    Ok(attached)
+}
+
+fn program<'a, T>(ebpf: &'a mut Ebpf, prog: &str) -> Result<&'a mut T, SignalError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    ebpf.program_mut(prog).ok_or_else(|| err(prog, "missing from the object"))?.try_into().map_err(|e| err(prog, e))
+}
+
+fn attach_btf_tracepoint(ebpf: &mut Ebpf, prog: &str, tp: &str, btf: &aya::Btf) -> Result<(), SignalError> {
+    let p: &mut BtfTracePoint = program(ebpf, prog)?;
+    p.load(tp, btf).map_err(|e| err(&format!("{prog} (tp_btf/{tp})"), e))?;
+    p.attach().map_err(|e| err(&format!("attaching {prog}"), e))?;
+    Ok(())
+}
+
+fn attach_fexit(ebpf: &mut Ebpf, prog: &str, function: &str, btf: &aya::Btf) -> Result<(), SignalError> {
+    let p: &mut FExit = program(ebpf, prog)?;
+    p.load(function, btf).map_err(|e| err(&format!("{prog} (fexit/{function})"), e))?;
+    p.attach().map_err(|e| err(&format!("attaching {prog} (fexit/{function})"), e))?;
+    Ok(())
+}
+
+fn attach_fentry(ebpf: &mut Ebpf, prog: &str, function: &str, btf: &aya::Btf) -> Result<(), SignalError> {
+    let p: &mut FEntry = program(ebpf, prog)?;
+    p.load(function, btf).map_err(|e| err(&format!("{prog} (fentry/{function})"), e))?;
+    p.attach().map_err(|e| err(&format!("attaching {prog} (fentry/{function})"), e))?;
+    Ok(())
+}
+
+fn attach_tp(ebpf: &mut Ebpf, prog: &str, category: &str, name: &str) -> Result<(), SignalError> {
+    let p: &mut TracePoint = program(ebpf, prog)?;
+    p.load().map_err(|e| err(prog, e))?;
+    p.attach(category, name).map_err(|e| err(&format!("attaching {prog} to {category}/{name}"), e))?;
+    Ok(())
+}
+
+/// Detaches and unloads a program, if it was loaded.
+fn unload(ebpf: &mut Ebpf, prog: &str) {
+    use aya::programs::Program;
+    let _ = match ebpf.program_mut(prog) {
+        Some(Program::FExit(p)) => p.unload(),
+        Some(Program::FEntry(p)) => p.unload(),
+        Some(Program::BtfTracePoint(p)) => p.unload(),
+        _ => Ok(()),
+    };
 }
 
 impl Drop for EbpfSource {
@@ -659,6 +804,10 @@ impl SignalSource for EbpfSource {
             std::ptr::write_volatile(&mut (*c).doomed_memcg, 0);
             std::ptr::write_volatile(&mut (*c).doomed_slot, 0);
         }
+    }
+
+    fn strategies(&self) -> Vec<(&'static str, String)> {
+        self.strategies.pairs()
     }
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
