@@ -46,13 +46,13 @@ pub fn node_from_vmstat(now: u64, pid: u32, may_kill: bool) {
     };
     if let Some(node) = slot(NODE_SLOT) {
         // SAFETY: `node` points into the slot array.
-        unsafe {
+        let ws = unsafe {
             core::ptr::write_volatile(&mut (*node).usage_pages, anon + file);
             core::ptr::write_volatile(&mut (*node).inactive_file_pages, inactive);
             core::ptr::write_volatile(&mut (*node).updated_ns, now);
-            let ws = (*node).working_set_pages();
-            evaluate(NODE_SLOT, node, Signal::MemoryWorkingSet, ws, now, pid, may_kill);
-        }
+            (*node).working_set_pages()
+        };
+        evaluate(NODE_SLOT, Signal::MemoryWorkingSet, ws, pid, may_kill);
     }
 }
 
@@ -79,7 +79,7 @@ fn counter_moved(counter: u64) -> i32 {
     let pid = current_pid();
     node_from_vmstat(now, pid, true);
     let Some(r) = resolve(memcg) else { return 0 };
-    update_chain(&r, false, 0, now, pid);
+    update_chain(r, 0, pid);
     0
 }
 
@@ -87,20 +87,20 @@ fn counter_moved(counter: u64) -> i32 {
 ///                         struct page_counter **fail)
 #[fexit(function = "page_counter_try_charge")]
 pub fn memcg_try_charge(ctx: FExitContext) -> i32 {
-    counter_moved(ctx.arg::<u64>(0))
+    counter_moved(kernel::scalar(ctx.arg::<u64>(0)))
 }
 
 /// page_counter_charge(struct page_counter *counter, unsigned long nr_pages):
 /// charges past the limit (dying tasks, __GFP_NOFAIL).
 #[fexit(function = "page_counter_charge")]
 pub fn memcg_charge(ctx: FExitContext) -> i32 {
-    counter_moved(ctx.arg::<u64>(0))
+    counter_moved(kernel::scalar(ctx.arg::<u64>(0)))
 }
 
 /// page_counter_uncharge(struct page_counter *counter, unsigned long nr_pages)
 #[fexit(function = "page_counter_uncharge")]
 pub fn memcg_uncharge(ctx: FExitContext) -> i32 {
-    counter_moved(ctx.arg::<u64>(0))
+    counter_moved(kernel::scalar(ctx.arg::<u64>(0)))
 }
 
 /// Inactive file pages of a lruvec changed by `delta`.
@@ -111,12 +111,7 @@ fn inactive_moved(lruvec: u64, delta: i64) -> i32 {
     }
     let Some(memcg) = kernel::lruvec_memcg(lruvec) else { return 0 };
     let Some(r) = resolve(memcg) else { return 0 };
-    if r.len == 0 {
-        return 0;
-    }
-    // SAFETY: no preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
-    update_chain(&r, true, delta, now, current_pid());
+    update_chain(r, delta, current_pid());
     0
 }
 
@@ -128,7 +123,7 @@ pub fn lru_size(ctx: FEntryContext) -> i32 {
     if l.valid == 0 || l.charge_valid == 0 || ctx.arg::<u64>(1) as u32 != l.lru_inactive_file {
         return 0;
     }
-    inactive_moved(ctx.arg::<u64>(0), ctx.arg::<u64>(3) as i32 as i64)
+    inactive_moved(kernel::scalar(ctx.arg::<u64>(0)), ctx.arg::<u64>(3) as i32 as i64)
 }
 
 /// __mod_lruvec_state(struct lruvec *lruvec, enum node_stat_item idx, int val)
@@ -138,5 +133,5 @@ pub fn lruvec_state(ctx: FEntryContext) -> i32 {
     if l.valid == 0 || l.charge_valid == 0 || ctx.arg::<u64>(1) as u32 != l.nr_inactive_file {
         return 0;
     }
-    inactive_moved(ctx.arg::<u64>(0), ctx.arg::<u64>(2) as i32 as i64)
+    inactive_moved(kernel::scalar(ctx.arg::<u64>(0)), ctx.arg::<u64>(2) as i32 as i64)
 }

@@ -25,6 +25,16 @@ pub fn read_i64(addr: u64) -> Option<i64> {
     unsafe { bpf_probe_read_kernel(addr as *const i64).ok() }
 }
 
+/// A typed kernel pointer (a tp_btf or fentry argument) as a plain number.
+/// The verifier keeps the pointer type through moves and arithmetic, and
+/// global functions take scalars only; a read through the helper yields an
+/// untyped copy. The programs never dereference these pointers directly.
+#[inline(always)]
+pub fn scalar(ptr: u64) -> u64 {
+    let v = ptr;
+    read_u64(&v as *const u64 as u64).unwrap_or(0)
+}
+
 /// The cgroup id (kernfs node id) of a css: `css->cgroup->kn->id`.
 #[inline(always)]
 pub fn css_cgroup_id(css: u64) -> Option<u64> {

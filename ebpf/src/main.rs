@@ -13,8 +13,8 @@
 //! - `inode_alloc`, `inode_free` (ext4 tracepoints): inodes.
 //! - `cgroup_mkdir`, `cgroup_rmdir` (tracepoints): cgroup lifecycle.
 //! - `oom_mark_victim` (tp_btf oom/mark_victim): kernel OOM kills.
-//! - `refresh` (syscalls/sys_enter_getppid, from the agent only): re-reads
-//!   every slot's page counter before the agent takes a snapshot.
+//! - `refresh` (syscalls/sys_enter_getpgid, from the agent only): re-reads
+//!   the slots' page counters before the agent takes a snapshot.
 
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]

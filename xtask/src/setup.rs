@@ -120,7 +120,8 @@ fn nightly_libllvm(sysroot: &Path) -> Result<PathBuf> {
     })
 }
 
-fn cache_dir() -> PathBuf {
+/// ~/.cache/swiftlet: what xtask downloads or builds once per machine.
+pub fn cache_dir() -> PathBuf {
     let home = env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
     home.join(".cache").join("swiftlet")
 }

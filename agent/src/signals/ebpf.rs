@@ -201,7 +201,10 @@ impl EbpfSource {
         };
         let patched = super::kfunc::patch(&mut object, &btf).map_err(|e| err("patching kfunc calls", e))?;
         let kfunc_kill = u32::from(patched.all_resolved());
-        let missing: Vec<&str> = patched.calls.iter().filter(|(_, id)| id.is_none()).map(|(n, _)| n.as_str()).collect();
+        let mut missing: Vec<&str> =
+            patched.calls.iter().filter(|(_, id)| id.is_none()).map(|(n, _)| n.as_str()).collect();
+        missing.sort_unstable();
+        missing.dedup();
 
         // Feature probes: what this kernel offers, and from that the
         // strategies to try per signal, most exact first.
@@ -274,7 +277,7 @@ impl EbpfSource {
         }
         attach_tp(&mut ebpf, "cgroup_mkdir", "cgroup", "cgroup_mkdir")?;
         attach_tp(&mut ebpf, "cgroup_rmdir", "cgroup", "cgroup_rmdir")?;
-        attach_tp(&mut ebpf, "refresh", "syscalls", "sys_enter_getppid")?;
+        attach_tp(&mut ebpf, "refresh", "syscalls", "sys_enter_getpgid")?;
         program_names.extend(["cgroup_mkdir", "cgroup_rmdir", "refresh"].map(String::from));
         let inodes = if !features.ext4_tracepoints {
             passed_over.push(format!("inodes {}: no ext4 tracepoints", probe::INODES_EXT4));
@@ -413,6 +416,17 @@ impl EbpfSource {
             .collect()
     }
 
+    /// (program name, instructions the verifier processed) for every
+    /// attached program (kernel 5.16 and later report it): what loading
+    /// costs, which matters on slow or emulated CPUs.
+    pub fn verified_instructions(&self) -> Vec<(String, u32)> {
+        let ebpf = self.ebpf.lock().unwrap_or_else(|p| p.into_inner());
+        self.program_names
+            .iter()
+            .filter_map(|n| Some((n.clone(), ebpf.program(n)?.info().ok()?.verified_instruction_count()?)))
+            .collect()
+    }
+
     /// Reports the exit of process `pid` as [`SignalEvent::ProcessExit`],
     /// timestamped by the kernel.
     pub fn watch_exit(&self, pid: u32) -> Result<(), SignalError> {
@@ -427,6 +441,18 @@ impl EbpfSource {
     /// The kernel's cgroup id for a registered cgroup.
     pub fn cgroup_id_of(&self, cgroup: &str) -> Option<u64> {
         self.shared.registry.read().ok()?.by_path.get(cgroup).map(|e| e.cgroup_id)
+    }
+
+    /// Runs the in-kernel refresh of every registered slot (what a snapshot
+    /// does first).
+    pub fn refresh(&self) {
+        refresh_kernel_side(self.high_water());
+    }
+
+    /// One past the highest slot in use.
+    fn high_water(&self) -> u32 {
+        // SAFETY: mapped control block; a plain read of a u32.
+        unsafe { std::ptr::read_volatile(&(*self.shared.control.at(0)).slot_high_water) }
     }
 
     fn bump_generation(&self) {
@@ -465,7 +491,7 @@ fn seed_node(shared: &Shared, cgroupfs: &CgroupFs, page: u64, memory: MemoryStra
                     .fetch_add((stat.inactive_file / page) as i64, Ordering::SeqCst);
             }
         }
-        MemoryStrategy::PageCounter(_) => refresh_kernel_side(),
+        MemoryStrategy::PageCounter(_) => refresh_kernel_side(1),
     }
 }
 
@@ -592,11 +618,20 @@ fn forward_kernel_log(mut logger: aya_log::EbpfLogger<&'static dyn log::Log>, st
     }
 }
 
-/// Runs the kernel's refresh program (attached to getppid's entry and
-/// filtered to our tgid); the raw syscall, because libc could cache it.
-pub fn refresh_kernel_side() {
-    // SAFETY: getppid has no arguments and cannot fail.
-    unsafe { libc::syscall(libc::SYS_getppid) };
+/// Runs the kernel's refresh program (attached to getpgid's entry and
+/// filtered to our tgid) for every batch of slots up to `high_water`: the
+/// raw syscall, with the batch's first slot as its argument (the call's
+/// answer, usually ESRCH, does not matter).
+pub fn refresh_kernel_side(high_water: u32) {
+    let mut start = 0;
+    loop {
+        // SAFETY: getpgid takes a pid and only reads.
+        unsafe { libc::syscall(libc::SYS_getpgid, start as libc::pid_t) };
+        start += swiftlet_common::REFRESH_BATCH;
+        if start >= high_water {
+            break;
+        }
+    }
 }
 
 fn read_slot(shared: &Shared, index: u32) -> CgroupSlot {
@@ -724,7 +759,7 @@ impl SignalSource for EbpfSource {
     }
 
     fn snapshot(&self) -> Result<Snapshot, SignalError> {
-        refresh_kernel_side();
+        refresh_kernel_side(self.high_water());
         let node = read_slot(&self.shared, NODE_SLOT);
         let has_inodes = self.strategies.inodes != "none";
         let reg = self.shared.registry.read().unwrap_or_else(|p| p.into_inner());
@@ -815,7 +850,6 @@ impl SignalSource for EbpfSource {
         let c = unsafe { std::ptr::read_volatile(self.shared.control.at(0)) };
         vec![
             ("ring_drops", c.ring_drops),
-            ("chain_overflows", c.chain_overflows),
             ("proc_table_full", c.proc_table_full),
             ("kernel_kills", c.kernel_kills),
             ("events_received", self.shared.events_received.load(Ordering::Relaxed)),
