@@ -175,7 +175,7 @@ fn v2_events_report_a_crossing_long_before_the_poll() {
     require_v2(&tc);
     let cg = tc.child("events");
     let src = CgroupfsSource::start(tc.fs.clone(), Duration::from_secs(30));
-    println!("STRATEGY memory={}", src.strategy());
+    println!("STRATEGY fallback={}", src.strategy());
     assert!(src.strategy().contains("memory.high"), "{}", src.strategy());
     let events = Arc::new(Mutex::new(Vec::new()));
     let e = events.clone();
@@ -231,6 +231,9 @@ fn cgroup_v2_readings_limits_and_kill() {
     require_v2(&tc);
     let fs: &CgroupFs = &tc.fs;
     let cg = tc.child("v2");
+    // v2 has no processes in inner cgroups: the pod's processes live in
+    // leaves (containers), as a runtime puts them.
+    let main = tc.child("v2/main");
     let nested = tc.child("v2/nested");
     fs.set_memory_limit(&cg, Some(256 * MIB)).unwrap();
     assert_eq!(std::fs::read_to_string(fs.memory_dir(&cg).join("memory.max")).unwrap().trim(), "268435456");
@@ -238,7 +241,7 @@ fn cgroup_v2_readings_limits_and_kill() {
     fs.set_pids_max(&cg, Some(64)).unwrap();
     assert_eq!(std::fs::read_to_string(fs.controller_dir("pids", &cg).join("pids.max")).unwrap().trim(), "64");
 
-    let mut w = workload::Steps::spawn(fs, &cg);
+    let mut w = workload::Steps::spawn(fs, &main);
     w.run("anon 32");
     let usage = fs.memory_usage(&cg).unwrap();
     let stat = fs.memory_stat(&cg).unwrap();
@@ -259,6 +262,7 @@ fn cgroup_v2_readings_limits_and_kill() {
     let mut sleeper = sleeper.spawn().unwrap();
     assert_eq!(fs.pids_current(&cg).unwrap(), 7, "pids.current counts the subtree");
     assert_eq!(fs.procs_recursive(&cg).unwrap().len(), 7);
+    assert!(fs.procs(&cg).unwrap().is_empty(), "no process in the inner cgroup");
     assert_eq!(fs.procs(&nested).unwrap(), vec![sleeper.id()]);
 
     // cgroup.kill: every process of the subtree, at once.
@@ -272,5 +276,5 @@ fn cgroup_v2_readings_limits_and_kill() {
     }
     drop(w);
     fs.remove(&cg, Duration::from_secs(10)).unwrap();
-    assert!(!fs.exists(&cg) && !fs.exists(&nested));
+    assert!(!fs.exists(&cg) && !fs.exists(&main) && !fs.exists(&nested));
 }

@@ -174,8 +174,8 @@ pub fn run_matrix(tc: &setup::EbpfToolchain, kernels: &[String], filters: &[Stri
             fs::create_dir_all(&dir)?;
             let initramfs = dir.join("initramfs.cpio");
             step(format!("kernel {}: initramfs with the tests", k.name));
-            build_initramfs(&initramfs, &image, &binaries, &vm_script(&checks, root))?;
-            columns.push(boot(&k, &image, &initramfs, &dir, &checks)?);
+            build_initramfs(&initramfs, &image, &test_payload(&binaries), &vm_script(&checks, root))?;
+            columns.push(run_checks_in_vm(&k, &image, &initramfs, &dir, &checks)?);
         }
     }
     Ok(columns)
@@ -421,8 +421,23 @@ fn target_tmpdir(root: &Path) -> PathBuf {
 /// their files (the inode check needs ext4), then each check between
 /// markers, then power off.
 fn vm_script(checks: &[Check], root: &Path) -> String {
+    let mut s = vm_prelude(root);
+    for (i, c) in checks.iter().enumerate() {
+        s.push_str(&format!(
+            "check {i} /t/deps/{bin} --exact {test} --test-threads=1 --nocapture --include-ignored\n",
+            bin = c.bin,
+            test = c.test
+        ));
+    }
+    s.push_str("echo @@DONE\nsync\npoweroff -f\n");
+    s
+}
+
+/// The mounts and scratch filesystem every VM run starts with, and the
+/// `check` function that runs a command between markers.
+fn vm_prelude(root: &Path) -> String {
     let tmp = target_tmpdir(root);
-    let mut s = format!(
+    format!(
         r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin HOME=/root RUST_BACKTRACE=1
@@ -446,16 +461,7 @@ check() {{
 cd /
 "#,
         tmp = tmp.display()
-    );
-    for (i, c) in checks.iter().enumerate() {
-        s.push_str(&format!(
-            "check {i} /t/deps/{bin} --exact {test} --test-threads=1 --nocapture --include-ignored\n",
-            bin = c.bin,
-            test = c.test
-        ));
-    }
-    s.push_str("echo @@DONE\nsync\npoweroff -f\n");
-    s
+    )
 }
 
 /// A newc cpio archive, written entry by entry.
@@ -551,7 +557,27 @@ fn stripped(bin: &Path, scratch: &Path) -> Result<Vec<u8>> {
     Ok(data)
 }
 
-fn build_initramfs(path: &Path, image: &KernelImage, binaries: &Binaries, init: &str) -> Result<()> {
+/// The test binaries of the checks (in /t/deps, so they find the workload
+/// generator one level up, as in target/debug) and the generator.
+fn test_payload(binaries: &Binaries) -> Vec<(String, PathBuf)> {
+    let mut out: Vec<(String, PathBuf)> = binaries
+        .tests
+        .iter()
+        .filter(|(name, _)| CHECKS.iter().any(|c| c.bin == name.as_str()))
+        .map(|(name, bin)| (format!("/t/deps/{name}"), bin.clone()))
+        .collect();
+    for bin in &binaries.bins {
+        if let Some(name) = bin.file_name().and_then(|n| n.to_str()) {
+            out.push((format!("/t/{name}"), bin.clone()));
+        }
+    }
+    out
+}
+
+/// Writes the initramfs: busybox, `init`, the binaries (debug info
+/// stripped) at their destinations with the libraries they load, and the
+/// kernel's loop module.
+fn build_initramfs(path: &Path, image: &KernelImage, binaries: &[(String, PathBuf)], init: &str) -> Result<()> {
     let started = Instant::now();
     let scratch = path.with_extension("scratch");
     fs::create_dir_all(&scratch)?;
@@ -563,15 +589,8 @@ fn build_initramfs(path: &Path, image: &KernelImage, binaries: &Binaries, init: 
     let busybox = fs::read("/bin/busybox").context("static busybox at /bin/busybox (Debian busybox-static)")?;
     files.push(("/bin/busybox".into(), busybox, true));
     let mut libs = std::collections::BTreeSet::new();
-    for (name, bin) in &binaries.tests {
-        if CHECKS.iter().any(|c| c.bin == name) {
-            files.push((format!("/t/deps/{name}"), stripped(bin, &scratch)?, true));
-            libs.extend(libraries(bin)?);
-        }
-    }
-    for bin in &binaries.bins {
-        let name = bin.file_name().and_then(|n| n.to_str()).context("binary name")?;
-        files.push((format!("/t/{name}"), stripped(bin, &scratch)?, true));
+    for (dest, bin) in binaries {
+        files.push((dest.clone(), stripped(bin, &scratch)?, true));
         libs.extend(libraries(bin)?);
     }
     for lib in libs {
@@ -624,7 +643,24 @@ fn find_module(tree: &Path, name: &str) -> Result<Option<Vec<u8>>> {
 /// killed: TCG runs the tests several times slower than the host.
 const VM_TIMEOUT: Duration = Duration::from_secs(25 * 60);
 
-fn boot(k: &KernelSpec, image: &KernelImage, initramfs: &Path, dir: &Path, checks: &[Check]) -> Result<Column> {
+/// What a VM run left: its console, how long it took, and why it ended
+/// early if it did.
+struct VmRun {
+    console: String,
+    seconds: f64,
+    early_end: Option<String>,
+}
+
+/// Boots `image` with `initramfs` and reads the serial console until the VM
+/// powers off (or overruns [`VM_TIMEOUT`] and is killed); `on_line` sees
+/// each line as it comes.
+fn boot_vm(
+    k: &KernelSpec,
+    image: &KernelImage,
+    initramfs: &Path,
+    dir: &Path,
+    mut on_line: impl FnMut(&str, f64),
+) -> Result<VmRun> {
     step(format!("kernel {}: booting {} under qemu (TCG)", k.name, image.package));
     let console_path = dir.join("console.log");
     let started = Instant::now();
@@ -655,31 +691,16 @@ fn boot(k: &KernelSpec, image: &KernelImage, initramfs: &Path, dir: &Path, check
     let mut console = String::new();
     let mut log = fs::File::create(&console_path)?;
     let stdout = child.stdout.take().context("qemu stdout")?;
-    let mut current: Option<usize> = None;
     for line in BufReader::new(stdout).split(b'\n') {
         let line = String::from_utf8_lossy(&line?).replace('\r', "");
         writeln!(log, "{line}")?;
         console.push_str(&line);
         console.push('\n');
-        if let Some(rest) = line.strip_prefix("@@BEGIN ") {
-            current = rest.split_whitespace().next().and_then(|i| i.parse().ok());
-        } else if let Some(rest) = line.strip_prefix("@@END ") {
-            let id: Option<usize> = rest.split_whitespace().next().and_then(|i| i.parse().ok());
-            if let Some(c) = id.and_then(|i| checks.get(i)) {
-                let ok = rest.contains("rc=0");
-                note(format!(
-                    "{:<4} {} ({:.0}s so far)",
-                    if ok { "ok" } else { "FAIL" },
-                    c.row,
-                    started.elapsed().as_secs_f64()
-                ));
-            }
-            current = None;
-        } else if line.starts_with("@@VM") || line.starts_with("@@NOTE") {
+        if line.starts_with("@@VM") || line.starts_with("@@NOTE") {
             note(line.trim_start_matches("@@"));
         }
+        on_line(&line, started.elapsed().as_secs_f64());
     }
-    let _ = current;
     let status = child.wait()?;
     let _ = done_tx.send(());
     let timed_out = watchdog.join().unwrap_or(false);
@@ -688,17 +709,97 @@ fn boot(k: &KernelSpec, image: &KernelImage, initramfs: &Path, dir: &Path, check
         let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
     }
     let seconds = started.elapsed().as_secs_f64();
-    let mut col = parse_console(k, &console, checks, seconds);
-    if timed_out || !console.contains("@@DONE") {
-        let why = if timed_out {
-            format!("the VM did not finish within {}s and was killed", VM_TIMEOUT.as_secs())
-        } else {
-            format!("the VM stopped before the end ({status}); qemu said: {}", stderr.trim())
-        };
-        col.failures.push((format!("VM ({why})"), console.clone()));
-    }
+    let early_end = if timed_out {
+        Some(format!("the VM did not finish within {}s and was killed", VM_TIMEOUT.as_secs()))
+    } else if !console.contains("@@DONE") {
+        Some(format!("the VM stopped before the end ({status}); qemu said: {}", stderr.trim()))
+    } else {
+        None
+    };
     note(format!("kernel {}: {:.0}s, console in {}", k.name, seconds, console_path.display()));
+    Ok(VmRun { console, seconds, early_end })
+}
+
+fn run_checks_in_vm(
+    k: &KernelSpec,
+    image: &KernelImage,
+    initramfs: &Path,
+    dir: &Path,
+    checks: &[Check],
+) -> Result<Column> {
+    let run = boot_vm(k, image, initramfs, dir, |line, t| {
+        if let Some(rest) = line.strip_prefix("@@END ") {
+            let id: Option<usize> = rest.split_whitespace().next().and_then(|i| i.parse().ok());
+            if let Some(c) = id.and_then(|i| checks.get(i)) {
+                let ok = rest.split_whitespace().nth(1) == Some("rc=0");
+                note(format!("{:<4} {} ({t:.0}s so far)", if ok { "ok" } else { "FAIL" }, c.row));
+            }
+        }
+    })?;
+    let mut col = parse_console(k, &run.console, checks, run.seconds);
+    if let Some(why) = run.early_end {
+        col.failures.push((format!("VM ({why})"), run.console));
+    }
     Ok(col)
+}
+
+/// The kernel-matrix bench in each VM kernel: its results come back over the
+/// console and are added to target/bench under `kernel-matrix@<kernel>`.
+/// `runner` and `workload` are the release binaries.
+pub fn bench(runner: &Path, workload: &Path, quick: bool) -> Result<()> {
+    setup::ensure_apt(&["qemu-system-x86"])?;
+    let root = cmd::workspace_root();
+    let out = root.join("target/bench/kernels");
+    fs::create_dir_all(&out)?;
+    let mut imports = vec![];
+    for k in KERNELS {
+        let image = fetch_kernel(k)?;
+        let dir = root.join("target/vmtest").join(format!("bench-{}", k.name));
+        fs::create_dir_all(&dir)?;
+        let initramfs = dir.join("initramfs.cpio");
+        let mut script = vm_prelude(root);
+        script.push_str(&format!(
+            "check 0 /t/swiftlet-bench --out /tmp/bench --emit-json {}kernel-matrix\necho @@DONE\nsync\npoweroff -f\n",
+            if quick { "--quick " } else { "" }
+        ));
+        step(format!("kernel {}: initramfs with the benchmark runner", k.name));
+        let payload = vec![
+            ("/t/swiftlet-bench".to_owned(), runner.to_owned()),
+            ("/t/swiftlet-workload".to_owned(), workload.to_owned()),
+        ];
+        build_initramfs(&initramfs, &image, &payload, &script)?;
+        let run = boot_vm(k, &image, &initramfs, &dir, |line, _| {
+            if line.starts_with("    ") || line.starts_with("==> ") {
+                note(line.trim());
+            }
+        })?;
+        let json = run.console.lines().find_map(|l| l.strip_prefix("@@BENCH-JSON ")).map(str::to_owned);
+        match (json, run.early_end) {
+            (Some(json), None) => {
+                let file = out.join(format!("{}.json", k.name));
+                fs::write(&file, json)?;
+                imports.push(format!("{}={}", k.name, file.display()));
+            }
+            (_, why) => {
+                eprintln!("{}", run.console);
+                bail!(
+                    "the kernel-matrix bench did not finish on {} ({}); its console is above",
+                    k.name,
+                    why.unwrap_or_else(|| "no results printed".into())
+                );
+            }
+        }
+    }
+    let mut c = Command::new(runner);
+    c.arg("--out").arg(root.join("target/bench"));
+    for i in &imports {
+        c.arg("--import").arg(i);
+    }
+    if quick {
+        c.arg("--quick");
+    }
+    step("adding the VM kernels' rows to target/bench/report.md");
+    cmd::run(&mut c)
 }
 
 /// Outcomes, strategies and failure sections from a VM's console.

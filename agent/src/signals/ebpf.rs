@@ -443,6 +443,36 @@ impl EbpfSource {
         self.shared.registry.read().ok()?.by_path.get(cgroup).map(|e| e.cgroup_id)
     }
 
+    /// Turns the in-kernel kill on or off (`--kernel-eviction`); plans stay.
+    pub fn set_kernel_eviction(&self, on: bool) {
+        // SAFETY: mapped control block; the kernel reads this field only.
+        unsafe { std::ptr::write_volatile(&mut (*self.shared.control.at(0)).kernel_eviction, u32::from(on)) };
+    }
+
+    /// Withdraws the victim plans of lines on a cgroup that is going away
+    /// and frees their plan slots.
+    fn drop_plan_lines(&self, cgroup: &str) {
+        let mut lines = self.plan_lines.lock().unwrap_or_else(|p| p.into_inner());
+        let gone: Vec<(Target, Signal)> =
+            lines.keys().filter(|(t, _)| matches!(t, Target::Cgroup(c) if c == cgroup)).cloned().collect();
+        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        for key in gone {
+            if let Some((index, _)) = lines.remove(&key)
+                && let Ok(current) = plans.get(&index, 0)
+            {
+                let _ = plans.set(
+                    index,
+                    VictimPlan {
+                        generation: current.generation.max(current.executed_generation),
+                        executed_generation: current.generation.max(current.executed_generation),
+                        ..VictimPlan::default()
+                    },
+                    0,
+                );
+            }
+        }
+    }
+
     /// Runs the in-kernel refresh of every registered slot (what a snapshot
     /// does first).
     pub fn refresh(&self) {
@@ -735,6 +765,7 @@ impl SignalSource for EbpfSource {
             std::ptr::write_volatile(s, CgroupSlot { epoch, ..CgroupSlot::EMPTY });
         }
         self.shared.registry.write().unwrap_or_else(|p| p.into_inner()).free.push(entry.index);
+        self.drop_plan_lines(cgroup);
     }
 
     fn set_threshold(&self, target: &Target, signal: Signal, threshold: Option<Threshold>) -> Result<(), SignalError> {
@@ -795,11 +826,14 @@ impl SignalSource for EbpfSource {
             None => None,
         };
         let mut lines = self.plan_lines.lock().unwrap_or_else(|p| p.into_inner());
-        let next_index = lines.len() as u32;
-        let (index, generation) = *lines.entry((target.clone(), signal)).or_insert((next_index, 0));
-        if index >= swiftlet_common::MAX_PLANS {
-            return Err(err("PLANS", "more kernel lines than plan slots"));
-        }
+        let index = match lines.get(&(target.clone(), signal)) {
+            Some(&(index, _)) => index,
+            // The lowest plan slot no line holds (lines of unregistered
+            // cgroups give theirs back).
+            None => (0..swiftlet_common::MAX_PLANS)
+                .find(|i| !lines.values().any(|(used, _)| used == i))
+                .ok_or_else(|| err("PLANS", "more kernel lines than plan slots"))?,
+        };
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         let current = plans.get(&index, 0).map_err(|e| err("PLANS", e))?;
         let wanted = victim.map(|(slot, id)| (trigger, signal as u32, slot, id));
@@ -812,9 +846,10 @@ impl SignalSource for EbpfSource {
         if wanted == have {
             return Ok(true);
         }
-        // A new generation for every change: the kernel executes each at
-        // most once, so a plan it used is never replayed.
-        let generation = generation + 1;
+        // A new generation for every change, above any this plan slot held
+        // before: the kernel executes each at most once, so a plan it used
+        // is never replayed, nor taken for executed.
+        let generation = current.generation.max(current.executed_generation) + 1;
         let plan = match victim {
             Some((victim_slot, victim_cgroup_id)) => VictimPlan {
                 generation,

@@ -6,6 +6,7 @@
 //! this machine is shared and noisy, so absolute numbers drift between runs
 //! while ratios hold.
 
+pub mod kernels;
 pub mod race;
 pub mod signals;
 pub mod svg;
@@ -105,6 +106,11 @@ pub fn all() -> Vec<(&'static str, &'static str, BenchFn)> {
         ("program-cost", "per-program cost from kernel.bpf_stats_enabled", signals::program_cost),
         ("overhead", "workload slowdown with the programs attached vs detached", signals::overhead),
         ("eviction-race", "memory hog vs eviction: crossing → victim dead, per mode and ramp rate", race::race),
+        (
+            "kernel-matrix",
+            "per kernel: crossing → decision and → dead per signal mode, as ratios to cgroupfs polling",
+            kernels::kernels,
+        ),
     ]
 }
 
