@@ -42,9 +42,22 @@ fn btf() -> Btf {
 fn strategy_probe_picks_the_most_exact_hooks() {
     prereq::require_root();
     let tc = TestCgroup::new();
+    // What loading costs, by phase (on an emulated CPU it is seconds).
+    let t = Instant::now();
     let btf = btf();
+    let parse_btf = t.elapsed();
+    let t = Instant::now();
+    let symbol = swiftlet::signals::layout::kernel_symbol("vm_node_stat");
+    let kallsyms = t.elapsed();
+    let t = Instant::now();
     let src = EbpfSource::load(tc.fs.clone(), &EbpfOptions::default())
         .unwrap_or_else(|e| panic!("the eBPF programs must load and attach on this kernel: {e}"));
+    println!(
+        "load: parsing BTF {:.2}s, kallsyms {:.2}s (vm_node_stat {symbol:#x?}), whole load {:.2}s",
+        parse_btf.as_secs_f64(),
+        kallsyms.as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    );
     let s = src.strategies();
     for (signal, strategy) in s.pairs() {
         println!("STRATEGY {signal}={strategy}");
@@ -229,6 +242,10 @@ fn cgroup_v2_readings_limits_and_kill() {
     prereq::require_root();
     let tc = TestCgroup::new();
     require_v2(&tc);
+    // Killed processes count in pids.current until reaped; orphans (the
+    // workload's children) come to us to reap, whatever PID 1 does.
+    // SAFETY: prctl with an integer argument.
+    assert_eq!(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) }, 0);
     let fs: &CgroupFs = &tc.fs;
     let cg = tc.child("v2");
     // v2 has no processes in inner cgroups: the pod's processes live in
@@ -269,12 +286,19 @@ fn cgroup_v2_readings_limits_and_kill() {
     fs.kill_all(&cg).unwrap();
     let status = sleeper.wait().unwrap();
     assert_eq!(status.signal(), Some(libc::SIGKILL), "the nested process was killed");
+    drop(w);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !fs.procs_recursive(&cg).unwrap().is_empty() || fs.pids_current(&cg).unwrap() != 0 {
-        assert!(Instant::now() < deadline, "processes left after cgroup.kill: {:?}", fs.procs_recursive(&cg));
+        assert!(
+            Instant::now() < deadline,
+            "processes left after cgroup.kill: {:?}, pids.current {:?}",
+            fs.procs_recursive(&cg),
+            fs.pids_current(&cg)
+        );
+        // SAFETY: reaping any exited child (the orphans), without blocking.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
         std::thread::sleep(Duration::from_millis(20));
     }
-    drop(w);
     fs.remove(&cg, Duration::from_secs(10)).unwrap();
     assert!(!fs.exists(&cg) && !fs.exists(&main) && !fs.exists(&nested));
 }

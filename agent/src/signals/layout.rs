@@ -2,7 +2,7 @@
 //! kernel programs need ([`KernelLayout`]), and the kernel symbols they read
 //! (from /proc/kallsyms).
 
-use std::{collections::HashMap, fs, io::BufRead, sync::OnceLock};
+use std::{collections::HashMap, fs, sync::OnceLock};
 
 use swiftlet_common::KernelLayout;
 
@@ -65,8 +65,8 @@ pub fn charge_layout(btf: &Btf) -> Result<KernelLayout, BtfError> {
 pub fn kernel_symbol(name: &str) -> Option<u64> {
     static WANTED: OnceLock<HashMap<String, u64>> = OnceLock::new();
     WANTED
-        .get_or_init(|| match fs::File::open("/proc/kallsyms") {
-            Ok(f) => parse_kallsyms(std::io::BufReader::with_capacity(1 << 16, f), KERNEL_SYMBOLS),
+        .get_or_init(|| match fs::read_to_string("/proc/kallsyms") {
+            Ok(text) => parse_kallsyms(&text, KERNEL_SYMBOLS),
             Err(_) => HashMap::new(),
         })
         .get(name)
@@ -76,23 +76,26 @@ pub fn kernel_symbol(name: &str) -> Option<u64> {
 /// The symbols [`kernel_symbol`] can answer for.
 pub const KERNEL_SYMBOLS: &[&str] = &["vm_node_stat"];
 
-/// Finds `wanted` data or text symbols of the kernel proper (not modules);
-/// zero addresses (hidden by kptr_restrict) are left out.
-pub fn parse_kallsyms(r: impl BufRead, wanted: &[&str]) -> HashMap<String, u64> {
+/// Finds `wanted` data or text symbols of the kernel proper (not modules,
+/// whose lines end in `[module]`); zero addresses (hidden by kptr_restrict)
+/// are left out. Searches the whole text for each name (std's substring
+/// search) rather than splitting 100k+ lines.
+pub fn parse_kallsyms(text: &str, wanted: &[&str]) -> HashMap<String, u64> {
     let mut out = HashMap::new();
-    for line in r.lines().map_while(Result::ok) {
-        let mut it = line.split_whitespace();
-        let (Some(addr), Some(_kind), Some(name)) = (it.next(), it.next(), it.next()) else { continue };
-        if it.next().is_some() || !wanted.contains(&name) {
-            continue; // a module's symbol, or not one we look for
-        }
-        if let Ok(a) = u64::from_str_radix(addr, 16)
-            && a != 0
-        {
-            out.entry(name.to_owned()).or_insert(a);
-        }
-        if out.len() == wanted.len() {
-            break;
+    for name in wanted {
+        let needle = format!(" {name}\n");
+        let mut from = 0;
+        while let Some(at) = text[from..].find(&needle).map(|i| i + from) {
+            from = at + needle.len();
+            let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+            let mut it = text[line_start..at].split_whitespace();
+            let (Some(addr), Some(_kind), None) = (it.next(), it.next(), it.next()) else { continue };
+            if let Ok(a) = u64::from_str_radix(addr, 16)
+                && a != 0
+            {
+                out.insert((*name).to_owned(), a);
+                break;
+            }
         }
     }
     out
@@ -127,13 +130,16 @@ mod tests {
     fn kallsyms() {
         let text =
             "ffffffff81000000 T _text\nffffffff8f4093c0 D vm_node_stat\nffffffffc0001000 t vm_node_stat\t[mod]\n";
-        let m = parse_kallsyms(text.as_bytes(), &["vm_node_stat", "nope"]);
+        let m = parse_kallsyms(text, &["vm_node_stat", "nope"]);
         assert_eq!(m.get("vm_node_stat"), Some(&0xffffffff8f4093c0));
         assert_eq!(m.len(), 1);
         // Hidden by kptr_restrict: all zeros, which is no address at all.
         let hidden = "0000000000000000 D vm_node_stat\n";
-        assert!(parse_kallsyms(hidden.as_bytes(), &["vm_node_stat"]).is_empty());
-        assert!(parse_kallsyms("garbage\n\n".as_bytes(), &["vm_node_stat"]).is_empty());
+        assert!(parse_kallsyms(hidden, &["vm_node_stat"]).is_empty());
+        assert!(parse_kallsyms("garbage\n\n", &["vm_node_stat"]).is_empty());
+        // The first line, and a module's symbol of the same name only.
+        assert_eq!(parse_kallsyms("ffffffff81000010 D vm_node_stat\n", &["vm_node_stat"]).len(), 1);
+        assert!(parse_kallsyms("ffffffffc0001000 t vm_node_stat\t[mod]\n", &["vm_node_stat"]).is_empty());
     }
 
     /// The running kernel's BTF yields a complete layout (this reads

@@ -105,11 +105,15 @@ fn pod(uid: &str, cgroup: &str, request: u64) -> EvictionPod {
     }
 }
 
+/// What the observer saw in one run: the line crossed, the hog's exit (both
+/// kernel ns), and whether the kernel OOM killer fired.
+type Seen = (Option<u64>, Option<u64>, bool);
+
 /// The observer: its own instance of the kernel programs, reporting the line
 /// crossing on kubepods and the hog's exit.
 struct Observer {
     src: Arc<EbpfSource>,
-    seen: Arc<Mutex<(Option<u64>, Option<u64>, bool)>>,
+    seen: Arc<Mutex<Seen>>,
     hog: Arc<AtomicU64>,
 }
 
