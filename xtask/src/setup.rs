@@ -23,6 +23,9 @@ pub const APT_BUILD: &[&str] = &["protobuf-compiler", "gcc", "libc6-dev"];
 pub const APT_RUNTIME: &[&str] = &["containerd", "runc", "busybox-static", "iproute2"];
 /// The eviction race compares against earlyoom.
 pub const APT_BENCH: &[&str] = &["earlyoom"];
+/// The kernel matrix boots Debian's kernels under emulation (installed with
+/// --no-install-recommends, as every package here).
+pub const APT_VM: &[&str] = &["qemu-system-x86"];
 
 /// What the eBPF build needs on PATH.
 pub struct EbpfToolchain {

@@ -89,7 +89,12 @@ pub fn run(args: Args) -> Result<()> {
     // The kernel matrix in qemu: one kernel by default (it fits CI's budget),
     // every kernel with --vm. Name filters narrow it as they narrow the
     // integration tests.
-    if !args.unit_only && !args.no_vm {
+    let vm_checks_match =
+        args.filters.is_empty() || vm::CHECKS.iter().any(|c| args.filters.iter().any(|f| c.test.contains(f.as_str())));
+    if !args.unit_only && !args.no_vm && !vm_checks_match {
+        note("kernel matrix: no check matches the filters; skipped");
+    }
+    if !args.unit_only && !args.no_vm && vm_checks_match {
         let kernels: Vec<String> = if args.vm {
             vm::KERNELS.iter().map(|k| k.name.to_owned()).collect()
         } else {

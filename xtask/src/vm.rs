@@ -167,7 +167,7 @@ pub fn run_matrix(tc: &setup::EbpfToolchain, kernels: &[String], filters: &[Stri
     }
     let vm_kernels: Vec<KernelSpec> = KERNELS.iter().copied().filter(|k| wanted(k.name)).collect();
     if !vm_kernels.is_empty() {
-        setup::ensure_apt(&["qemu-system-x86"])?;
+        setup::ensure_apt(setup::APT_VM)?;
         for k in vm_kernels {
             let image = fetch_kernel(&k)?;
             let dir = root.join("target/vmtest").join(k.name);
@@ -747,7 +747,7 @@ fn run_checks_in_vm(
 /// console and are added to target/bench under `kernel-matrix@<kernel>`.
 /// `runner` and `workload` are the release binaries.
 pub fn bench(runner: &Path, workload: &Path, quick: bool) -> Result<()> {
-    setup::ensure_apt(&["qemu-system-x86"])?;
+    setup::ensure_apt(setup::APT_VM)?;
     let root = cmd::workspace_root();
     let out = root.join("target/bench/kernels");
     fs::create_dir_all(&out)?;

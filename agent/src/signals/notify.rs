@@ -62,8 +62,11 @@ pub fn plan(version: Version, root: &Path, psi_available: bool, lines: &[Line<'_
                 if psi_available {
                     out.push(WatchSpec::Psi(dir.join("memory.pressure")));
                 }
-                // Never overwrite a memory.high someone else chose.
-                if l.tripwire_is_ours || l.current_high.map(str::trim) == Some("max") {
+                // Never overwrite a memory.high someone else chose. One at
+                // exactly the trigger is ours from an earlier run that ended
+                // without restoring it: take it back (and restore it later).
+                let high = l.current_high.map(str::trim);
+                if l.tripwire_is_ours || high == Some("max") || high == Some(l.trigger_bytes.to_string().as_str()) {
                     out.push(WatchSpec::Tripwire(dir.join("memory.high"), l.trigger_bytes));
                 }
             }
@@ -224,6 +227,9 @@ mod tests {
         assert!(!theirs.iter().any(|w| matches!(w, WatchSpec::Tripwire(..))), "{theirs:?}");
         let ours = plan(Version::V2, root, true, &[line(Some(kubepods), Some("805306368"), true)]);
         assert!(ours.iter().any(|w| matches!(w, WatchSpec::Tripwire(..))), "{ours:?}");
+        // Left at the trigger by an earlier run: ours again.
+        let left = plan(Version::V2, root, true, &[line(Some(kubepods), Some("805306368\n"), false)]);
+        assert!(left.iter().any(|w| matches!(w, WatchSpec::Tripwire(..))), "{left:?}");
         // No PSI: events and the tripwire only.
         assert_eq!(plan(Version::V2, root, false, &[line(Some(kubepods), Some("max"), false)]).len(), 2);
         // cgroup v1: only the node's pressure, from procfs.

@@ -284,8 +284,10 @@ pub fn kernels(ctx: &Ctx) -> Result<BenchResult> {
             "Kernel {kernel} (cgroup {}; memory strategy {strategy}). A BestEffort hog ramps at {RAMP_MIB_S} MiB/s \
              past allocatableMemory.available<{}Mi with kubepods limited to {} MiB; {runs} runs per mode, interleaved. \
              Crossing: an independent observer's kernel timestamp; decision: the eviction manager's evict() call; \
-             dead: the hog's sched_process_exit. Ratios: the cgroupfs-poll-100ms p50 divided by the mode's p50 \
-             (how many times sooner), measured in the same run, so they hold under emulation.",
+             dead: the hog's sched_process_exit, which the kernel reaches after freeing the hog's memory (hundreds \
+             of MiB: milliseconds on hardware, around a second under emulation, which pulls the dead ratios of a VM \
+             towards 1). Ratios: the cgroupfs-poll-100ms p50 divided by the mode's p50 (how many times sooner), \
+             measured in the same run, so they hold under emulation.",
             if v2 { "v2" } else { "v1" },
             THRESHOLD / MIB,
             ALLOCATABLE / MIB
