@@ -1,12 +1,17 @@
 //! swiftlet: a Kubernetes node agent whose resource-pressure path runs in
 //! the kernel through eBPF. See docs/ARCHITECTURE.md for the map.
 
+pub mod app;
 pub mod cgroups;
 pub mod cm;
 pub mod config;
 pub mod cri;
 pub mod events;
 pub mod eviction;
+pub mod gc;
+pub mod host;
+pub mod images;
+pub mod logs;
 pub mod metrics;
 pub mod pods;
 pub mod quantity;

@@ -1,13 +1,16 @@
 //! The `swiftlet` binary: reads the configuration as the kubelet does, then
 //! runs the agent.
 
-use std::{process::ExitCode, time::Duration};
+use std::{process::ExitCode, sync::Arc};
 
 use anyhow::{Context as _, Result};
 use swiftlet::{
-    cgroups::CgroupFs,
+    app::Agent,
     config::{self, Config, Invocation},
-    signals::{self, ebpf::EbpfOptions},
+};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::watch,
 };
 use tracing::{info, warn};
 
@@ -54,29 +57,18 @@ fn init_logging(config: &Config) {
 }
 
 fn run(config: Config) -> Result<()> {
-    let cgroupfs = CgroupFs::detect().context("cgroup filesystem")?;
-    let opened = signals::open(
-        config.swiftlet.signal_source,
-        cgroupfs,
-        &EbpfOptions::default(),
-        config.swiftlet.housekeeping_interval,
-    )?;
-    info!(mode = opened.source.mode().as_str(), standalone = config.standalone(), "swiftlet started");
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(5));
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {
-                    let s = opened.source.snapshot()?;
-                    info!(working_set_mib = s.node.working_set_bytes >> 20, tasks = s.node.tasks, "node");
-                }
-                _ = tokio::signal::ctrl_c() => break,
-                _ = term.recv() => break,
-            }
+        let (stop, shutdown) = watch::channel(false);
+        let agent = Arc::new(Agent::build(config, shutdown).await.context("cannot start")?);
+        let running = tokio::spawn(agent.run());
+        let mut term = signal(SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => info!("SIGINT: stopping"),
+            _ = term.recv() => info!("SIGTERM: stopping"),
         }
-        info!("swiftlet stopped");
+        let _ = stop.send(true);
+        running.await?.context("agent")?;
         anyhow::Ok(())
     })
 }

@@ -5,8 +5,12 @@
 //! Every fixture cleans up in `Drop`, so a failing test leaves nothing
 //! behind, and never touches a cgroup, process or mount it did not create.
 
+pub mod agent;
 pub mod bench;
 pub mod cgroup;
 pub mod pods;
 pub mod prereq;
+pub mod recorder;
+pub mod registry;
+pub mod sandbox;
 pub mod workload;

@@ -11,11 +11,13 @@
 
 pub mod client;
 pub mod error;
+pub mod fake;
 pub mod labels;
 
 use std::time::Duration;
 
 use async_trait::async_trait;
+pub use client::CriClient;
 pub use error::CriError;
 pub use k8s_cri::v1 as api;
 

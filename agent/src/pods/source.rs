@@ -29,11 +29,22 @@ pub struct PodSnapshot {
     pub pods: Vec<Pod>,
 }
 
-/// Receives pod status changes (to patch them to the API server, serve them
-/// on /pods, ...). Called with the pod as the source gave it and the status
-/// the kubelet computed; only changes are reported.
+/// Takes a source's snapshots (the pod manager; the mirror-pod manager for
+/// the file source). A snapshot replaces the previous one of its source.
+pub trait PodSink: Send + Sync {
+    fn set(&self, snapshot: PodSnapshot);
+}
+
+/// Receives pod status changes (to patch them to the API server, ...).
+/// Called with the pod as the source gave it and the status the kubelet
+/// computed; only changes are reported.
 pub trait StatusReporter: Send + Sync {
     fn report(&self, pod: &Pod, status: &PodStatus);
+
+    /// Every container of `pod` has stopped and will not run again, and its
+    /// sandbox is stopped: for a pod being deleted, the moment the kubelet
+    /// deletes it from the API server with grace period 0.
+    fn terminated(&self, _pod: &Pod) {}
 }
 
 /// A reporter that drops everything (standalone mode).
@@ -41,4 +52,10 @@ pub struct NoStatusReporter;
 
 impl StatusReporter for NoStatusReporter {
     fn report(&self, _pod: &Pod, _status: &PodStatus) {}
+}
+
+/// The pods this node runs now, each with its current status (for /pods,
+/// stats, node status and metrics).
+pub trait PodView: Send + Sync {
+    fn pods(&self) -> Vec<Pod>;
 }

@@ -7,6 +7,7 @@
 //! while ratios hold.
 
 pub mod kernels;
+pub mod pods;
 pub mod race;
 pub mod signals;
 pub mod svg;
@@ -106,6 +107,8 @@ pub fn all() -> Vec<(&'static str, &'static str, BenchFn)> {
         ("program-cost", "per-program cost from kernel.bpf_stats_enabled", signals::program_cost),
         ("overhead", "workload slowdown with the programs attached vs detached", signals::overhead),
         ("eviction-race", "memory hog vs eviction: crossing → victim dead, per mode and ramp rate", race::race),
+        ("pod-start", "pod start latency vs the same CRI calls made directly", pods::pod_start),
+        ("pods-110", "110 pause pods started, listed, deleted; agent RSS and idle CPU", pods::pods_110),
         (
             "kernel-matrix",
             "per kernel: crossing → decision and → dead per signal mode, as ratios to cgroupfs polling",

@@ -1,0 +1,339 @@
+//! The composition root: builds every manager from the effective
+//! configuration, connects them through their traits, runs them until
+//! shutdown, and stops them in order.
+//!
+//! Components expose a constructor and a `run(shutdown)` future; this
+//! module is the only place that knows all of them. Stopping the agent
+//! leaves the pods running (as the kubelet): a restarted agent re-adopts
+//! them.
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use thiserror::Error;
+use tokio::{sync::watch, task::JoinHandle};
+use tracing::{info, warn};
+
+use crate::{
+    cgroups::{CgroupError, CgroupFs},
+    cm::{
+        allocatable::{NodeAllocatable, Resource, machine_capacity},
+        hierarchy::{CmError, PodCgroups, kubepods_limits},
+    },
+    config::Config,
+    cri::{CriClient, CriError, RuntimeService},
+    events::{EventRecorder, LogRecorder},
+    gc::{ContainerGc, DiskReclaimer, GcPolicy},
+    images::{ImageGc, ImageGcPolicy, ImageManager, ImageManagerConfig, ImageMetrics},
+    logs::{ContainerLogManager, LogPolicy},
+    eviction::{
+        core::EvictionConfig,
+        driver::{DriverConfig, EvictionLoop, EvictionManager},
+        observe::NodeInfo,
+    },
+    host,
+    metrics::Metrics,
+    pods::{
+        admission::Capacity,
+        backoff::BackoffPolicy,
+        file::FileSource,
+        manager::PodManager,
+        metrics::{PodMetrics, ProbeLabels},
+        source::{PodSink, SourceKind},
+        spec::{NodeSettings, parse_resolv_conf},
+        worker::{ProbeObserver, WorkerDeps},
+    },
+    signals::{self, OpenedSource, SignalError, ebpf::EbpfOptions, node},
+};
+
+#[derive(Debug, Error)]
+pub enum StartError {
+    #[error("cgroups: {0}")]
+    Cgroup(#[from] CgroupError),
+    #[error("container manager: {0}")]
+    Cm(#[from] CmError),
+    #[error("signals: {0}")]
+    Signals(#[from] SignalError),
+    #[error("container runtime: {0}")]
+    Runtime(#[from] CriError),
+    #[error("node capacity: {0}")]
+    Capacity(std::io::Error),
+    #[error("container logs: {0}")]
+    Logs(#[from] crate::logs::LogError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// How often the runtime is relisted (the kubelet's PLEG period).
+const RELIST_PERIOD: Duration = Duration::from_secs(1);
+/// How often the eviction manager re-ranks its victim plan.
+const PLAN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Everything the managers share, built once at start.
+pub struct Agent {
+    pub config: Config,
+    pub node_name: String,
+    pub metrics: Arc<Metrics>,
+    pub pod_metrics: PodMetrics,
+    pub cgroupfs: CgroupFs,
+    pub pod_cgroups: PodCgroups,
+    pub allocatable: NodeAllocatable,
+    pub signals: OpenedSource,
+    pub cri: Arc<CriClient>,
+    pub recorder: Arc<dyn EventRecorder>,
+    pub pods: PodManager,
+    pub eviction: EvictionManager,
+    pub image_gc: Arc<ImageGc>,
+    pub container_gc: Arc<ContainerGc>,
+    pub logs: Arc<ContainerLogManager>,
+    eviction_loop: Mutex<Option<EvictionLoop>>,
+    shutdown: watch::Receiver<bool>,
+}
+
+fn quantity(list: &crate::cm::allocatable::ResourceList, r: Resource) -> crate::quantity::Quantity {
+    list.get(&r).copied().unwrap_or_default()
+}
+
+impl Agent {
+    /// Reads the machine, prepares the pods' cgroup hierarchy, opens the
+    /// signal source and the runtime client, and builds the managers.
+    /// Nothing runs until [`Agent::run`].
+    pub async fn build(config: Config, shutdown: watch::Receiver<bool>) -> Result<Agent, StartError> {
+        Agent::build_with_recorder(config, shutdown, Arc::new(LogRecorder)).await
+    }
+
+    /// [`Agent::build`] with events going to `recorder`.
+    pub async fn build_with_recorder(
+        config: Config,
+        shutdown: watch::Receiver<bool>,
+        recorder: Arc<dyn EventRecorder>,
+    ) -> Result<Agent, StartError> {
+        let node_name = config.node_name()?;
+        let k = &config.kubelet;
+        let cgroupfs = CgroupFs::detect()?;
+        let capacity =
+            machine_capacity(&config.flags.root_dir, k.max_pods, k.pods_per_core).map_err(StartError::Capacity)?;
+        let allocatable = NodeAllocatable::new(capacity, k);
+        let pod_cgroups = PodCgroups::from_config(cgroupfs.clone(), k);
+        pod_cgroups.ensure_hierarchy(&kubepods_limits(&allocatable.kubepods))?;
+        let ebpf_opts = EbpfOptions { kernel_eviction: config.swiftlet.kernel_eviction, ..Default::default() };
+        let signals = signals::open(
+            config.swiftlet.signal_source,
+            cgroupfs.clone(),
+            &ebpf_opts,
+            config.swiftlet.housekeeping_interval,
+        )?;
+        let cri = Arc::new(CriClient::with_image_endpoint(
+            &k.container_runtime_endpoint,
+            k.image_endpoint(),
+            k.runtime_request_timeout,
+        )?);
+        let runtime_name = match cri.version().await {
+            Ok(v) => {
+                info!(
+                    runtime = v.runtime_name,
+                    version = v.runtime_version,
+                    api = v.runtime_api_version,
+                    "container runtime"
+                );
+                v.runtime_name
+            }
+            Err(e) => {
+                warn!("container runtime not reachable yet (retrying in the background): {e}");
+                "containerd".into()
+            }
+        };
+
+        let mut metrics = Metrics::new();
+        let pod_metrics = PodMetrics::default();
+        pod_metrics.register(&mut metrics.registry);
+        let image_metrics = ImageMetrics::register(&mut metrics.registry);
+        let metrics = Arc::new(metrics);
+
+        let cap = &allocatable.capacity;
+        let alloc = &allocatable.allocatable;
+        let node_ip = host::node_ip(&config.flags.node_ip).map(|ip| ip.to_string());
+        let host_dns = k
+            .resolv_conf
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .map(|t| parse_resolv_conf(&t))
+            .unwrap_or_default();
+        let settings = NodeSettings {
+            node_name: node_name.clone(),
+            node_ip,
+            pod_logs_dir: k.pod_logs_dir.clone(),
+            pods_dir: config.flags.root_dir.join("pods"),
+            memory_capacity: quantity(cap, Resource::Memory).value().max(0) as u64,
+            cpu_cfs_quota: k.cpu_cfs_quota,
+            cpu_cfs_quota_period: k.cpu_cfs_quota_period,
+            naming: pod_cgroups.naming().clone(),
+            host_dns,
+            cluster_dns: k.cluster_dns.iter().map(ToString::to_string).collect(),
+            cluster_domain: k.cluster_domain.clone(),
+            allocatable_cpu_milli: quantity(alloc, Resource::Cpu).milli_value(),
+            allocatable_memory: quantity(alloc, Resource::Memory).value(),
+            allocatable_ephemeral_storage: quantity(alloc, Resource::EphemeralStorage).value(),
+        };
+        let probes = pod_metrics.probes.clone();
+        let observer: ProbeObserver = Arc::new(move |pod, container, kind, outcome| {
+            probes
+                .get_or_create(&ProbeLabels {
+                    probe_type: kind.as_str().into(),
+                    result: outcome.result_label().into(),
+                    container: container.into(),
+                    pod: pod.metadata.name.clone().unwrap_or_default(),
+                    namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                    pod_uid: pod.metadata.uid.clone().unwrap_or_default(),
+                })
+                .inc();
+        });
+        let deps = Arc::new(WorkerDeps {
+            runtime: cri.clone(),
+            images: Arc::new(
+                ImageManager::new(cri.clone(), recorder.clone(), ImageManagerConfig::from_kubelet(k))
+                    .with_metrics(image_metrics.clone()),
+            ),
+            cgroups: pod_cgroups.clone(),
+            settings,
+            recorder: recorder.clone(),
+            runtime_name,
+            cpu_cfs_quota: k.cpu_cfs_quota,
+            cpu_cfs_quota_period: k.cpu_cfs_quota_period,
+            pod_pids_limit: k.pod_pids_limit,
+            resync: k.sync_frequency,
+            restart_backoff: match k.crash_loop_back_off_max {
+                Some(max) => BackoffPolicy { initial: max.min(BackoffPolicy::default().initial), max },
+                None => BackoffPolicy::default(),
+            },
+            probe_results: Some(observer),
+        });
+        let mut expected = HashSet::new();
+        if k.static_pod_path.is_some() {
+            expected.insert(SourceKind::File);
+        }
+        if !config.standalone() {
+            expected.insert(SourceKind::Api);
+        }
+        let admit = Capacity {
+            pods: quantity(alloc, Resource::Pods).value(),
+            cpu_milli: quantity(alloc, Resource::Cpu).milli_value(),
+            memory: quantity(alloc, Resource::Memory).value(),
+        };
+        let pods = PodManager::new(deps, expected, admit, pod_metrics.clone(), shutdown.clone());
+
+        // Image GC keeps the image sandboxes are made from.
+        let mut pinned: Vec<String> = config.flags.pod_infra_container_image.iter().cloned().collect();
+        pinned.extend(cri.sandbox_image().await);
+        let node_ref = ObjectReference {
+            kind: Some("Node".into()),
+            name: Some(node_name.clone()),
+            uid: Some(node_name.clone()),
+            ..Default::default()
+        };
+        let image_gc = Arc::new(
+            ImageGc::new(cri.clone(), cri.clone(), ImageGcPolicy::from_kubelet(k, pinned), recorder.clone(), node_ref)
+                .with_metrics(image_metrics),
+        );
+        let logs = Arc::new(ContainerLogManager::new(cri.clone(), LogPolicy::from_kubelet(k))?);
+        let container_gc = Arc::new(
+            ContainerGc::new(cri.clone(), Arc::new(pods.clone()), GcPolicy::default(), k.pod_logs_dir.clone())
+                .with_log_cleaner(logs.clone()),
+        );
+        // The runtime's images live on the root dir's filesystem here.
+        let reclaimer = Arc::new(DiskReclaimer::new(container_gc.clone(), image_gc.clone(), false));
+
+        let driver = DriverConfig {
+            eviction: EvictionConfig {
+                thresholds: k.eviction_thresholds(),
+                pressure_transition_period: k.eviction_pressure_transition_period,
+                max_pod_grace_period_secs: k.eviction_max_pod_grace_period.max(0) as u64,
+            },
+            node: NodeInfo {
+                memory_capacity: quantity(cap, Resource::Memory).value().max(0) as u64,
+                allocatable_memory: quantity(&allocatable.kubepods, Resource::Memory).value().max(0) as u64,
+                pid_limit: node::pid_limit().unwrap_or(u64::from(u32::MAX)),
+                kubepods_cgroup: pod_cgroups.naming().kubepods(),
+            },
+            nodefs_path: config.flags.root_dir.clone(),
+            imagefs_path: None,
+            housekeeping_interval: config.swiftlet.housekeeping_interval,
+            plan_interval: PLAN_INTERVAL,
+            kernel_eviction: config.swiftlet.kernel_eviction,
+        };
+        let (eviction, eviction_loop) = EvictionManager::new(
+            driver,
+            signals.source.clone(),
+            cgroupfs.clone(),
+            Arc::new(pods.clone()),
+            Arc::new(pods.clone()),
+            Some(reclaimer),
+            metrics.clone(),
+        );
+        Ok(Agent {
+            node_name,
+            metrics,
+            pod_metrics,
+            cgroupfs,
+            pod_cgroups,
+            allocatable,
+            signals,
+            cri,
+            recorder,
+            pods,
+            eviction,
+            image_gc,
+            container_gc,
+            logs,
+            eviction_loop: Mutex::new(Some(eviction_loop)),
+            shutdown,
+            config,
+        })
+    }
+
+    /// Runs every manager until shutdown, then waits for them to stop.
+    pub async fn run(self: Arc<Self>) -> Result<(), StartError> {
+        let k = &self.config.kubelet;
+        let mut tasks: Vec<JoinHandle<()>> = vec![];
+        tasks.push(tokio::spawn(self.pods.clone().run(RELIST_PERIOD)));
+        if let Some(l) = self.eviction_loop.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            tasks.push(tokio::spawn(l.run(self.shutdown.clone())));
+        }
+        tasks.push(tokio::spawn(self.image_gc.clone().run(self.shutdown.clone())));
+        tasks.push(tokio::spawn(self.container_gc.clone().run(self.shutdown.clone())));
+        tasks.push(tokio::spawn(self.logs.clone().run(self.shutdown.clone())));
+        if let Some(dir) = &k.static_pod_path {
+            let sink: Arc<dyn PodSink> = Arc::new(self.pods.clone());
+            let source = FileSource::new(
+                dir.clone(),
+                self.node_name.clone(),
+                k.file_check_frequency,
+                sink,
+                self.pod_metrics.manifest_errors.clone(),
+            );
+            tasks.push(tokio::spawn(source.run(self.shutdown.clone())));
+        }
+        info!(
+            node = self.node_name,
+            mode = self.signals.source.mode().as_str(),
+            standalone = self.config.standalone(),
+            static_pods = k.static_pod_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+            "swiftlet started"
+        );
+        let mut shutdown = self.shutdown.clone();
+        while !*shutdown.borrow() {
+            if shutdown.changed().await.is_err() {
+                break;
+            }
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+        info!("swiftlet stopped");
+        Ok(())
+    }
+}

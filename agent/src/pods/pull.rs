@@ -1,0 +1,29 @@
+//! The seam between the pod worker and image management: before creating
+//! a container the worker asks for its image by the container's pull
+//! policy, and gets the image reference or the kubelet's reason.
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::cri::api;
+
+/// Why a container's image is not available: the kubelet's waiting reason
+/// (ErrImagePull, ImagePullBackOff, ErrImageNeverPull, InvalidImageName,
+/// RegistryUnavailable, ImageInspectError) and message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageFailure {
+    pub reason: String,
+    pub message: String,
+}
+
+#[async_trait]
+pub trait ImageEnsurer: Send + Sync {
+    /// Makes the container's image present according to its pull policy;
+    /// returns the image reference to create the container with.
+    async fn ensure(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        sandbox: &api::PodSandboxConfig,
+    ) -> Result<String, ImageFailure>;
+}
