@@ -27,15 +27,15 @@ use crate::{
     config::Config,
     cri::{CriClient, CriError, RuntimeService},
     events::{EventRecorder, LogRecorder},
-    gc::{ContainerGc, DiskReclaimer, GcPolicy},
-    images::{ImageGc, ImageGcPolicy, ImageManager, ImageManagerConfig, ImageMetrics},
-    logs::{ContainerLogManager, LogPolicy},
     eviction::{
         core::EvictionConfig,
         driver::{DriverConfig, EvictionLoop, EvictionManager},
         observe::NodeInfo,
     },
+    gc::{ContainerGc, DiskReclaimer, GcPolicy},
     host,
+    images::{ImageGc, ImageGcPolicy, ImageManager, ImageManagerConfig, ImageMetrics},
+    logs::{ContainerLogManager, LogPolicy},
     metrics::Metrics,
     pods::{
         admission::Capacity,

@@ -126,7 +126,8 @@ impl AgentSetup {
         // The disk these tests run on is shared and often fuller than the
         // default nodefs/imagefs thresholds allow: unless a test is about
         // them, only memory evicts.
-        let eviction = if kubelet_config.contains("evictionHard") { "" } else { "evictionHard:\n  memory.available: 100Mi\n" };
+        let eviction =
+            if kubelet_config.contains("evictionHard") { "" } else { "evictionHard:\n  memory.available: 100Mi\n" };
         std::fs::write(
             &config_file,
             format!(

@@ -29,7 +29,6 @@ use super::{
     worker::{Msg, Worker, WorkerDeps, WorkerHandle, WorkerSink},
 };
 use crate::{
-    gc::ActivePods,
     cm::{
         hierarchy::pod_requests,
         qos::{SYSTEM_CRITICAL_PRIORITY, priority, qos_class},
@@ -37,6 +36,7 @@ use crate::{
     cri::{api, labels},
     events::{EventType, pod_ref},
     eviction::driver::{EvictionContainer, EvictionPod, EvictionRequest, PodEvictor, PodProvider},
+    gc::ActivePods,
 };
 
 /// How long a removed pod's remains are not taken for an orphan's.
