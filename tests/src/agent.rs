@@ -128,10 +128,17 @@ impl AgentSetup {
         // them, only memory evicts.
         let eviction =
             if kubelet_config.contains("evictionHard") { "" } else { "evictionHard:\n  memory.available: 100Mi\n" };
+        // Likewise image GC: at the default 85% it deletes the test images,
+        // which no registry can bring back.
+        let image_gc = if kubelet_config.contains("imageGCHighThresholdPercent") {
+            ""
+        } else {
+            "imageGCHighThresholdPercent: 100\n"
+        };
         std::fs::write(
             &config_file,
             format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\n{eviction}{kubelet_config}\n",
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\n{eviction}{image_gc}{kubelet_config}\n",
                 dir.path().join("logs").display()
             ),
         )
