@@ -23,6 +23,9 @@ pub const APT_BUILD: &[&str] = &["protobuf-compiler", "gcc", "libc6-dev"];
 pub const APT_RUNTIME: &[&str] = &["containerd", "runc", "busybox-static", "iproute2"];
 /// The eviction race compares against earlyoom.
 pub const APT_BENCH: &[&str] = &["earlyoom"];
+/// The kernel matrix boots Debian's kernels under emulation (installed with
+/// --no-install-recommends, as every package here).
+pub const APT_VM: &[&str] = &["qemu-system-x86"];
 
 /// What the eBPF build needs on PATH.
 pub struct EbpfToolchain {
@@ -120,7 +123,8 @@ fn nightly_libllvm(sysroot: &Path) -> Result<PathBuf> {
     })
 }
 
-fn cache_dir() -> PathBuf {
+/// ~/.cache/swiftlet: what xtask downloads or builds once per machine.
+pub fn cache_dir() -> PathBuf {
     let home = env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
     home.join(".cache").join("swiftlet")
 }

@@ -6,6 +6,7 @@
 //! this machine is shared and noisy, so absolute numbers drift between runs
 //! while ratios hold.
 
+pub mod kernels;
 pub mod pods;
 pub mod race;
 pub mod signals;
@@ -108,6 +109,11 @@ pub fn all() -> Vec<(&'static str, &'static str, BenchFn)> {
         ("eviction-race", "memory hog vs eviction: crossing → victim dead, per mode and ramp rate", race::race),
         ("pod-start", "pod start latency vs the same CRI calls made directly", pods::pod_start),
         ("pods-110", "110 pause pods started, listed, deleted; agent RSS and idle CPU", pods::pods_110),
+        (
+            "kernel-matrix",
+            "per kernel: crossing → decision and → dead per signal mode, as ratios to cgroupfs polling",
+            kernels::kernels,
+        ),
     ]
 }
 
