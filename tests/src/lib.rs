@@ -5,6 +5,7 @@
 //! Every fixture cleans up in `Drop`, so a failing test leaves nothing
 //! behind, and never touches a cgroup, process or mount it did not create.
 
+pub mod apiserver;
 pub mod bench;
 pub mod cgroup;
 pub mod pods;
