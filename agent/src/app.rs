@@ -18,7 +18,8 @@ use crate::{
         hierarchy::{CmError, PodCgroups, kubepods_limits},
     },
     config::Config,
-    cri::{CriClient, CriError, RuntimeService},
+    cri::{CriClient, CriError, ImageService, RuntimeService},
+    kubeapi::{ApiAgent, ApiError},
     metrics::Metrics,
     signals::{self, OpenedSource, SignalError, ebpf::EbpfOptions},
 };
@@ -37,6 +38,8 @@ pub enum StartError {
     Capacity(std::io::Error),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error("API server: {0}")]
+    Api(#[from] ApiError),
 }
 
 /// Everything the managers share, built once at start.
@@ -49,6 +52,13 @@ pub struct Agent {
     pub allocatable: NodeAllocatable,
     pub signals: OpenedSource,
     pub cri: Arc<CriClient>,
+    // ---- API server (issue 7) ----
+    /// None in standalone mode. The seams to connect: `status_reporter()`
+    /// and `event_recorder()` (pod workers, eviction), `connect_pods()`
+    /// (pod manager), `mirror_sink()` (static pod source) and
+    /// `connect_pressure()` (eviction conditions).
+    pub api: Option<Arc<ApiAgent>>,
+    // ---- end API server ----
 }
 
 impl Agent {
@@ -75,7 +85,11 @@ impl Agent {
             k.image_endpoint(),
             k.runtime_request_timeout,
         )?);
+        // ---- API server (issue 7) ----
+        let api = (!config.standalone()).then(|| Arc::new(ApiAgent::new(&config, &node_name, &allocatable)));
+        // ---- end API server ----
         Ok(Agent {
+            api,
             node_name,
             metrics: Arc::new(Metrics::new()),
             cgroupfs,
@@ -104,9 +118,24 @@ impl Agent {
             standalone = self.config.standalone(),
             "swiftlet started"
         );
+        // ---- API server (issue 7) ----
+        let mut api_task = self.api.clone().map(|api| {
+            let runtime: Arc<dyn RuntimeService> = self.cri.clone();
+            let images: Arc<dyn ImageService> = self.cri.clone();
+            tokio::spawn(api.run(runtime, images, shutdown.clone()))
+        });
+        // ---- end API server ----
         let mut tick = tokio::time::interval(Duration::from_secs(30));
         loop {
             tokio::select! {
+                r = async { api_task.as_mut().expect("guarded").await }, if api_task.is_some() => {
+                    api_task = None;
+                    match r {
+                        Ok(Err(e)) => return Err(e.into()),
+                        Ok(Ok(())) => {}
+                        Err(e) => return Err(StartError::Io(std::io::Error::other(format!("API loops: {e}")))),
+                    }
+                }
                 _ = tick.tick() => {
                     if let Ok(s) = self.signals.source.snapshot() {
                         info!(working_set_mib = s.node.working_set_bytes >> 20, tasks = s.node.tasks, "node");
@@ -114,6 +143,9 @@ impl Agent {
                 }
                 _ = shutdown.changed() => if *shutdown.borrow() { break },
             }
+        }
+        if let Some(t) = api_task {
+            let _ = t.await;
         }
         info!("swiftlet stopped");
         Ok(())
