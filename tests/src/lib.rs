@@ -5,9 +5,11 @@
 //! Every fixture cleans up in `Drop`, so a failing test leaves nothing
 //! behind, and never touches a cgroup, process or mount it did not create.
 
+pub mod agent;
 pub mod apiserver;
 pub mod bench;
 pub mod cgroup;
+pub mod kubectl;
 pub mod pods;
 pub mod prereq;
 pub mod workload;

@@ -88,7 +88,11 @@ pub fn client_kubeconfig(bootstrap: &Kubeconfig, cert_file: &Path) -> Result<Kub
         .ok_or_else(|| format!("the bootstrap kubeconfig has no cluster {:?}", context.cluster))?;
     let cert = cert_file.display().to_string();
     Ok(Kubeconfig {
-        clusters: vec![NamedCluster { name: "default-cluster".into(), cluster: cluster.cluster, other: Default::default() }],
+        clusters: vec![NamedCluster {
+            name: "default-cluster".into(),
+            cluster: cluster.cluster,
+            other: Default::default(),
+        }],
         auth_infos: vec![NamedAuthInfo {
             name: "default-auth".into(),
             auth_info: Some(AuthInfo {
@@ -123,7 +127,12 @@ fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
 }
 
 /// Runs the bootstrap; on success `kubeconfig` exists.
-pub async fn bootstrap(bootstrap_path: &Path, kubeconfig: &Path, cert_dir: &Path, node_name: &str) -> Result<(), ApiError> {
+pub async fn bootstrap(
+    bootstrap_path: &Path,
+    kubeconfig: &Path,
+    cert_dir: &Path,
+    node_name: &str,
+) -> Result<(), ApiError> {
     info!(bootstrap = %bootstrap_path.display(), "no kubeconfig yet: requesting a client certificate");
     let bootstrap_kc = Kubeconfig::read_from(bootstrap_path)
         .map_err(|e| ApiError::Kubeconfig { path: bootstrap_path.to_owned(), message: e.to_string() })?;
@@ -172,12 +181,14 @@ pub async fn bootstrap(bootstrap_path: &Path, kubeconfig: &Path, cert_dir: &Path
     std::os::unix::fs::symlink(&pem_file, &link_tmp)
         .and_then(|_| std::fs::rename(&link_tmp, &current))
         .map_err(|e| err(format!("cannot link {}: {e}", current.display())))?;
-    let kc = client_kubeconfig(&bootstrap_kc, &current).map_err(|e| ApiError::Kubeconfig { path: bootstrap_path.to_owned(), message: e })?;
+    let kc = client_kubeconfig(&bootstrap_kc, &current)
+        .map_err(|e| ApiError::Kubeconfig { path: bootstrap_path.to_owned(), message: e })?;
     let text = serde_yaml::to_string(&kc).map_err(|e| err(e.to_string()))?;
     if let Some(dir) = kubeconfig.parent() {
         std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
     }
-    write_private(kubeconfig, text.as_bytes()).map_err(|e| err(format!("cannot write {}: {e}", kubeconfig.display())))?;
+    write_private(kubeconfig, text.as_bytes())
+        .map_err(|e| err(format!("cannot write {}: {e}", kubeconfig.display())))?;
     info!(kubeconfig = %kubeconfig.display(), certificate = %pem_file.display(), "client certificate issued");
     Ok(())
 }
@@ -197,7 +208,11 @@ mod tests {
 
     #[test]
     fn outcomes() {
-        let cond = |t: &str| CertificateSigningRequestCondition { type_: t.into(), status: "True".into(), ..Default::default() };
+        let cond = |t: &str| CertificateSigningRequestCondition {
+            type_: t.into(),
+            status: "True".into(),
+            ..Default::default()
+        };
         let csr = |conds: Vec<CertificateSigningRequestCondition>, cert: Option<&str>| CertificateSigningRequest {
             status: Some(CertificateSigningRequestStatus {
                 conditions: Some(conds),

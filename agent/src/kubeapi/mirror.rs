@@ -127,6 +127,11 @@ impl MirrorPods {
         self.notify.notify_one();
     }
 
+    /// The API's mirror pods as last seen (None before the first list).
+    pub fn mirrors(&self) -> Option<Vec<Pod>> {
+        self.mirrors.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// One round: decide and act. Nothing before the pod watch has listed
     /// the API's pods once (it would recreate mirror pods that exist).
     pub async fn sync(&self, api: &dyn PodApi, node_uid: Option<&str>) {

@@ -88,11 +88,18 @@ struct Observation {
 /// What to do with an event.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
-    Create { key: String, event: Event },
+    Create {
+        key: String,
+        event: Event,
+    },
     /// Increment an event already written: `patch` is the strategic merge
     /// patch (count, lastTimestamp, message); `event` the full event, to
     /// create if the old one is gone.
-    Patch { key: String, event: Event, patch: Value },
+    Patch {
+        key: String,
+        event: Event,
+        patch: Value,
+    },
     /// Dropped by the spam filter.
     Skip,
 }
@@ -281,7 +288,14 @@ pub trait EventSink: Send + Sync {
 }
 
 /// The Event the kubelet builds for `record`.
-pub fn build_event(node: &str, object: &ObjectReference, event_type: EventType, reason: &str, message: &str, now: Timestamp) -> Event {
+pub fn build_event(
+    node: &str,
+    object: &ObjectReference,
+    event_type: EventType,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> Event {
     let namespace = object.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "default".into());
     Event {
         metadata: ObjectMeta {
@@ -461,7 +475,14 @@ mod tests {
 
     #[test]
     fn builds_the_kubelets_event() {
-        let e = build_event("n1", &node_ref("n1"), EventType::Normal, "NodeReady", "Node n1 status is now: NodeReady", at(0));
+        let e = build_event(
+            "n1",
+            &node_ref("n1"),
+            EventType::Normal,
+            "NodeReady",
+            "Node n1 status is now: NodeReady",
+            at(0),
+        );
         assert_eq!(e.metadata.namespace.as_deref(), Some("default"), "cluster-scoped objects' events go to default");
         assert!(e.metadata.name.as_deref().unwrap().starts_with("n1."));
         assert_eq!(e.source.as_ref().unwrap().component.as_deref(), Some("kubelet"));
@@ -506,7 +527,9 @@ mod tests {
             outcomes.push(c.correlate(ev("web", "Unhealthy", &format!("probe failed: {i}"), i), at(i), t0));
         }
         for o in &outcomes[..9] {
-            assert!(matches!(o, Outcome::Create { event, .. } if !event.message.as_deref().unwrap().starts_with("(combined")));
+            assert!(
+                matches!(o, Outcome::Create { event, .. } if !event.message.as_deref().unwrap().starts_with("(combined"))
+            );
         }
         let Outcome::Create { event, .. } = &outcomes[9] else { panic!("{:?}", outcomes[9]) };
         assert_eq!(event.message.as_deref(), Some("(combined from similar events): probe failed: 9"));
@@ -516,7 +539,9 @@ mod tests {
         assert_eq!(event.count, Some(2));
         // After 10 quiet minutes the aggregation starts afresh.
         let fresh = c.correlate(ev("web", "Unhealthy", "probe failed: late", 2000), at(2000), t0);
-        assert!(matches!(fresh, Outcome::Create { ref event, .. } if event.message.as_deref() == Some("probe failed: late")));
+        assert!(
+            matches!(fresh, Outcome::Create { ref event, .. } if event.message.as_deref() == Some("probe failed: late"))
+        );
     }
 
     #[test]
@@ -525,15 +550,33 @@ mod tests {
         let t0 = Instant::now();
         let mut passed = 0;
         for i in 0..40 {
-            if c.correlate(ev("web", "BackOff", "Back-off restarting failed container", i), at(i), t0) != Outcome::Skip {
+            if c.correlate(ev("web", "BackOff", "Back-off restarting failed container", i), at(i), t0) != Outcome::Skip
+            {
                 passed += 1;
             }
         }
         assert_eq!(passed, 25);
-        assert_eq!(c.correlate(ev("web", "BackOff", "Back-off restarting failed container", 50), at(50), t0 + Duration::from_secs(100)), Outcome::Skip);
-        assert_ne!(c.correlate(ev("web", "BackOff", "Back-off restarting failed container", 400), at(400), t0 + Duration::from_secs(301)), Outcome::Skip);
+        assert_eq!(
+            c.correlate(
+                ev("web", "BackOff", "Back-off restarting failed container", 50),
+                at(50),
+                t0 + Duration::from_secs(100)
+            ),
+            Outcome::Skip
+        );
+        assert_ne!(
+            c.correlate(
+                ev("web", "BackOff", "Back-off restarting failed container", 400),
+                at(400),
+                t0 + Duration::from_secs(301)
+            ),
+            Outcome::Skip
+        );
         // Other objects have their own budget.
-        assert_ne!(c.correlate(ev("db", "BackOff", "Back-off restarting failed container", 1), at(1), t0), Outcome::Skip);
+        assert_ne!(
+            c.correlate(ev("db", "BackOff", "Back-off restarting failed container", 1), at(1), t0),
+            Outcome::Skip
+        );
     }
 
     /// A sink in memory: fails the first `failures` writes, keeps the rest.
@@ -563,7 +606,14 @@ mod tests {
                 return Err(SinkError::NotFound);
             }
             self.patched.lock().unwrap().push((name.into(), patch.clone()));
-            let mut e = self.created.lock().unwrap().iter().find(|e| e.metadata.name.as_deref() == Some(name)).cloned().unwrap();
+            let mut e = self
+                .created
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|e| e.metadata.name.as_deref() == Some(name))
+                .cloned()
+                .unwrap();
             e.count = patch["count"].as_i64().map(|c| c as i32);
             Ok(e)
         }
@@ -572,7 +622,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn writes_retry_and_dedup_through_the_sink() {
         let rec = Arc::new(ApiEventRecorder::new("n1", 50, 100));
-        let sink = Arc::new(MemorySink { failures: Mutex::new(2), created: Mutex::default(), patched: Mutex::default(), missing: false });
+        let sink = Arc::new(MemorySink {
+            failures: Mutex::new(2),
+            created: Mutex::default(),
+            patched: Mutex::default(),
+            missing: false,
+        });
         let (stop, shutdown) = watch::channel(false);
         let r = rec.clone();
         let s: Arc<dyn EventSink> = sink.clone();
@@ -591,7 +646,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_vanished_event_is_created_again() {
         let rec = Arc::new(ApiEventRecorder::new("n1", 0, 1));
-        let sink = Arc::new(MemorySink { failures: Mutex::new(0), created: Mutex::default(), patched: Mutex::default(), missing: true });
+        let sink = Arc::new(MemorySink {
+            failures: Mutex::new(0),
+            created: Mutex::default(),
+            patched: Mutex::default(),
+            missing: true,
+        });
         let (_stop, shutdown) = watch::channel(false);
         let r = rec.clone();
         let s: Arc<dyn EventSink> = sink.clone();
@@ -607,7 +667,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn event_qps_limits_writes() {
         let rec = Arc::new(ApiEventRecorder::new("n1", 1, 2));
-        let sink = Arc::new(MemorySink { failures: Mutex::new(0), created: Mutex::default(), patched: Mutex::default(), missing: false });
+        let sink = Arc::new(MemorySink {
+            failures: Mutex::new(0),
+            created: Mutex::default(),
+            patched: Mutex::default(),
+            missing: false,
+        });
         let (_stop, shutdown) = watch::channel(false);
         let r = rec.clone();
         let s: Arc<dyn EventSink> = sink.clone();

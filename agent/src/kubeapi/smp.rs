@@ -106,10 +106,8 @@ fn list_diff(field: &str, old: &[Value], new: &[Value]) -> Vec<(String, Value)> 
                     items.push(Value::Object(d));
                 }
             }
-            let order: Vec<Value> = new
-                .iter()
-                .filter_map(|n| n.get(key).map(|k| serde_json::json!({ key: k })))
-                .collect();
+            let order: Vec<Value> =
+                new.iter().filter_map(|n| n.get(key).map(|k| serde_json::json!({ key: k }))).collect();
             vec![(format!("$setElementOrder/{field}"), Value::Array(order)), (field.to_owned(), Value::Array(items))]
         }
     }
@@ -131,13 +129,17 @@ mod tests {
                 "conditions by type, heartbeat only",
                 json!({"conditions": [{"type": "Ready", "status": "True", "t": 1}, {"type": "M", "status": "False", "t": 1}]}),
                 json!({"conditions": [{"type": "Ready", "status": "True", "t": 2}, {"type": "M", "status": "False", "t": 1}]}),
-                Some(json!({"$setElementOrder/conditions": [{"type": "Ready"}, {"type": "M"}], "conditions": [{"type": "Ready", "t": 2}]})),
+                Some(
+                    json!({"$setElementOrder/conditions": [{"type": "Ready"}, {"type": "M"}], "conditions": [{"type": "Ready", "t": 2}]}),
+                ),
             ),
             (
                 "removed condition",
                 json!({"conditions": [{"type": "A"}, {"type": "B"}]}),
                 json!({"conditions": [{"type": "A"}]}),
-                Some(json!({"$setElementOrder/conditions": [{"type": "A"}], "conditions": [{"type": "B", "$patch": "delete"}]})),
+                Some(
+                    json!({"$setElementOrder/conditions": [{"type": "A"}], "conditions": [{"type": "B", "$patch": "delete"}]}),
+                ),
             ),
             (
                 "atomic list",
@@ -149,7 +151,9 @@ mod tests {
                 "addresses replace",
                 json!({"addresses": [{"type": "InternalIP", "address": "1"}]}),
                 json!({"addresses": [{"type": "InternalIP", "address": "2"}, {"type": "Hostname", "address": "h"}]}),
-                Some(json!({"addresses": [{"$patch": "replace"}, {"type": "InternalIP", "address": "2"}, {"type": "Hostname", "address": "h"}]})),
+                Some(
+                    json!({"addresses": [{"$patch": "replace"}, {"type": "InternalIP", "address": "2"}, {"type": "Hostname", "address": "h"}]}),
+                ),
             ),
         ];
         for (name, old, new, want) in cases {

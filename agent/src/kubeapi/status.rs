@@ -50,13 +50,8 @@ fn terminal(phase: Option<&str>) -> bool {
 /// The status to write, from the API's and the kubelet's (mergePodStatus).
 pub fn merge_status(api: &PodStatus, kubelet: &PodStatus) -> PodStatus {
     let mut merged = kubelet.clone();
-    let mut conditions: Vec<PodCondition> = api
-        .conditions
-        .iter()
-        .flatten()
-        .filter(|c| !KUBELET_CONDITIONS.contains(&c.type_.as_str()))
-        .cloned()
-        .collect();
+    let mut conditions: Vec<PodCondition> =
+        api.conditions.iter().flatten().filter(|c| !KUBELET_CONDITIONS.contains(&c.type_.as_str())).cloned().collect();
     for c in kubelet.conditions.iter().flatten() {
         match conditions.iter_mut().find(|x| x.type_ == c.type_) {
             // DisruptionTarget and the like: the kubelet's version wins.
@@ -354,7 +349,11 @@ mod tests {
         let cases: Vec<(&str, PodStatus, PodStatus, fn(&PodStatus))> = vec![
             (
                 "foreign conditions are kept, kubelet's replaced",
-                status("Pending", vec![cond("PodScheduled", "True"), cond("example.com/gate", "True"), cond("Ready", "False")], vec![]),
+                status(
+                    "Pending",
+                    vec![cond("PodScheduled", "True"), cond("example.com/gate", "True"), cond("Ready", "False")],
+                    vec![],
+                ),
                 status("Running", vec![cond("Ready", "True"), cond("PodScheduled", "True")], vec![running("c", true)]),
                 |m| {
                     let types: Vec<(&str, &str)> =
@@ -374,7 +373,11 @@ mod tests {
             ),
             (
                 "scheduler and claim fields are not the kubelet's",
-                PodStatus { nominated_node_name: Some("n2".into()), qos_class: Some("BestEffort".into()), ..Default::default() },
+                PodStatus {
+                    nominated_node_name: Some("n2".into()),
+                    qos_class: Some("BestEffort".into()),
+                    ..Default::default()
+                },
                 status("Running", vec![], vec![]),
                 |m| {
                     assert_eq!(m.nominated_node_name.as_deref(), Some("n2"));
@@ -391,12 +394,24 @@ mod tests {
 
     #[test]
     fn patches_only_changes() {
-        let api = status("Running", vec![cond("Ready", "True"), cond("ContainersReady", "True")], vec![running("a", true), running("b", true)]);
+        let api = status(
+            "Running",
+            vec![cond("Ready", "True"), cond("ContainersReady", "True")],
+            vec![running("a", true), running("b", true)],
+        );
         // Same content, other order: nothing to send.
-        let same = status("Running", vec![cond("ContainersReady", "True"), cond("Ready", "True")], vec![running("b", true), running("a", true)]);
+        let same = status(
+            "Running",
+            vec![cond("ContainersReady", "True"), cond("Ready", "True")],
+            vec![running("b", true), running("a", true)],
+        );
         assert_eq!(status_patch("u1", &api, &merge_status(&api, &same)), None);
         // Ready flips: a patch with the uid precondition and the condition by type.
-        let flip = status("Running", vec![cond("Ready", "False"), cond("ContainersReady", "True")], vec![running("a", false), running("b", true)]);
+        let flip = status(
+            "Running",
+            vec![cond("Ready", "False"), cond("ContainersReady", "True")],
+            vec![running("a", false), running("b", true)],
+        );
         let p = status_patch("u1", &api, &merge_status(&api, &flip)).unwrap();
         assert_eq!(p["metadata"]["uid"], "u1");
         assert_eq!(p["status"]["conditions"], json!([{"type": "Ready", "status": "False"}]));
@@ -556,7 +571,8 @@ mod tests {
     #[tokio::test]
     async fn static_pods_write_to_their_mirror() {
         let api = FakeApi::default();
-        let annotations = |pairs: &[(&str, &str)]| Some(pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect());
+        let annotations =
+            |pairs: &[(&str, &str)]| Some(pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect());
         let mut static_pod = api_pod("etcd-n1", "hash1");
         static_pod.metadata.annotations = annotations(&[(CONFIG_SOURCE, "file"), (CONFIG_HASH, "hash1")]);
         let sm = StatusManager::default();

@@ -36,7 +36,13 @@ fn node_owner(node_name: &str, node_uid: &str) -> OwnerReference {
 /// The lease to write: the existing one (its resourceVersion makes the
 /// update conditional) with this holder, duration and renewTime, and the
 /// Node as owner when known.
-pub fn renewed(existing: Option<&Lease>, node_name: &str, duration_seconds: u32, now: Timestamp, node_uid: Option<&str>) -> Lease {
+pub fn renewed(
+    existing: Option<&Lease>,
+    node_name: &str,
+    duration_seconds: u32,
+    now: Timestamp,
+    node_uid: Option<&str>,
+) -> Lease {
     let mut lease = existing.cloned().unwrap_or_else(|| Lease {
         metadata: ObjectMeta { name: Some(node_name.into()), namespace: Some(NAMESPACE.into()), ..Default::default() },
         spec: None,

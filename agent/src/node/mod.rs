@@ -134,7 +134,12 @@ impl NodeAgent {
         &self.settings.registration.node_name
     }
 
-    async fn facts(&self, inputs: &NodeInputs, kept: &mut RuntimeFacts, pressure: BTreeSet<NodeCondition>) -> NodeFacts {
+    async fn facts(
+        &self,
+        inputs: &NodeInputs,
+        kept: &mut RuntimeFacts,
+        pressure: BTreeSet<NodeCondition>,
+    ) -> NodeFacts {
         let s = &self.settings;
         if let Ok(Ok(v)) = tokio::time::timeout(RUNTIME_TIMEOUT, inputs.runtime.version()).await {
             kept.version = format!("{}://{}", v.runtime_name, v.runtime_version);
@@ -206,8 +211,9 @@ impl NodeAgent {
             let old_v = serde_json::to_value(&old).unwrap_or_default();
             let new_v = serde_json::to_value(&new).unwrap_or_default();
             if let Some(d) = smp::diff(&old_v, &new_v) {
-                let patched =
-                    api.patch_status(self.name(), &PatchParams::default(), &Patch::Strategic(json!({"status": d}))).await?;
+                let patched = api
+                    .patch_status(self.name(), &PatchParams::default(), &Patch::Strategic(json!({"status": d})))
+                    .await?;
                 rv = patched.metadata.resource_version.clone();
                 debug!(node = self.name(), changed, "node status sent");
             }
@@ -218,7 +224,9 @@ impl NodeAgent {
         if let Some(t) = status::pressure_taints(&taints, &facts.pressure) {
             let p: Value = json!({"metadata": {"resourceVersion": rv}, "spec": {"taints": t}});
             match api.patch(self.name(), &PatchParams::default(), &Patch::Merge(&p)).await {
-                Ok(_) => info!(node = self.name(), taints = ?t.iter().map(|t| t.key.as_str()).collect::<Vec<_>>(), "node taints updated"),
+                Ok(_) => {
+                    info!(node = self.name(), taints = ?t.iter().map(|t| t.key.as_str()).collect::<Vec<_>>(), "node taints updated")
+                }
                 Err(kube::Error::Api(s)) if s.code == 409 => debug!("taint update conflicted; next round"),
                 Err(e) => return Err(e),
             }

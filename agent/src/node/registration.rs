@@ -80,8 +80,9 @@ pub fn adoption_patch(existing: &Node, wanted: &Node) -> Option<Value> {
             labels.insert((*key).to_owned(), if v.is_empty() { Value::Null } else { v.clone().into() });
         }
     }
-    let annotated = existing.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_ATTACH_DETACH)).map(String::as_str)
-        == Some("true");
+    let annotated =
+        existing.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_ATTACH_DETACH)).map(String::as_str)
+            == Some("true");
     if labels.is_empty() && annotated {
         return None;
     }
@@ -106,7 +107,12 @@ mod tests {
             os: "linux".into(),
             arch: "amd64".into(),
             labels: BTreeMap::from([("node-role.kubernetes.io/worker".into(), "".into()), ("zone".into(), "a".into())]),
-            taints: vec![Taint { key: "dedicated".into(), value: Some("gpu".into()), effect: "NoSchedule".into(), time_added: None }],
+            taints: vec![Taint {
+                key: "dedicated".into(),
+                value: Some("gpu".into()),
+                effect: "NoSchedule".into(),
+                time_added: None,
+            }],
             provider_id: None,
         }
     }
@@ -135,6 +141,9 @@ mod tests {
         existing.metadata.annotations = None;
         let p = adoption_patch(&existing, &wanted).unwrap();
         // Default labels are fixed; --node-labels are not re-applied.
-        assert_eq!(p, json!({"metadata": {"labels": {LABEL_ARCH: "amd64"}, "annotations": {ANNOTATION_ATTACH_DETACH: "true"}}}));
+        assert_eq!(
+            p,
+            json!({"metadata": {"labels": {LABEL_ARCH: "amd64"}, "annotations": {ANNOTATION_ATTACH_DETACH: "true"}}})
+        );
     }
 }

@@ -68,7 +68,11 @@ fn pressure_text(c: NodeCondition) -> PressureText {
     match c {
         NodeCondition::MemoryPressure => PressureText {
             type_: "MemoryPressure",
-            on: ("KubeletHasInsufficientMemory", "kubelet has insufficient memory available", "NodeHasInsufficientMemory"),
+            on: (
+                "KubeletHasInsufficientMemory",
+                "kubelet has insufficient memory available",
+                "NodeHasInsufficientMemory",
+            ),
             off: ("KubeletHasSufficientMemory", "kubelet has sufficient memory available", "NodeHasSufficientMemory"),
         },
         NodeCondition::DiskPressure => PressureText {
@@ -96,7 +100,8 @@ pub fn runtime_errors(status: Option<&api::RuntimeStatus>) -> Vec<String> {
         return vec!["container runtime is down".into()];
     };
     let find = |t: &str| status.conditions.iter().find(|c| c.r#type == t);
-    let show = |c: &api::RuntimeCondition| format!("{}={} reason:{} message:{}", c.r#type, c.status, c.reason, c.message);
+    let show =
+        |c: &api::RuntimeCondition| format!("{}={} reason:{} message:{}", c.r#type, c.status, c.reason, c.message);
     let mut errs = vec![];
     match find("RuntimeReady") {
         Some(c) if c.status => {}
@@ -263,7 +268,11 @@ pub fn status_changed(old: &NodeStatus, new: &NodeStatus) -> bool {
 
 /// Send now? On a change, or when nodeStatusReportFrequency has passed
 /// since the last report (`since_report`: None before the first one).
-pub fn should_report(changed: bool, since_report: Option<std::time::Duration>, report_every: std::time::Duration) -> bool {
+pub fn should_report(
+    changed: bool,
+    since_report: Option<std::time::Duration>,
+    report_every: std::time::Duration,
+) -> bool {
     changed || since_report.is_none_or(|d| d >= report_every)
 }
 
@@ -300,8 +309,14 @@ mod tests {
 
     fn facts() -> NodeFacts {
         NodeFacts {
-            capacity: [("cpu", "2"), ("memory", "8Gi"), ("pods", "110")].iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
-            allocatable: [("cpu", "2"), ("memory", "7Gi"), ("pods", "110")].iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
+            capacity: [("cpu", "2"), ("memory", "8Gi"), ("pods", "110")]
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+            allocatable: [("cpu", "2"), ("memory", "7Gi"), ("pods", "110")]
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
             runtime_version: "containerd://1.6.20".into(),
             kubelet_version: "v0.1.0-swiftlet".into(),
             kubelet_port: 10250,
@@ -317,7 +332,10 @@ mod tests {
     #[test]
     fn first_status_has_every_condition_and_its_event() {
         let (s, events) = node_status(None, &facts(), t(0));
-        assert_eq!(events, vec!["NodeHasSufficientMemory", "NodeHasNoDiskPressure", "NodeHasSufficientPID", "NodeReady"]);
+        assert_eq!(
+            events,
+            vec!["NodeHasSufficientMemory", "NodeHasNoDiskPressure", "NodeHasSufficientPID", "NodeReady"]
+        );
         let ready = cond(&s, "Ready");
         assert_eq!((ready.status.as_str(), ready.reason.as_deref()), ("True", Some("KubeletReady")));
         assert_eq!(ready.message.as_deref(), Some("kubelet is posting ready status"));
@@ -434,17 +452,26 @@ mod tests {
             reason: reason.into(),
             message: message.into(),
         };
-        let ready = api::RuntimeStatus { conditions: vec![cond("RuntimeReady", true, "", ""), cond("NetworkReady", true, "", "")] };
+        let ready = api::RuntimeStatus {
+            conditions: vec![cond("RuntimeReady", true, "", ""), cond("NetworkReady", true, "", "")],
+        };
         assert!(runtime_errors(Some(&ready)).is_empty());
         let no_cni = api::RuntimeStatus {
             conditions: vec![
                 cond("RuntimeReady", true, "", ""),
-                cond("NetworkReady", false, "NetworkPluginNotReady", "Network plugin returns error: cni plugin not initialized"),
+                cond(
+                    "NetworkReady",
+                    false,
+                    "NetworkPluginNotReady",
+                    "Network plugin returns error: cni plugin not initialized",
+                ),
             ],
         };
         assert_eq!(
             runtime_errors(Some(&no_cni)),
-            vec!["container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized"]
+            vec![
+                "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized"
+            ]
         );
         assert_eq!(runtime_errors(None), vec!["container runtime is down"]);
     }
@@ -465,7 +492,10 @@ mod tests {
         ];
         let s = images_for_status(&images, 2);
         assert_eq!(s.len(), 2);
-        assert_eq!(s[0].names.as_ref().unwrap(), &vec!["busybox@sha256:1".to_owned(), "busybox:1.35".into(), "busybox:latest".into()]);
+        assert_eq!(
+            s[0].names.as_ref().unwrap(),
+            &vec!["busybox@sha256:1".to_owned(), "busybox:1.35".into(), "busybox:latest".into()]
+        );
         assert_eq!(s[0].size_bytes, Some(30));
         assert_eq!(s[1].names.as_ref().unwrap().len(), 5);
         assert_eq!(images_for_status(&images, -1).len(), 3);
@@ -478,9 +508,19 @@ mod tests {
         let mem = NodeCondition::MemoryPressure;
         let cases: Vec<(&str, Vec<Taint>, BTreeSet<NodeCondition>, Option<Vec<Taint>>)> = vec![
             ("none, no pressure", vec![], BTreeSet::new(), None),
-            ("add", vec![taint("x", "NoExecute")], [mem].into(), Some(vec![taint("x", "NoExecute"), taint(mem.taint_key(), "NoSchedule")])),
+            (
+                "add",
+                vec![taint("x", "NoExecute")],
+                [mem].into(),
+                Some(vec![taint("x", "NoExecute"), taint(mem.taint_key(), "NoSchedule")]),
+            ),
             ("already there", vec![taint(mem.taint_key(), "NoSchedule")], [mem].into(), None),
-            ("remove", vec![taint(mem.taint_key(), "NoSchedule"), taint("x", "NoSchedule")], BTreeSet::new(), Some(vec![taint("x", "NoSchedule")])),
+            (
+                "remove",
+                vec![taint(mem.taint_key(), "NoSchedule"), taint("x", "NoSchedule")],
+                BTreeSet::new(),
+                Some(vec![taint("x", "NoSchedule")]),
+            ),
             (
                 "swap one for another",
                 vec![taint(NodeCondition::DiskPressure.taint_key(), "NoSchedule")],

@@ -21,7 +21,11 @@ pub struct UserInfo {
 
 impl UserInfo {
     pub fn new(username: &str, groups: &[&str]) -> UserInfo {
-        UserInfo { username: username.into(), uid: String::new(), groups: groups.iter().map(|g| (*g).to_owned()).collect() }
+        UserInfo {
+            username: username.into(),
+            uid: String::new(),
+            groups: groups.iter().map(|g| (*g).to_owned()).collect(),
+        }
     }
 }
 
@@ -177,11 +181,13 @@ impl Pki {
         let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
         ca_params.distinguished_name.push(DnType::CommonName, "fake-apiserver-ca");
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        ca_params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         let ca_cert = ca_params.self_signed(&ca_key)?;
         let ca = Issuer::new(ca_params, ca_key);
         let server_key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()])?;
+        let mut params =
+            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()])?;
         params.distinguished_name.push(DnType::CommonName, "kube-apiserver");
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let server = params.signed_by(&server_key, &ca)?;

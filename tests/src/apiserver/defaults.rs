@@ -54,9 +54,13 @@ fn qos_class(spec: &Value) -> &'static str {
         .filter_map(|f| spec.get(*f).and_then(Value::as_array))
         .flatten()
         .collect();
-    let get = |c: &Value, kind: &str, r: &str| c.pointer(&format!("/resources/{kind}/{r}")).and_then(Value::as_str).map(str::to_owned);
+    let get = |c: &Value, kind: &str, r: &str| {
+        c.pointer(&format!("/resources/{kind}/{r}")).and_then(Value::as_str).map(str::to_owned)
+    };
     let any = containers.iter().any(|c| {
-        ["requests", "limits"].iter().any(|k| c.pointer(&format!("/resources/{k}")).and_then(Value::as_object).is_some_and(|m| !m.is_empty()))
+        ["requests", "limits"]
+            .iter()
+            .any(|k| c.pointer(&format!("/resources/{k}")).and_then(Value::as_object).is_some_and(|m| !m.is_empty()))
     });
     if !any {
         return "BestEffort";

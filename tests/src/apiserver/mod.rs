@@ -79,7 +79,10 @@ pub enum Credentials {
     None,
     Token(String),
     /// PEM files.
-    ClientCert { cert: PathBuf, key: PathBuf },
+    ClientCert {
+        cert: PathBuf,
+        key: PathBuf,
+    },
 }
 
 enum Command {
@@ -130,11 +133,8 @@ impl FakeApiServer {
                 .build()
                 .expect("tokio runtime");
             rt.block_on(async move {
-                let mut running: Option<tokio::task::JoinHandle<()>> = Some(tokio::spawn(accept_loop(
-                    st.clone(),
-                    listener,
-                    stop.subscribe(),
-                )));
+                let mut running: Option<tokio::task::JoinHandle<()>> =
+                    Some(tokio::spawn(accept_loop(st.clone(), listener, stop.subscribe())));
                 while let Some(cmd) = rx.recv().await {
                     match cmd {
                         Command::Stop(done) => {

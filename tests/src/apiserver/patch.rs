@@ -45,8 +45,14 @@ fn list_strategy(field: &str) -> ListStrategy {
     match field {
         "conditions" | "addresses" => MergeByKey("type"),
         "taints" => MergeByKey("key"),
-        "containers" | "initContainers" | "ephemeralContainers" | "env" | "volumes" | "imagePullSecrets"
-        | "resourceClaims" | "resourceClaimStatuses" => MergeByKey("name"),
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "env"
+        | "volumes"
+        | "imagePullSecrets"
+        | "resourceClaims"
+        | "resourceClaimStatuses" => MergeByKey("name"),
         "ports" => MergeByKey("containerPort"),
         "volumeMounts" => MergeByKey("mountPath"),
         "volumeDevices" => MergeByKey("devicePath"),
@@ -285,7 +291,10 @@ mod tests {
     #[test]
     fn merge_and_json_patch() {
         let orig = json!({"a": {"b": 1, "c": [1, 2]}});
-        assert_eq!(apply(PatchKind::Merge, &orig, &json!({"a": {"b": null, "c": [3]}})).unwrap(), json!({"a": {"c": [3]}}));
+        assert_eq!(
+            apply(PatchKind::Merge, &orig, &json!({"a": {"b": null, "c": [3]}})).unwrap(),
+            json!({"a": {"c": [3]}})
+        );
         let p = json!([{"op": "replace", "path": "/a/b", "value": 5}, {"op": "add", "path": "/a/c/-", "value": 3}]);
         assert_eq!(apply(PatchKind::Json, &orig, &p).unwrap(), json!({"a": {"b": 5, "c": [1, 2, 3]}}));
         let failing = json!([{"op": "test", "path": "/a/b", "value": 2}]);

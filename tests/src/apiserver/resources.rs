@@ -53,8 +53,7 @@ pub const NODES: ResourceType = rt("", "v1", "nodes", "node", "Node", false, &["
 pub const PODS: ResourceType = rt("", "v1", "pods", "pod", "Pod", true, &["po"], true);
 pub const EVENTS: ResourceType = rt("", "v1", "events", "event", "Event", true, &["ev"], false);
 pub const CONFIGMAPS: ResourceType = rt("", "v1", "configmaps", "configmap", "ConfigMap", true, &["cm"], false);
-pub const LEASES: ResourceType =
-    rt("coordination.k8s.io", "v1", "leases", "lease", "Lease", true, &[], false);
+pub const LEASES: ResourceType = rt("coordination.k8s.io", "v1", "leases", "lease", "Lease", true, &[], false);
 pub const CSRS: ResourceType = rt(
     "certificates.k8s.io",
     "v1",

@@ -44,7 +44,11 @@ fn split_top(s: &str) -> Vec<&str> {
 }
 
 fn set_of(s: &str) -> Result<BTreeSet<String>, String> {
-    let inner = s.trim().strip_prefix('(').and_then(|r| r.strip_suffix(')')).ok_or_else(|| format!("expected (values), got {s:?}"))?;
+    let inner = s
+        .trim()
+        .strip_prefix('(')
+        .and_then(|r| r.strip_suffix(')'))
+        .ok_or_else(|| format!("expected (values), got {s:?}"))?;
     Ok(inner.split(',').map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()).collect())
 }
 

@@ -81,11 +81,8 @@ fn wants_table(req_accept: &str) -> bool {
 }
 
 fn user_of(state: &State, req: &Request<Incoming>, peer: Option<&UserInfo>) -> UserInfo {
-    if let Some(token) = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|h| h.to_str().ok())
-        .and_then(|h| h.strip_prefix("Bearer "))
+    if let Some(token) =
+        req.headers().get(header::AUTHORIZATION).and_then(|h| h.to_str().ok()).and_then(|h| h.strip_prefix("Bearer "))
     {
         let auth = state.auth.read().unwrap_or_else(|p| p.into_inner());
         return auth.tokens.get(token.trim()).cloned().unwrap_or_else(|| UserInfo::new("system:anonymous", &[]));
@@ -146,8 +143,7 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>, peer: Option<User
     let method = req.method().clone();
     let uri = req.uri().to_string();
     let path = req.uri().path().to_owned();
-    let content_type =
-        req.headers().get(header::CONTENT_TYPE).and_then(|h| h.to_str().ok()).unwrap_or("").to_owned();
+    let content_type = req.headers().get(header::CONTENT_TYPE).and_then(|h| h.to_str().ok()).unwrap_or("").to_owned();
     let fault = {
         let mut faults = state.faults.lock().unwrap_or_else(|p| p.into_inner());
         let hit = faults.iter_mut().find(|f| f.count > 0 && f.method == method && path.contains(&f.path_contains));
@@ -187,8 +183,7 @@ async fn dispatch(state: &Arc<State>, req: Request<Incoming>, user: &UserInfo) -
     let target = route(req.uri().path())?;
     let q = query_map(req.uri().query());
     let accept = req.headers().get(header::ACCEPT).and_then(|h| h.to_str().ok()).unwrap_or("").to_owned();
-    let content_type =
-        req.headers().get(header::CONTENT_TYPE).and_then(|h| h.to_str().ok()).unwrap_or("").to_owned();
+    let content_type = req.headers().get(header::CONTENT_TYPE).and_then(|h| h.to_str().ok()).unwrap_or("").to_owned();
     let method = req.method().clone();
     let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     let parse_body = || -> ApiResult<Value> {
@@ -314,7 +309,11 @@ async fn dispatch(state: &Arc<State>, req: Request<Incoming>, user: &UserInfo) -
                 (m, _, sub) => Err(ApiError::new(
                     405,
                     "MethodNotAllowed",
-                    format!("{m} is not supported on {}{}", rt.plural, sub.map(|s| format!("/{s}")).unwrap_or_default()),
+                    format!(
+                        "{m} is not supported on {}{}",
+                        rt.plural,
+                        sub.map(|s| format!("/{s}")).unwrap_or_default()
+                    ),
                 )),
             }
         }
@@ -375,7 +374,10 @@ fn list(
     if table {
         return Ok(json_response(200, &table::table(rt, &items, Some(rv.to_string()), include)));
     }
-    Ok(json_response(200, &json!({"kind": rt.list_kind(), "apiVersion": rt.api_version(), "metadata": meta, "items": items})))
+    Ok(json_response(
+        200,
+        &json!({"kind": rt.list_kind(), "apiVersion": rt.api_version(), "metadata": meta, "items": items}),
+    ))
 }
 
 /// The stored object for an update of `sub` ("status", "approval" or the
@@ -413,7 +415,14 @@ fn check_sub(rt: &ResourceType, sub: Option<&str>) -> ApiResult<()> {
     }
 }
 
-fn update(state: &Arc<State>, rt: &ResourceType, ns: &str, name: &str, sub: Option<&str>, obj: Value) -> ApiResult<Value> {
+fn update(
+    state: &Arc<State>,
+    rt: &ResourceType,
+    ns: &str,
+    name: &str,
+    sub: Option<&str>,
+    obj: Value,
+) -> ApiResult<Value> {
     check_sub(rt, sub)?;
     state.store.update(rt, ns, name, obj, merge_for(rt, sub))
 }
@@ -434,7 +443,10 @@ fn patch_object(
         let current = state.store.get(rt, ns, name)?;
         let patched = patch::apply(kind, &current, p).map_err(|e| ApiError::new(422, "Invalid", e))?;
         match state.store.update(rt, ns, name, patched.clone(), merge_for(rt, sub)) {
-            Err(e) if e.code == 409 && patched.pointer("/metadata/resourceVersion") == current.pointer("/metadata/resourceVersion") => {
+            Err(e)
+                if e.code == 409
+                    && patched.pointer("/metadata/resourceVersion") == current.pointer("/metadata/resourceVersion") =>
+            {
                 continue;
             }
             other => return other,
@@ -450,7 +462,8 @@ fn approve_csr(state: &Arc<State>, csr: &Value) {
         return;
     }
     let name = csr.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_owned();
-    let request: Option<k8s_openapi::ByteString> = csr.pointer("/spec/request").cloned().and_then(|r| serde_json::from_value(r).ok());
+    let request: Option<k8s_openapi::ByteString> =
+        csr.pointer("/spec/request").cloned().and_then(|r| serde_json::from_value(r).ok());
     let now = super::store::now_rfc3339();
     let mut status = json!({"conditions": [{
         "type": "Approved", "status": "True", "reason": "AutoApproved",
@@ -458,7 +471,9 @@ fn approve_csr(state: &Arc<State>, csr: &Value) {
         "lastUpdateTime": now, "lastTransitionTime": now,
     }]});
     match request.map(|r| String::from_utf8_lossy(&r.0).into_owned()).map(|pem| pki.sign_csr(&pem)) {
-        Some(Ok(cert)) => status["certificate"] = serde_json::to_value(k8s_openapi::ByteString(cert.into_bytes())).unwrap_or_default(),
+        Some(Ok(cert)) => {
+            status["certificate"] = serde_json::to_value(k8s_openapi::ByteString(cert.into_bytes())).unwrap_or_default()
+        }
         other => {
             status["conditions"] = json!([{
                 "type": "Failed", "status": "True", "reason": "SignerValidationFailure",

@@ -162,7 +162,8 @@ impl Store {
 
     pub fn uid(&self) -> String {
         let n = self.uid_counter.fetch_add(1, Ordering::Relaxed);
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+        let t =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
         let a = t ^ (u64::from(std::process::id()) << 32);
         format!(
             "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
@@ -272,7 +273,10 @@ impl Store {
                 return Err(ApiError::new(
                     422,
                     "Invalid",
-                    format!("{} \"\" is invalid: metadata.name: Required value: name or generateName is required", rt.kind),
+                    format!(
+                        "{} \"\" is invalid: metadata.name: Required value: name or generateName is required",
+                        rt.kind
+                    ),
                 ));
             };
             let n = self.uid_counter.fetch_add(1, Ordering::Relaxed);
@@ -316,7 +320,10 @@ impl Store {
             m.remove("managedFields");
         }
         i.objects.insert(key.clone(), obj.clone());
-        self.commit(&mut i, Change { rv, resource: key.0, namespace: key.1, kind: ChangeType::Added, old: None, object: obj.clone() });
+        self.commit(
+            &mut i,
+            Change { rv, resource: key.0, namespace: key.1, kind: ChangeType::Added, old: None, object: obj.clone() },
+        );
         Ok(obj)
     }
 
@@ -340,7 +347,11 @@ impl Store {
         if let Some(want) = meta_str(&obj, "resourceVersion").filter(|s| !s.is_empty())
             && Some(want) != meta_str(&old, "resourceVersion")
         {
-            return Err(ApiError::conflict(rt, name, "the object has been modified; please apply your changes to the latest version and try again"));
+            return Err(ApiError::conflict(
+                rt,
+                name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            ));
         }
         if let Some(uid) = meta_str(&obj, "uid").filter(|s| !s.is_empty())
             && Some(uid) != meta_str(&old, "uid")
@@ -348,11 +359,16 @@ impl Store {
             return Err(ApiError::conflict(
                 rt,
                 name,
-                &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", meta_str(&old, "uid").unwrap_or("")),
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta_str(&old, "uid").unwrap_or("")
+                ),
             ));
         }
         if meta_str(&obj, "name").is_some_and(|n| n != name) {
-            return Err(ApiError::bad_request(format!("the name of the object does not match the name on the URL ({name})")));
+            return Err(ApiError::bad_request(format!(
+                "the name of the object does not match the name on the URL ({name})"
+            )));
         }
         merge(&old, &mut obj);
         // Server-owned fields are kept.
@@ -384,26 +400,41 @@ impl Store {
         // (pods wait for their grace period to be cut to zero).
         let finalizers_left = obj["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
         let deleting = obj["metadata"].get("deletionTimestamp").is_some();
-        let pod_waiting = rt.key() == PODS.key() && obj["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0) > 0;
+        let pod_waiting =
+            rt.key() == PODS.key() && obj["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0) > 0;
         if deleting && !finalizers_left && !pod_waiting {
             i.objects.remove(&key);
-            self.commit(&mut i, Change { rv, resource: key.0, namespace: key.1, kind: ChangeType::Deleted, old: Some(old), object: obj.clone() });
+            self.commit(
+                &mut i,
+                Change {
+                    rv,
+                    resource: key.0,
+                    namespace: key.1,
+                    kind: ChangeType::Deleted,
+                    old: Some(old),
+                    object: obj.clone(),
+                },
+            );
             return Ok(obj);
         }
         i.objects.insert(key.clone(), obj.clone());
-        self.commit(&mut i, Change { rv, resource: key.0, namespace: key.1, kind: ChangeType::Modified, old: Some(old), object: obj.clone() });
+        self.commit(
+            &mut i,
+            Change {
+                rv,
+                resource: key.0,
+                namespace: key.1,
+                kind: ChangeType::Modified,
+                old: Some(old),
+                object: obj.clone(),
+            },
+        );
         Ok(obj)
     }
 
     /// Deletes an object. Returns the object and whether it is gone (false:
     /// its deletion is pending, a graceful pod deletion or finalizers).
-    pub fn delete(
-        &self,
-        rt: &ResourceType,
-        ns: &str,
-        name: &str,
-        options: &DeleteOptions,
-    ) -> ApiResult<(Value, bool)> {
+    pub fn delete(&self, rt: &ResourceType, ns: &str, name: &str, options: &DeleteOptions) -> ApiResult<(Value, bool)> {
         let mut i = self.lock();
         let key = (rt.key(), if rt.namespaced { ns.to_owned() } else { String::new() }, name.to_owned());
         let Some(old) = i.objects.get(&key).cloned() else {
@@ -415,13 +446,20 @@ impl Store {
             return Err(ApiError::conflict(
                 rt,
                 name,
-                &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", meta_str(&old, "uid").unwrap_or("")),
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta_str(&old, "uid").unwrap_or("")
+                ),
             ));
         }
         if let Some(want) = &options.precondition_rv
             && Some(want.as_str()) != meta_str(&old, "resourceVersion")
         {
-            return Err(ApiError::conflict(rt, name, "the ResourceVersion in the precondition does not match the ResourceVersion in record. The object might have been modified"));
+            return Err(ApiError::conflict(
+                rt,
+                name,
+                "the ResourceVersion in the precondition does not match the ResourceVersion in record. The object might have been modified",
+            ));
         }
         let grace = if rt.key() == PODS.key() { pod_grace(&old, options.grace_period_seconds) } else { 0 };
         let finalizers = old["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
@@ -440,7 +478,17 @@ impl Store {
             let generation = old["metadata"]["generation"].as_i64().unwrap_or(1) + 1;
             set_meta(&mut obj, "generation", generation.into());
             i.objects.insert(key.clone(), obj.clone());
-            self.commit(&mut i, Change { rv, resource: key.0, namespace: key.1, kind: ChangeType::Modified, old: Some(old), object: obj.clone() });
+            self.commit(
+                &mut i,
+                Change {
+                    rv,
+                    resource: key.0,
+                    namespace: key.1,
+                    kind: ChangeType::Modified,
+                    old: Some(old),
+                    object: obj.clone(),
+                },
+            );
             return Ok((obj, false));
         }
         i.rv += 1;
@@ -448,7 +496,17 @@ impl Store {
         let mut obj = old.clone();
         set_meta(&mut obj, "resourceVersion", rv.to_string().into());
         i.objects.remove(&key);
-        self.commit(&mut i, Change { rv, resource: key.0.clone(), namespace: key.1.clone(), kind: ChangeType::Deleted, old: Some(old), object: obj.clone() });
+        self.commit(
+            &mut i,
+            Change {
+                rv,
+                resource: key.0.clone(),
+                namespace: key.1.clone(),
+                kind: ChangeType::Deleted,
+                old: Some(old),
+                object: obj.clone(),
+            },
+        );
         // A namespace takes its objects with it.
         if rt.key() == NAMESPACES.key() {
             let inside: Vec<Key> = i.objects.keys().filter(|(_, n, _)| n == name).cloned().collect();
@@ -458,7 +516,17 @@ impl Store {
                     let rv = i.rv;
                     let mut gone = o.clone();
                     set_meta(&mut gone, "resourceVersion", rv.to_string().into());
-                    self.commit(&mut i, Change { rv, resource: k.0, namespace: k.1, kind: ChangeType::Deleted, old: Some(o), object: gone });
+                    self.commit(
+                        &mut i,
+                        Change {
+                            rv,
+                            resource: k.0,
+                            namespace: k.1,
+                            kind: ChangeType::Deleted,
+                            old: Some(o),
+                            object: gone,
+                        },
+                    );
                 }
             }
         }
@@ -546,7 +614,8 @@ mod tests {
         assert_eq!(d["metadata"]["deletionGracePeriodSeconds"], 20);
         assert!(d["metadata"]["deletionTimestamp"].is_string());
         // Wrong uid precondition.
-        let wrong = DeleteOptions { grace_period_seconds: Some(0), precondition_uid: Some("x".into()), ..Default::default() };
+        let wrong =
+            DeleteOptions { grace_period_seconds: Some(0), precondition_uid: Some("x".into()), ..Default::default() };
         assert_eq!(s.delete(&PODS, "default", "p", &wrong).unwrap_err().code, 409);
         let zero = DeleteOptions {
             grace_period_seconds: Some(0),

@@ -182,7 +182,8 @@ fn pod_row(p: &Value) -> (Vec<Column>, Vec<Value>) {
             } else {
                 format!("Init:ExitCode:{}", t.get("exitCode").and_then(Value::as_i64).unwrap_or(0))
             };
-        } else if let Some(w) = waiting.filter(|w| !s(w, "/reason").is_empty() && s(w, "/reason") != "PodInitializing") {
+        } else if let Some(w) = waiting.filter(|w| !s(w, "/reason").is_empty() && s(w, "/reason") != "PodInitializing")
+        {
             reason = format!("Init:{}", s(w, "/reason"));
         } else {
             reason = format!("Init:{i}/{init_count}");
@@ -229,7 +230,9 @@ fn pod_row(p: &Value) -> (Vec<Column>, Vec<Value>) {
         .and_then(Value::as_array)
         .map(|a| a.iter().map(|x| s(x, "/ip").to_owned()).collect())
         .filter(|v: &Vec<String>| !v.is_empty())
-        .unwrap_or_else(|| if s(p, "/status/podIP").is_empty() { vec![] } else { vec![s(p, "/status/podIP").to_owned()] });
+        .unwrap_or_else(
+            || if s(p, "/status/podIP").is_empty() { vec![] } else { vec![s(p, "/status/podIP").to_owned()] },
+        );
     let gates = p.pointer("/spec/readinessGates").and_then(Value::as_array).map_or(0, Vec::len);
     let cols = vec![
         NAME,
@@ -267,7 +270,11 @@ fn event_row(e: &Value) -> (Vec<Column>, Vec<Value>) {
         .and_then(parse_time);
     let fmt = |t: Option<i64>| t.map_or_else(|| "<unknown>".to_owned(), |t| human_duration(now() - t));
     let object = format!("{}/{}", s(e, "/involvedObject/kind").to_lowercase(), s(e, "/involvedObject/name"));
-    let source = [s(e, "/source/component"), s(e, "/source/host")].into_iter().filter(|x| !x.is_empty()).collect::<Vec<_>>().join(", ");
+    let source = [s(e, "/source/component"), s(e, "/source/host")]
+        .into_iter()
+        .filter(|x| !x.is_empty())
+        .collect::<Vec<_>>()
+        .join(", ");
     let cols = vec![
         col("Last Seen", "string", 0),
         col("Type", "string", 0),
@@ -337,7 +344,11 @@ fn csr_row(c: &Value) -> (Vec<Column>, Vec<Value>) {
             json!(age(c, "/metadata/creationTimestamp")),
             json!(s(c, "/spec/signerName")),
             json!(s(c, "/spec/username")),
-            json!(c.pointer("/spec/expirationSeconds").and_then(Value::as_i64).map_or("<none>".into(), |x| human_duration(x))),
+            json!(
+                c.pointer("/spec/expirationSeconds")
+                    .and_then(Value::as_i64)
+                    .map_or("<none>".into(), |x| human_duration(x))
+            ),
             json!(condition),
         ],
     )
