@@ -253,7 +253,8 @@ mod tests {
     fn reconcile_table() {
         let mut deleted = mirror("etcd", "h1", "m1");
         deleted.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
-        let cases: Vec<(&str, Vec<Pod>, Vec<Pod>, Option<&str>, Vec<&str>)> = vec![
+        type Case<'a> = (&'a str, Vec<Pod>, Vec<Pod>, Option<&'a str>, Vec<&'a str>);
+        let cases: Vec<Case> = vec![
             ("nothing", vec![], vec![], Some("node-uid"), vec![]),
             ("missing mirror", vec![static_pod("etcd", "h1")], vec![], Some("node-uid"), vec!["create etcd-n1"]),
             ("no node yet: wait", vec![static_pod("etcd", "h1")], vec![], None, vec![]),

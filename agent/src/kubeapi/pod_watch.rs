@@ -91,31 +91,37 @@ impl PodCache {
 /// may be connected later (the pod manager is built after the watch).
 #[derive(Default)]
 pub struct LatchSink {
-    inner: Mutex<(Option<PodSnapshot>, Option<Arc<dyn PodSink>>)>,
+    inner: Mutex<Latch>,
+}
+
+#[derive(Default)]
+struct Latch {
+    latest: Option<PodSnapshot>,
+    target: Option<Arc<dyn PodSink>>,
 }
 
 impl LatchSink {
     /// Connects the real sink; it gets the latest snapshot at once.
     pub fn connect(&self, target: Arc<dyn PodSink>) {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = &g.0 {
+        if let Some(s) = &g.latest {
             target.set(s.clone());
         }
-        g.1 = Some(target);
+        g.target = Some(target);
     }
 
     pub fn latest(&self) -> Option<PodSnapshot> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).0.clone()
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).latest.clone()
     }
 }
 
 impl PodSink for LatchSink {
     fn set(&self, snapshot: PodSnapshot) {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(t) = &g.1 {
+        if let Some(t) = &g.target {
             t.set(snapshot.clone());
         }
-        g.0 = Some(snapshot);
+        g.latest = Some(snapshot);
     }
 }
 

@@ -346,7 +346,8 @@ mod tests {
 
     #[test]
     fn merge_table() {
-        let cases: Vec<(&str, PodStatus, PodStatus, fn(&PodStatus))> = vec![
+        type Case = (&'static str, PodStatus, PodStatus, fn(&PodStatus));
+        let cases: Vec<Case> = vec![
             (
                 "foreign conditions are kept, kubelet's replaced",
                 status(
@@ -386,9 +387,8 @@ mod tests {
             ),
         ];
         for (name, api, kubelet, check) in cases {
-            let m = merge_status(&api, &kubelet);
-            check(&m);
-            let _ = name;
+            println!("case: {name}");
+            check(&merge_status(&api, &kubelet));
         }
     }
 

@@ -506,7 +506,8 @@ mod tests {
     fn pressure_taints_table() {
         let taint = |k: &str, e: &str| Taint { key: k.into(), effect: e.into(), ..Default::default() };
         let mem = NodeCondition::MemoryPressure;
-        let cases: Vec<(&str, Vec<Taint>, BTreeSet<NodeCondition>, Option<Vec<Taint>>)> = vec![
+        type Case = (&'static str, Vec<Taint>, BTreeSet<NodeCondition>, Option<Vec<Taint>>);
+        let cases: Vec<Case> = vec![
             ("none, no pressure", vec![], BTreeSet::new(), None),
             (
                 "add",

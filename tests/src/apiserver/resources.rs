@@ -35,6 +35,7 @@ impl ResourceType {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 const fn rt(
     group: &'static str,
     version: &'static str,

@@ -98,6 +98,10 @@ pub type ApiResult<T> = Result<T, ApiError>;
 
 type Key = (String, String, String);
 
+/// Where a watch starts: the changes to send first, the resourceVersion
+/// they bring the watcher to, and the live changes after that.
+pub type WatchStart = (Vec<Arc<Change>>, u64, broadcast::Receiver<Arc<Change>>);
+
 struct Inner {
     rv: u64,
     objects: BTreeMap<Key, Value>,
@@ -229,7 +233,7 @@ impl Store {
         &self,
         rt: &ResourceType,
         from: Option<u64>,
-    ) -> ApiResult<(Vec<Arc<Change>>, u64, broadcast::Receiver<Arc<Change>>)> {
+    ) -> ApiResult<WatchStart> {
         let i = self.lock();
         let rx = self.tx.subscribe();
         let key = rt.key();

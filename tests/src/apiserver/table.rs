@@ -347,7 +347,7 @@ fn csr_row(c: &Value) -> (Vec<Column>, Vec<Value>) {
             json!(
                 c.pointer("/spec/expirationSeconds")
                     .and_then(Value::as_i64)
-                    .map_or("<none>".into(), |x| human_duration(x))
+                    .map_or("<none>".into(), human_duration)
             ),
             json!(condition),
         ],
