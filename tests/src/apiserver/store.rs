@@ -229,11 +229,7 @@ impl Store {
 
     /// A consistent snapshot plus the changes after `from` (None: the
     /// current objects as ADDED events), and a receiver for later changes.
-    pub fn watch_from(
-        &self,
-        rt: &ResourceType,
-        from: Option<u64>,
-    ) -> ApiResult<WatchStart> {
+    pub fn watch_from(&self, rt: &ResourceType, from: Option<u64>) -> ApiResult<WatchStart> {
         let i = self.lock();
         let rx = self.tx.subscribe();
         let key = rt.key();

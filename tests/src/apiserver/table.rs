@@ -344,11 +344,7 @@ fn csr_row(c: &Value) -> (Vec<Column>, Vec<Value>) {
             json!(age(c, "/metadata/creationTimestamp")),
             json!(s(c, "/spec/signerName")),
             json!(s(c, "/spec/username")),
-            json!(
-                c.pointer("/spec/expirationSeconds")
-                    .and_then(Value::as_i64)
-                    .map_or("<none>".into(), human_duration)
-            ),
+            json!(c.pointer("/spec/expirationSeconds").and_then(Value::as_i64).map_or("<none>".into(), human_duration)),
             json!(condition),
         ],
     )
