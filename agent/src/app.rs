@@ -3,25 +3,49 @@
 //! shutdown, and stops them in order.
 //!
 //! Components expose a constructor and a `run(shutdown)` future; this
-//! module is the only place that knows all of them.
+//! module is the only place that knows all of them. Stopping the agent
+//! leaves the pods running (as the kubelet): a restarted agent re-adopts
+//! them.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use thiserror::Error;
-use tokio::sync::watch;
+use tokio::{sync::watch, task::JoinHandle};
 use tracing::{info, warn};
 
 use crate::{
     cgroups::{CgroupError, CgroupFs},
     cm::{
-        allocatable::{NodeAllocatable, machine_capacity},
+        allocatable::{NodeAllocatable, Resource, machine_capacity},
         hierarchy::{CmError, PodCgroups, kubepods_limits},
     },
     config::Config,
     cri::{CriClient, CriError, ImageService, RuntimeService},
-    kubeapi::{ApiAgent, ApiError},
+    events::{EventRecorder, LogRecorder},
+    eviction::{
+        core::EvictionConfig,
+        driver::{DriverConfig, EvictionLoop, EvictionManager},
+        observe::NodeInfo,
+    },
+    host,
+    kubeapi::{ApiAgent, ApiError, pod_watch::TeeSink, recorder::TeeRecorder},
     metrics::Metrics,
-    signals::{self, OpenedSource, SignalError, ebpf::EbpfOptions},
+    pods::{
+        admission::Capacity,
+        backoff::BackoffPolicy,
+        file::FileSource,
+        manager::PodManager,
+        metrics::{PodMetrics, ProbeLabels},
+        pull::PolicyPuller,
+        source::{PodSink, SourceKind},
+        spec::{NodeSettings, parse_resolv_conf},
+        worker::{ProbeObserver, WorkerDeps},
+    },
+    signals::{self, OpenedSource, SignalError, ebpf::EbpfOptions, node},
 };
 
 #[derive(Debug, Error)]
@@ -42,29 +66,52 @@ pub enum StartError {
     Api(#[from] ApiError),
 }
 
+/// How often the runtime is relisted (the kubelet's PLEG period).
+const RELIST_PERIOD: Duration = Duration::from_secs(1);
+/// How often the eviction manager re-ranks its victim plan.
+const PLAN_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Everything the managers share, built once at start.
 pub struct Agent {
     pub config: Config,
     pub node_name: String,
     pub metrics: Arc<Metrics>,
+    pub pod_metrics: PodMetrics,
     pub cgroupfs: CgroupFs,
     pub pod_cgroups: PodCgroups,
     pub allocatable: NodeAllocatable,
     pub signals: OpenedSource,
     pub cri: Arc<CriClient>,
+    pub recorder: Arc<dyn EventRecorder>,
+    pub pods: PodManager,
+    pub eviction: EvictionManager,
+    eviction_loop: Mutex<Option<EvictionLoop>>,
+    shutdown: watch::Receiver<bool>,
     // ---- API server (issue 7) ----
-    /// None in standalone mode. The seams to connect: `status_reporter()`
-    /// and `event_recorder()` (pod workers, eviction), `connect_pods()`
-    /// (pod manager), `mirror_sink()` (static pod source) and
-    /// `connect_pressure()` (eviction conditions).
+    /// Node, Lease, API pods, pod statuses, mirror pods and events; None in
+    /// standalone mode.
     pub api: Option<Arc<ApiAgent>>,
     // ---- end API server ----
 }
 
+fn quantity(list: &crate::cm::allocatable::ResourceList, r: Resource) -> crate::quantity::Quantity {
+    list.get(&r).copied().unwrap_or_default()
+}
+
 impl Agent {
-    /// Reads the machine, prepares the pods' cgroup hierarchy and opens the
-    /// signal source and the runtime client. Nothing is started yet.
-    pub fn build(config: Config) -> Result<Agent, StartError> {
+    /// Reads the machine, prepares the pods' cgroup hierarchy, opens the
+    /// signal source and the runtime client, and builds the managers.
+    /// Nothing runs until [`Agent::run`].
+    pub async fn build(config: Config, shutdown: watch::Receiver<bool>) -> Result<Agent, StartError> {
+        Agent::build_with_recorder(config, shutdown, Arc::new(LogRecorder)).await
+    }
+
+    /// [`Agent::build`] with events going to `recorder`.
+    pub async fn build_with_recorder(
+        config: Config,
+        shutdown: watch::Receiver<bool>,
+        recorder: Arc<dyn EventRecorder>,
+    ) -> Result<Agent, StartError> {
         let node_name = config.node_name()?;
         let k = &config.kubelet;
         let cgroupfs = CgroupFs::detect()?;
@@ -85,66 +132,221 @@ impl Agent {
             k.image_endpoint(),
             k.runtime_request_timeout,
         )?);
+        let runtime_name = match cri.version().await {
+            Ok(v) => {
+                info!(
+                    runtime = v.runtime_name,
+                    version = v.runtime_version,
+                    api = v.runtime_api_version,
+                    "container runtime"
+                );
+                v.runtime_name
+            }
+            Err(e) => {
+                warn!("container runtime not reachable yet (retrying in the background): {e}");
+                "containerd".into()
+            }
+        };
+
         // ---- API server (issue 7) ----
+        // Not standalone: events also go to the API server.
         let api = (!config.standalone()).then(|| Arc::new(ApiAgent::new(&config, &node_name, &allocatable)));
+        let recorder: Arc<dyn EventRecorder> = match &api {
+            Some(api) => Arc::new(TeeRecorder(vec![recorder, api.event_recorder()])),
+            None => recorder,
+        };
+        // ---- end API server ----
+
+        let mut metrics = Metrics::new();
+        let pod_metrics = PodMetrics::default();
+        pod_metrics.register(&mut metrics.registry);
+        let metrics = Arc::new(metrics);
+
+        let cap = &allocatable.capacity;
+        let alloc = &allocatable.allocatable;
+        let node_ip = host::node_ip(&config.flags.node_ip).map(|ip| ip.to_string());
+        let host_dns = k
+            .resolv_conf
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .map(|t| parse_resolv_conf(&t))
+            .unwrap_or_default();
+        let settings = NodeSettings {
+            node_name: node_name.clone(),
+            node_ip,
+            pod_logs_dir: k.pod_logs_dir.clone(),
+            pods_dir: config.flags.root_dir.join("pods"),
+            memory_capacity: quantity(cap, Resource::Memory).value().max(0) as u64,
+            cpu_cfs_quota: k.cpu_cfs_quota,
+            cpu_cfs_quota_period: k.cpu_cfs_quota_period,
+            naming: pod_cgroups.naming().clone(),
+            host_dns,
+            cluster_dns: k.cluster_dns.iter().map(ToString::to_string).collect(),
+            cluster_domain: k.cluster_domain.clone(),
+            allocatable_cpu_milli: quantity(alloc, Resource::Cpu).milli_value(),
+            allocatable_memory: quantity(alloc, Resource::Memory).value(),
+            allocatable_ephemeral_storage: quantity(alloc, Resource::EphemeralStorage).value(),
+        };
+        let probes = pod_metrics.probes.clone();
+        let observer: ProbeObserver = Arc::new(move |pod, container, kind, outcome| {
+            probes
+                .get_or_create(&ProbeLabels {
+                    probe_type: kind.as_str().into(),
+                    result: outcome.result_label().into(),
+                    container: container.into(),
+                    pod: pod.metadata.name.clone().unwrap_or_default(),
+                    namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                    pod_uid: pod.metadata.uid.clone().unwrap_or_default(),
+                })
+                .inc();
+        });
+        let deps = Arc::new(WorkerDeps {
+            runtime: cri.clone(),
+            images: Arc::new(PolicyPuller { images: cri.clone() }),
+            cgroups: pod_cgroups.clone(),
+            settings,
+            recorder: recorder.clone(),
+            runtime_name,
+            cpu_cfs_quota: k.cpu_cfs_quota,
+            cpu_cfs_quota_period: k.cpu_cfs_quota_period,
+            pod_pids_limit: k.pod_pids_limit,
+            resync: k.sync_frequency,
+            restart_backoff: match k.crash_loop_back_off_max {
+                Some(max) => BackoffPolicy { initial: max.min(BackoffPolicy::default().initial), max },
+                None => BackoffPolicy::default(),
+            },
+            probe_results: Some(observer),
+        });
+        let mut expected = HashSet::new();
+        if k.static_pod_path.is_some() {
+            expected.insert(SourceKind::File);
+        }
+        if !config.standalone() {
+            expected.insert(SourceKind::Api);
+        }
+        let admit = Capacity {
+            pods: quantity(alloc, Resource::Pods).value(),
+            cpu_milli: quantity(alloc, Resource::Cpu).milli_value(),
+            memory: quantity(alloc, Resource::Memory).value(),
+        };
+        let pods = PodManager::new(deps, expected, admit, pod_metrics.clone(), shutdown.clone());
+
+        let driver = DriverConfig {
+            eviction: EvictionConfig {
+                thresholds: k.eviction_thresholds(),
+                pressure_transition_period: k.eviction_pressure_transition_period,
+                max_pod_grace_period_secs: k.eviction_max_pod_grace_period.max(0) as u64,
+            },
+            node: NodeInfo {
+                memory_capacity: quantity(cap, Resource::Memory).value().max(0) as u64,
+                allocatable_memory: quantity(&allocatable.kubepods, Resource::Memory).value().max(0) as u64,
+                pid_limit: node::pid_limit().unwrap_or(u64::from(u32::MAX)),
+                kubepods_cgroup: pod_cgroups.naming().kubepods(),
+            },
+            nodefs_path: config.flags.root_dir.clone(),
+            imagefs_path: None,
+            housekeeping_interval: config.swiftlet.housekeeping_interval,
+            plan_interval: PLAN_INTERVAL,
+            kernel_eviction: config.swiftlet.kernel_eviction,
+        };
+        let (eviction, eviction_loop) = EvictionManager::new(
+            driver,
+            signals.source.clone(),
+            cgroupfs.clone(),
+            Arc::new(pods.clone()),
+            Arc::new(pods.clone()),
+            None,
+            metrics.clone(),
+        );
+        // ---- API server (issue 7) ----
+        // Pod statuses to the API, API pods to the pod manager, pressure
+        // conditions to node status.
+        if let Some(api) = &api {
+            pods.set_reporter(api.status_reporter());
+            api.connect_pods(Arc::new(pods.clone()));
+            api.connect_pressure(eviction.conditions());
+        }
         // ---- end API server ----
         Ok(Agent {
             api,
             node_name,
-            metrics: Arc::new(Metrics::new()),
+            metrics,
+            pod_metrics,
             cgroupfs,
             pod_cgroups,
             allocatable,
             signals,
             cri,
+            recorder,
+            pods,
+            eviction,
+            eviction_loop: Mutex::new(Some(eviction_loop)),
+            shutdown,
             config,
         })
     }
 
-    /// Runs until `shutdown` turns true.
-    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) -> Result<(), StartError> {
-        match self.cri.version().await {
-            Ok(v) => info!(
-                runtime = v.runtime_name,
-                version = v.runtime_version,
-                api = v.runtime_api_version,
-                "container runtime"
-            ),
-            Err(e) => warn!("container runtime not reachable yet (retrying in the background): {e}"),
+    /// Runs every manager until shutdown, then waits for them to stop.
+    pub async fn run(self: Arc<Self>) -> Result<(), StartError> {
+        let k = &self.config.kubelet;
+        let mut tasks: Vec<JoinHandle<()>> = vec![];
+        tasks.push(tokio::spawn(self.pods.clone().run(RELIST_PERIOD)));
+        if let Some(l) = self.eviction_loop.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            tasks.push(tokio::spawn(l.run(self.shutdown.clone())));
+        }
+        // ---- API server (issue 7) ----
+        let mut api_task = self.api.clone().map(|api| {
+            let runtime: Arc<dyn RuntimeService> = self.cri.clone();
+            let images: Arc<dyn ImageService> = self.cri.clone();
+            tokio::spawn(api.run(runtime, images, self.shutdown.clone()))
+        });
+        // ---- end API server ----
+        if let Some(dir) = &k.static_pod_path {
+            let mut sink: Arc<dyn PodSink> = Arc::new(self.pods.clone());
+            // ---- API server (issue 7) ----
+            // Static pods also get their mirror pods.
+            if let Some(api) = &self.api {
+                sink = Arc::new(TeeSink(vec![sink, api.mirror_sink()]));
+            }
+            // ---- end API server ----
+            let source = FileSource::new(
+                dir.clone(),
+                self.node_name.clone(),
+                k.file_check_frequency,
+                sink,
+                self.pod_metrics.manifest_errors.clone(),
+            );
+            tasks.push(tokio::spawn(source.run(self.shutdown.clone())));
         }
         info!(
             node = self.node_name,
             mode = self.signals.source.mode().as_str(),
             standalone = self.config.standalone(),
+            static_pods = k.static_pod_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
             "swiftlet started"
         );
-        // ---- API server (issue 7) ----
-        let mut api_task = self.api.clone().map(|api| {
-            let runtime: Arc<dyn RuntimeService> = self.cri.clone();
-            let images: Arc<dyn ImageService> = self.cri.clone();
-            tokio::spawn(api.run(runtime, images, shutdown.clone()))
-        });
-        // ---- end API server ----
-        let mut tick = tokio::time::interval(Duration::from_secs(30));
-        loop {
+        let mut shutdown = self.shutdown.clone();
+        while !*shutdown.borrow() {
             tokio::select! {
+                // ---- API server (issue 7) ----
+                // It ends early only on a fatal error (a bad kubeconfig, a
+                // refused bootstrap): the agent stops, as the kubelet exits.
                 r = async { api_task.as_mut().expect("guarded").await }, if api_task.is_some() => {
                     api_task = None;
                     match r {
                         Ok(Err(e)) => return Err(e.into()),
-                        Ok(Ok(())) => {}
                         Err(e) => return Err(StartError::Io(std::io::Error::other(format!("API loops: {e}")))),
+                        Ok(Ok(())) => {}
                     }
                 }
-                _ = tick.tick() => {
-                    if let Ok(s) = self.signals.source.snapshot() {
-                        info!(working_set_mib = s.node.working_set_bytes >> 20, tasks = s.node.tasks, "node");
-                    }
-                }
-                _ = shutdown.changed() => if *shutdown.borrow() { break },
+                // ---- end API server ----
+                changed = shutdown.changed() => if changed.is_err() { break },
             }
         }
         if let Some(t) = api_task {
+            let _ = t.await;
+        }
+        for t in tasks {
             let _ = t.await;
         }
         info!("swiftlet stopped");

@@ -8,6 +8,7 @@ pub mod config;
 pub mod cri;
 pub mod events;
 pub mod eviction;
+pub mod host;
 pub mod kubeapi;
 pub mod metrics;
 pub mod node;

@@ -283,7 +283,8 @@ pub struct Event {
     pub cgroup_id: u64,
     /// Slot index, or `u32::MAX` when the cgroup has none.
     pub slot: u32,
-    /// [`DIRECTION_UP`] or [`DIRECTION_DOWN`] for crossings.
+    /// [`DIRECTION_UP`] or [`DIRECTION_DOWN`] for crossings; for kernel
+    /// kills, the slot whose crossing triggered the kill.
     pub direction: u32,
     /// The value that crossed (signal unit); for kernel kills, the
     /// crossing's timestamp.

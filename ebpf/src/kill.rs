@@ -161,7 +161,15 @@ pub extern "C" fn swiftlet_execute_plan(trigger: u32, signal: u32, crossing_ns: 
                 {
                     let victim_slot = core::ptr::read_volatile(&(*plan).victim_slot);
                     let victim_id = core::ptr::read_volatile(&(*plan).victim_cgroup_id);
-                    return kill_victim(victim_slot, victim_id, generation as u32, signal, crossing_ns, crossing_value);
+                    return kill_victim(
+                        trigger,
+                        victim_slot,
+                        victim_id,
+                        generation as u32,
+                        signal,
+                        crossing_ns,
+                        crossing_value,
+                    );
                 }
             }
         }
@@ -172,6 +180,7 @@ pub extern "C" fn swiftlet_execute_plan(trigger: u32, signal: u32, crossing_ns: 
 
 #[inline(always)]
 fn kill_victim(
+    trigger: u32,
     victim_slot: u32,
     victim_id: u64,
     generation: u32,
@@ -213,7 +222,7 @@ fn kill_victim(
         ts_ns: unsafe { bpf_ktime_get_ns() },
         cgroup_id: victim_id,
         slot: victim_slot,
-        direction: 0,
+        direction: trigger,
         value: crossing_ns,
         threshold: crossing_value,
         pid,

@@ -10,6 +10,7 @@ pub mod apiserver;
 pub mod bench;
 pub mod cgroup;
 pub mod kubectl;
+pub mod node_process;
 pub mod pods;
 pub mod prereq;
 pub mod workload;

@@ -15,13 +15,3 @@ pub fn require_btf() {
         panic!("this test needs kernel BTF at /sys/kernel/btf/vmlinux (CONFIG_DEBUG_INFO_BTF)");
     }
 }
-
-/// The CRI endpoint of the test containerd that `cargo xtask test` starts.
-pub fn cri_endpoint() -> String {
-    std::env::var("SWIFTLET_TEST_CRI_ENDPOINT").unwrap_or_else(|_| {
-        panic!(
-            "SWIFTLET_TEST_CRI_ENDPOINT is not set: this test needs the project-local containerd; \
-             run it through `cargo xtask test` (or start one with `cargo xtask containerd` and export the endpoint it prints)"
-        )
-    })
-}

@@ -8,8 +8,9 @@
 //! status manager writes only changes and deletes terminated pods, mirror
 //! pods come back when deleted, and events are deduplicated.
 //!
-//! The tests that need pods running on containerd through the pod manager
-//! (issue 6) are at the end, ignored until it lands.
+//! At the end, with the pod manager: an API pod runs on containerd, goes
+//! Running and Ready, and is deleted within its grace period; a static pod
+//! gets a mirror pod; a 60 s outage loses no pod.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -43,7 +44,7 @@ use swiftlet::{
     signals::{self, SourceChoice, ebpf::EbpfOptions, node},
 };
 use swiftlet_tests::{
-    agent::Agent,
+    agent::cri_endpoint,
     apiserver::{
         Credentials, FakeApiServer, Fault, Options,
         auth::UserInfo,
@@ -51,6 +52,7 @@ use swiftlet_tests::{
     },
     cgroup::TestCgroup,
     kubectl::{Kubectl, table},
+    node_process::NodeProcess,
     pods::FakePods,
     prereq,
 };
@@ -146,7 +148,7 @@ fn node_registers_ready_with_allocatable_labels_and_lease() {
         "--node-labels=node.kubernetes.io/pool=test".into(),
         "--node-ip=10.11.12.13".into(),
     ];
-    let mut agent = Agent::start(Some(FAST_NODE), &extra);
+    let mut agent = NodeProcess::start(Some(FAST_NODE), &extra);
     let node = wait("the node to be Ready", Duration::from_secs(60), || {
         agent.assert_running();
         c.server.get(&NODES, "", &name).filter(ready)
@@ -290,7 +292,7 @@ fn status_reports_and_lease_resume_after_a_60s_outage() {
     let name = node_name("outage");
     let c = cluster(&name, Options::default());
     let extra = vec![format!("--kubeconfig={}", c.node_kubeconfig.display()), format!("--hostname-override={name}")];
-    let mut agent = Agent::start(Some(REPORTING_NODE), &extra);
+    let mut agent = NodeProcess::start(Some(REPORTING_NODE), &extra);
     wait("the node to be Ready", Duration::from_secs(60), || {
         agent.assert_running();
         c.server.get(&NODES, "", &name).filter(ready)
@@ -358,7 +360,7 @@ fn bootstraps_a_client_certificate_through_a_csr() {
         format!("--cert-dir={}", certs.path().join("pki").display()),
         format!("--hostname-override={name}"),
     ];
-    let mut agent = Agent::start(Some(REPORTING_NODE), &extra);
+    let mut agent = NodeProcess::start(Some(REPORTING_NODE), &extra);
     wait("the node registered with its own certificate", Duration::from_secs(60), || {
         agent.assert_running();
         server.get(&NODES, "", &name).filter(ready)
@@ -464,7 +466,7 @@ fn pressure_conditions_and_taints_follow_the_eviction_manager() {
         Arc::new(Metrics::new()),
     );
     api.connect_pressure(manager.conditions());
-    let cri = Arc::new(CriClient::new(&prereq::cri_endpoint(), Duration::from_secs(10)).unwrap());
+    let cri = Arc::new(CriClient::new(&cri_endpoint(), Duration::from_secs(10)).unwrap());
     let (stop, shutdown) = watch::channel(false);
     let eviction = rt.spawn(event_loop.run(shutdown.clone()));
     let running = rt.spawn(api.clone().run(cri.clone(), cri, shutdown));
@@ -827,7 +829,7 @@ fn events_are_deduplicated_and_counted_in_the_api() {
 fn containers_of(uid: &str) -> Vec<swiftlet::cri::api::Container> {
     use swiftlet::cri::RuntimeService;
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let cri = CriClient::new(&prereq::cri_endpoint(), Duration::from_secs(10)).unwrap();
+    let cri = CriClient::new(&cri_endpoint(), Duration::from_secs(10)).unwrap();
     let filter = swiftlet::cri::api::ContainerFilter {
         label_selector: [("io.kubernetes.pod.uid".to_owned(), uid.to_owned())].into(),
         ..Default::default()
@@ -843,13 +845,12 @@ fn running_containers(uid: &str) -> usize {
 }
 
 #[test]
-#[ignore = "needs the pod manager (issue 6)"]
 fn api_pod_runs_ready_and_is_deleted_within_its_grace_period() {
     prereq::require_root();
     let name = node_name("pod");
     let c = cluster(&name, Options::default());
     let extra = vec![format!("--kubeconfig={}", c.node_kubeconfig.display()), format!("--hostname-override={name}")];
-    let mut agent = Agent::start(Some(REPORTING_NODE), &extra);
+    let mut agent = NodeProcess::start(Some(REPORTING_NODE), &extra);
     wait("the node to be Ready", Duration::from_secs(60), || {
         agent.assert_running();
         c.server.get(&NODES, "", &name).filter(ready)
@@ -882,7 +883,6 @@ fn api_pod_runs_ready_and_is_deleted_within_its_grace_period() {
 }
 
 #[test]
-#[ignore = "needs the pod manager (issue 6)"]
 fn static_pod_gets_a_mirror_pod() {
     prereq::require_root();
     let name = node_name("static");
@@ -898,7 +898,7 @@ fn static_pod_gets_a_mirror_pod() {
         format!("--hostname-override={name}"),
         format!("--pod-manifest-path={}", manifests.path().display()),
     ];
-    let mut agent = Agent::start(Some(REPORTING_NODE), &extra);
+    let mut agent = NodeProcess::start(Some(REPORTING_NODE), &extra);
     let mirror_name = format!("web-{name}");
     let mirror = wait("the mirror pod Running", Duration::from_secs(60), || {
         agent.assert_running();
@@ -917,13 +917,12 @@ fn static_pod_gets_a_mirror_pod() {
 }
 
 #[test]
-#[ignore = "needs the pod manager (issue 6)"]
 fn a_60s_outage_loses_no_pods() {
     prereq::require_root();
     let name = node_name("keep");
     let c = cluster(&name, Options::default());
     let extra = vec![format!("--kubeconfig={}", c.node_kubeconfig.display()), format!("--hostname-override={name}")];
-    let mut agent = Agent::start(Some(REPORTING_NODE), &extra);
+    let mut agent = NodeProcess::start(Some(REPORTING_NODE), &extra);
     wait("the node to be Ready", Duration::from_secs(60), || c.server.get(&NODES, "", &name).filter(ready));
     let created = c.server.store().create(&PODS, "default", api_pod("web", &name, &[])).unwrap();
     let uid = created["metadata"]["uid"].as_str().unwrap().to_owned();

@@ -125,6 +125,18 @@ impl PodSink for LatchSink {
     }
 }
 
+/// Gives every snapshot to each sink (the static pod source's snapshots go
+/// to the pod manager and to the mirror pods).
+pub struct TeeSink(pub Vec<Arc<dyn PodSink>>);
+
+impl PodSink for TeeSink {
+    fn set(&self, snapshot: PodSnapshot) {
+        for s in &self.0 {
+            s.set(snapshot.clone());
+        }
+    }
+}
+
 /// Watches this node's pods until `shutdown`.
 pub async fn run(
     client: kube::Client,

@@ -416,6 +416,18 @@ impl EventRecorder for ApiEventRecorder {
     }
 }
 
+/// Records every event with each recorder (the API server's and the log,
+/// or a test's).
+pub struct TeeRecorder(pub Vec<Arc<dyn EventRecorder>>);
+
+impl EventRecorder for TeeRecorder {
+    fn record(&self, object: &ObjectReference, event_type: EventType, reason: &str, message: &str) {
+        for r in &self.0 {
+            r.record(object, event_type, reason, message);
+        }
+    }
+}
+
 /// Events through kube's client.
 pub struct KubeEventSink(pub kube::Client);
 

@@ -715,6 +715,14 @@ fn decode(bytes: &[u8], shared: &Shared, page: u64, received_ns: u64) -> Option<
     let ev: swiftlet_common::Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
     let reg = shared.registry.read().unwrap_or_else(|p| p.into_inner());
     let path = reg.by_id.get(&ev.cgroup_id).cloned();
+    // Kernel kills name the slot whose crossing triggered them.
+    let trigger = if ev.kind != EventKind::KernelKill as u32 {
+        None
+    } else if ev.direction == NODE_SLOT {
+        Some(Target::Node)
+    } else {
+        reg.by_path.iter().find(|(_, e)| e.index == ev.direction).map(|(p, _)| Target::Cgroup(p.clone()))
+    };
     drop(reg);
     match EventKind::from_u32(ev.kind)? {
         EventKind::Crossing => {
@@ -754,6 +762,7 @@ fn decode(bytes: &[u8], shared: &Shared, page: u64, received_ns: u64) -> Option<
         EventKind::CgroupRemoved => Some(SignalEvent::CgroupRemoved { cgroup: path?, at_ns: ev.ts_ns }),
         EventKind::ProcessExit => Some(SignalEvent::ProcessExit { pid: ev.pid, at_ns: ev.ts_ns, received_ns }),
         EventKind::KernelKill => Some(SignalEvent::KernelKill {
+            target: trigger?,
             cgroup: path,
             cgroup_id: ev.cgroup_id,
             signal: Signal::from_u32(ev.signal)?,

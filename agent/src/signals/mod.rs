@@ -170,6 +170,8 @@ pub enum SignalEvent {
     ProcessExit { pid: u32, at_ns: u64, received_ns: u64 },
     /// The kernel killed a planned victim at a crossing.
     KernelKill {
+        /// The line that was crossed (its slot's target).
+        target: Target,
         cgroup: Option<String>,
         cgroup_id: u64,
         signal: Signal,
