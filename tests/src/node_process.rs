@@ -60,7 +60,10 @@ impl NodeProcess {
         let out = fs::File::create(&log).expect("log file");
         let child = Command::new(crate::workload::sibling_binary("swiftlet"))
             .args(&args)
-            .env("RUST_LOG", std::env::var("SWIFTLET_TEST_LOG").unwrap_or_else(|_| "info,kube=warn,hyper=warn".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("SWIFTLET_TEST_LOG").unwrap_or_else(|_| "info,kube_client::client::builder=off".into()),
+            )
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("log"))
             .stderr(out)
@@ -103,6 +106,66 @@ impl Drop for NodeProcess {
         self.stop();
         if std::thread::panicking() {
             eprintln!("---- swiftlet log ({}) ----\n{}", self.log.display(), self.log_text());
+        }
+    }
+}
+
+/// Stops and removes, through CRI, every sandbox of the given pod uids:
+/// what a test's API pods left on the shared containerd (the agent leaves
+/// pods running when it stops, as the kubelet does).
+pub struct PodCleanup {
+    pub uids: std::sync::Mutex<Vec<String>>,
+    /// Static pods of this node (their names end in `-<node>`).
+    pub static_node: Option<String>,
+}
+
+impl PodCleanup {
+    pub fn new() -> PodCleanup {
+        PodCleanup { uids: std::sync::Mutex::new(vec![]), static_node: None }
+    }
+
+    pub fn with_static_pods_of(node: &str) -> PodCleanup {
+        PodCleanup { uids: std::sync::Mutex::new(vec![]), static_node: Some(node.to_owned()) }
+    }
+
+    pub fn track(&self, uid: &str) {
+        self.uids.lock().unwrap_or_else(|p| p.into_inner()).push(uid.to_owned());
+    }
+}
+
+impl Default for PodCleanup {
+    fn default() -> Self {
+        PodCleanup::new()
+    }
+}
+
+impl Drop for PodCleanup {
+    fn drop(&mut self) {
+        let uids = self.uids.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if uids.is_empty() && self.static_node.is_none() {
+            return;
+        }
+        use swiftlet::cri::{CriClient, RuntimeService, api, labels};
+        let Ok(rt) = tokio::runtime::Builder::new_multi_thread().enable_all().build() else { return };
+        let Ok(cri) = ({
+            let _in = rt.enter();
+            CriClient::new(&crate::agent::cri_endpoint(), Duration::from_secs(30))
+        }) else {
+            return;
+        };
+        rt.block_on(async {
+            for uid in uids {
+                let mut sel = labels::managed_selector();
+                sel.insert(labels::POD_UID.into(), uid);
+                let filter = api::PodSandboxFilter { label_selector: sel, ..Default::default() };
+                for s in cri.list_pod_sandbox(Some(filter)).await.unwrap_or_default() {
+                    let _ = cri.stop_pod_sandbox(&s.id).await;
+                    let _ = cri.remove_pod_sandbox(&s.id).await;
+                }
+            }
+        });
+        if let Some(node) = &self.static_node {
+            crate::agent::force_remove_pods(&cri, &rt, node);
         }
     }
 }
