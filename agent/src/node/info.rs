@@ -1,10 +1,7 @@
 //! Facts read from this machine for node status: machine and boot ids,
 //! kernel, OS image, architecture, host name and addresses.
 
-use std::{
-    io,
-    net::{IpAddr, UdpSocket},
-};
+use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::NodeAddress;
 
@@ -63,32 +60,19 @@ pub fn machine_info() -> MachineInfo {
     }
 }
 
-/// The host's name (not the node name), lowercased, as the Hostname address.
-pub fn hostname() -> io::Result<String> {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into buf.
-    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-    Ok(String::from_utf8_lossy(&buf[..end]).trim().to_lowercase())
-}
-
 fn usable(ip: &IpAddr) -> bool {
     !ip.is_loopback() && !ip.is_unspecified() && !ip.is_multicast()
 }
 
-/// The node's addresses as the kubelet's NodeAddress setter gives them:
-/// InternalIP = --node-ip (both families when two are given), else the
-/// first usable address the host name resolves to, else the source
-/// address of the default route; then Hostname.
+/// The node's addresses: InternalIP = --node-ip (both families when two
+/// are given), else the address pods get as their hostIP (`host::node_ip`:
+/// the default route's interface); then Hostname. (The kubelet would try
+/// resolving the host name first; swiftlet keeps InternalIP and the pods'
+/// hostIP the same and never blocks on DNS.)
 pub fn node_addresses(node_ips: &[IpAddr], hostname: &str) -> Vec<NodeAddress> {
     let mut ips: Vec<IpAddr> = node_ips.iter().copied().filter(usable).collect();
     if ips.is_empty() {
-        ips.extend(resolve(hostname).into_iter().find(usable));
-    }
-    if ips.is_empty() {
-        ips.extend(default_route_source());
+        ips.extend(crate::host::node_ip(&[]).filter(usable));
     }
     addresses(&ips, hostname)
 }
@@ -101,19 +85,6 @@ pub fn addresses(ips: &[IpAddr], hostname: &str) -> Vec<NodeAddress> {
         out.push(NodeAddress { type_: "Hostname".into(), address: hostname.to_owned() });
     }
     out
-}
-
-fn resolve(host: &str) -> Vec<IpAddr> {
-    use std::net::ToSocketAddrs;
-    (host, 0).to_socket_addrs().map(|a| a.map(|s| s.ip()).collect()).unwrap_or_default()
-}
-
-/// The address the kernel would send from toward a public address: no
-/// packet leaves (a UDP connect only picks the route).
-fn default_route_source() -> Option<IpAddr> {
-    let s = UdpSocket::bind("0.0.0.0:0").ok()?;
-    s.connect("192.0.2.1:9").ok()?;
-    s.local_addr().ok().map(|a| a.ip()).filter(usable)
 }
 
 #[cfg(test)]
