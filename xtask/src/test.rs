@@ -76,6 +76,12 @@ pub fn run(args: Args) -> Result<()> {
                 let mut c = cargo(&["test", "-p", "swiftlet-tests", "--", "--test-threads=1"]);
                 c.args(&args.filters);
                 c.env("SWIFTLET_TEST_CRI_ENDPOINT", ctd.endpoint());
+                match setup::ensure_kubectl() {
+                    Ok(k) => {
+                        c.env("SWIFTLET_TEST_KUBECTL", k);
+                    }
+                    Err(e) => eprintln!("\x1b[1;31merror:\x1b[0m kubectl for the API server tests: {e:#}"),
+                }
                 stage("integration tests (root, real kernel, real containerd)", &mut c);
                 drop(ctd);
             }
