@@ -35,8 +35,8 @@ use crate::{
     gc::{ContainerGc, DiskReclaimer, GcPolicy},
     host,
     images::{ImageGc, ImageGcPolicy, ImageManager, ImageManagerConfig, ImageMetrics},
-    logs::{ContainerLogManager, LogPolicy},
     kubeapi::{ApiAgent, ApiError, pod_watch::TeeSink, recorder::TeeRecorder},
+    logs::{ContainerLogManager, LogPolicy},
     metrics::Metrics,
     pods::{
         admission::Capacity,
