@@ -11,4 +11,5 @@ pub mod eviction;
 pub mod metrics;
 pub mod pods;
 pub mod quantity;
+pub mod server;
 pub mod signals;
