@@ -22,6 +22,12 @@ use crate::{
     metrics::Metrics,
     signals::{self, OpenedSource, SignalError, ebpf::EbpfOptions},
 };
+// ---- server (issue 8) ----
+use crate::{
+    pods::source::PodView,
+    server::{NoPods, ServerError, events::DebugEvents, health::HealthChecks},
+};
+// ---- end server ----
 
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -37,6 +43,10 @@ pub enum StartError {
     Capacity(std::io::Error),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    // ---- server (issue 8) ----
+    #[error("kubelet server: {0}")]
+    Server(#[from] ServerError),
+    // ---- end server ----
 }
 
 /// Everything the managers share, built once at start.
@@ -49,6 +59,17 @@ pub struct Agent {
     pub allocatable: NodeAllocatable,
     pub signals: OpenedSource,
     pub cri: Arc<CriClient>,
+    // ---- server (issue 8) ----
+    /// What /pods, /stats, /containerLogs and /debug/events see: the pod
+    /// manager's view once it exists (set it in `build`).
+    pub pod_view: Arc<dyn PodView>,
+    /// /healthz checks: `ping` and `runtime` are registered; the pod
+    /// manager registers `syncloop` (a `server::health::Heartbeat`).
+    pub health: Arc<HealthChecks>,
+    /// /debug/events: feed it `debug_events.forward(eviction.events())`
+    /// and wrap the PodEvictor in `server::events::EvictionTap`.
+    pub debug_events: DebugEvents,
+    // ---- end server ----
 }
 
 impl Agent {
@@ -70,14 +91,26 @@ impl Agent {
             &ebpf_opts,
             config.swiftlet.housekeeping_interval,
         )?;
-        let cri = Arc::new(CriClient::with_image_endpoint(
-            &k.container_runtime_endpoint,
-            k.image_endpoint(),
-            k.runtime_request_timeout,
-        )?);
+        let metrics = Arc::new(Metrics::new());
+        let cri = Arc::new(
+            CriClient::with_image_endpoint(
+                &k.container_runtime_endpoint,
+                k.image_endpoint(),
+                k.runtime_request_timeout,
+            )?
+            .with_metrics(metrics.clone()),
+        );
+        // ---- server (issue 8) ----
+        let pod_view: Arc<dyn PodView> = Arc::new(NoPods);
+        let health = Arc::new(HealthChecks::new());
+        let debug_events = DebugEvents::new(pod_view.clone());
+        // ---- end server ----
         Ok(Agent {
             node_name,
-            metrics: Arc::new(Metrics::new()),
+            metrics,
+            pod_view,
+            health,
+            debug_events,
             cgroupfs,
             pod_cgroups,
             allocatable,
@@ -104,6 +137,9 @@ impl Agent {
             standalone = self.config.standalone(),
             "swiftlet started"
         );
+        // ---- server (issue 8): :10248, :10250 and the debug socket ----
+        let servers = crate::server::agent::serve(&self, shutdown.clone()).await?;
+        // ---- end server ----
         let mut tick = tokio::time::interval(Duration::from_secs(30));
         loop {
             tokio::select! {
@@ -115,6 +151,9 @@ impl Agent {
                 _ = shutdown.changed() => if *shutdown.borrow() { break },
             }
         }
+        // ---- server (issue 8) ----
+        servers.join().await;
+        // ---- end server ----
         info!("swiftlet stopped");
         Ok(())
     }

@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod cgroups;
+pub mod cli;
 pub mod cm;
 pub mod config;
 pub mod cri;

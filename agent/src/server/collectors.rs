@@ -44,6 +44,16 @@ fn family<L: EncodeLabelSet>(
     Ok(())
 }
 
+/// Writes one family with a single unlabelled sample.
+fn single(enc: &mut DescriptorEncoder, name: &str, help: &str, kind: MetricType, value: Option<f64>) -> fmt::Result {
+    let me = enc.encode_descriptor(name, help, None, kind)?;
+    match (value, kind) {
+        (None, _) => Ok(()),
+        (Some(v), MetricType::Counter) => ConstCounter::new(v).encode(me),
+        (Some(v), _) => ConstGauge::new(v).encode(me),
+    }
+}
+
 /// The kubelet's /metrics/resource families.
 #[derive(Debug)]
 pub struct ResourceCollector(pub Arc<StatsSnapshot>);
@@ -51,7 +61,6 @@ pub struct ResourceCollector(pub Arc<StatsSnapshot>);
 impl Collector for ResourceCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
         let s = &self.0;
-        let none: [(&str, &str); 0] = [];
         let container_rows = |f: fn(&CgroupSample) -> Option<f64>| {
             s.pods.iter().flat_map(move |p| {
                 p.containers.iter().filter_map(move |c| {
@@ -106,19 +115,19 @@ impl Collector for ResourceCollector {
                 })
             }),
         )?;
-        family(
+        single(
             &mut enc,
             "node_cpu_usage_seconds",
             "[STABLE] Cumulative cpu time consumed by the node in core-seconds",
             MetricType::Counter,
-            cpu(&s.node.root).map(|v| (none, v)),
+            cpu(&s.node.root),
         )?;
-        family(
+        single(
             &mut enc,
             "node_memory_working_set_bytes",
             "[STABLE] Current working set of the node in bytes",
             MetricType::Gauge,
-            ws(&s.node.root).map(|v| (none, v)),
+            ws(&s.node.root),
         )?;
         family(
             &mut enc,
@@ -135,19 +144,19 @@ impl Collector for ResourceCollector {
             pod_rows(ws),
         )?;
         let error = if s.errors.is_empty() { 0.0 } else { 1.0 };
-        family(
+        single(
             &mut enc,
             "resource_scrape_error",
             "[STABLE] 1 if there was an error while getting container metrics, 0 otherwise",
             MetricType::Gauge,
-            [(none, error)],
+            Some(error),
         )?;
-        family(
+        single(
             &mut enc,
             "scrape_error",
             "[ALPHA] (Deprecated since 1.29.0) 1 if there was an error while getting container metrics, 0 otherwise",
             MetricType::Gauge,
-            [(none, error)],
+            Some(error),
         )
     }
 }
@@ -330,65 +339,64 @@ fn parse_self_stat(s: &str) -> Option<(u64, u64, u64, u64)> {
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
-        let none: [(&str, &str); 0] = [];
         // SAFETY: sysconf has no preconditions.
         let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
         let page = crate::signals::page_size() as f64;
         if let Some((cpu, start, vsize, rss)) =
             std::fs::read_to_string("/proc/self/stat").ok().as_deref().and_then(parse_self_stat)
         {
-            family(
+            single(
                 &mut enc,
                 "process_cpu_seconds",
                 "Total user and system CPU time spent in seconds.",
                 MetricType::Counter,
-                [(none, cpu as f64 / tick)],
+                Some(cpu as f64 / tick),
             )?;
-            family(
+            single(
                 &mut enc,
                 "process_resident_memory_bytes",
                 "Resident memory size in bytes.",
                 MetricType::Gauge,
-                [(none, rss as f64 * page)],
+                Some(rss as f64 * page),
             )?;
-            family(
+            single(
                 &mut enc,
                 "process_virtual_memory_bytes",
                 "Virtual memory size in bytes.",
                 MetricType::Gauge,
-                [(none, vsize as f64)],
+                Some(vsize as f64),
             )?;
             let btime = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
                 s.lines().find_map(|l| l.strip_prefix("btime ").and_then(|v| v.trim().parse::<f64>().ok()))
             });
             if let Some(b) = btime {
-                family(
+                single(
                     &mut enc,
                     "process_start_time_seconds",
                     "Start time of the process since unix epoch in seconds.",
                     MetricType::Gauge,
-                    [(none, b + start as f64 / tick)],
+                    Some(b + start as f64 / tick),
                 )?;
             }
         }
         if let Ok(rd) = std::fs::read_dir("/proc/self/fd") {
-            family(
+            single(
                 &mut enc,
                 "process_open_fds",
                 "Number of open file descriptors.",
                 MetricType::Gauge,
-                [(none, rd.count() as f64)],
+                Some(rd.count() as f64),
             )?;
         }
         let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         // SAFETY: lim is a valid out-parameter.
         if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
-            family(
+            single(
                 &mut enc,
                 "process_max_fds",
                 "Maximum number of open file descriptors.",
                 MetricType::Gauge,
-                [(none, lim.rlim_cur as f64)],
+                Some(lim.rlim_cur as f64),
             )?;
         }
         Ok(())

@@ -11,6 +11,7 @@
 //!   the node's own tools (`swiftlet events`): /debug/events and /healthz,
 //!   trusted by file permission as the eBPF programs are.
 
+pub mod agent;
 pub mod auth;
 pub mod collectors;
 pub mod events;
@@ -70,6 +71,8 @@ pub enum ServerError {
     Listen { addr: SocketAddr, source: std::io::Error },
     #[error("listen unix {path}: {source}")]
     ListenUnix { path: PathBuf, source: std::io::Error },
+    #[error("API server client from the kubeconfig {0}")]
+    ApiClient(String),
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -460,6 +463,9 @@ impl Servers {
     pub async fn join(self) {
         for t in self.tasks {
             let _ = t.await;
+        }
+        if let Some(p) = &self.debug_socket {
+            let _ = std::fs::remove_file(p);
         }
     }
 }
