@@ -7,6 +7,10 @@
 
 pub mod bench;
 pub mod cgroup;
+pub mod cri;
+pub mod https;
+pub mod kubelet;
+pub mod pki;
 pub mod pods;
 pub mod prereq;
 pub mod workload;
