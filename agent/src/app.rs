@@ -3,29 +3,54 @@
 //! shutdown, and stops them in order.
 //!
 //! Components expose a constructor and a `run(shutdown)` future; this
-//! module is the only place that knows all of them.
+//! module is the only place that knows all of them. Stopping the agent
+//! leaves the pods running (as the kubelet): a restarted agent re-adopts
+//! them.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use thiserror::Error;
-use tokio::sync::watch;
+use tokio::{sync::watch, task::JoinHandle};
 use tracing::{info, warn};
 
 use crate::{
     cgroups::{CgroupError, CgroupFs},
     cm::{
-        allocatable::{NodeAllocatable, machine_capacity},
+        allocatable::{NodeAllocatable, Resource, machine_capacity},
         hierarchy::{CmError, PodCgroups, kubepods_limits},
     },
     config::Config,
     cri::{CriClient, CriError, RuntimeService},
+    events::{EventRecorder, LogRecorder},
+    eviction::{
+        core::EvictionConfig,
+        driver::{DriverConfig, EvictionLoop, EvictionManager},
+        observe::NodeInfo,
+    },
+    host,
     metrics::Metrics,
-    signals::{self, OpenedSource, SignalError, ebpf::EbpfOptions},
+    pods::{
+        admission::Capacity,
+        backoff::BackoffPolicy,
+        file::FileSource,
+        manager::PodManager,
+        metrics::{PodMetrics, ProbeLabels},
+        pull::PolicyPuller,
+        source::{PodSink, SourceKind},
+        spec::{NodeSettings, parse_resolv_conf},
+        worker::{ProbeObserver, WorkerDeps},
+    },
+    signals::{self, OpenedSource, SignalError, ebpf::EbpfOptions, node},
 };
 // ---- server (issue 8) ----
-use crate::{
-    pods::source::PodView,
-    server::{NoPods, ServerError, events::DebugEvents, health::HealthChecks},
+use crate::server::{
+    ServerError,
+    events::{DebugEvents, EvictionTap},
+    health::HealthChecks,
 };
 // ---- end server ----
 
@@ -49,33 +74,45 @@ pub enum StartError {
     // ---- end server ----
 }
 
+/// How often the runtime is relisted (the kubelet's PLEG period).
+const RELIST_PERIOD: Duration = Duration::from_secs(1);
+/// How often the eviction manager re-ranks its victim plan.
+const PLAN_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Everything the managers share, built once at start.
 pub struct Agent {
     pub config: Config,
     pub node_name: String,
     pub metrics: Arc<Metrics>,
+    pub pod_metrics: PodMetrics,
     pub cgroupfs: CgroupFs,
     pub pod_cgroups: PodCgroups,
     pub allocatable: NodeAllocatable,
     pub signals: OpenedSource,
     pub cri: Arc<CriClient>,
+    pub recorder: Arc<dyn EventRecorder>,
+    pub pods: PodManager,
+    pub eviction: EvictionManager,
+    eviction_loop: Mutex<Option<EvictionLoop>>,
+    shutdown: watch::Receiver<bool>,
     // ---- server (issue 8) ----
-    /// What /pods, /stats, /containerLogs and /debug/events see: the pod
-    /// manager's view once it exists (set it in `build`).
-    pub pod_view: Arc<dyn PodView>,
-    /// /healthz checks: `ping` and `runtime` are registered; the pod
-    /// manager registers `syncloop` (a `server::health::Heartbeat`).
+    /// /healthz checks: `ping` and `runtime` are registered by the server;
+    /// the pod manager may register `syncloop` (a `server::health::Heartbeat`).
     pub health: Arc<HealthChecks>,
-    /// /debug/events: feed it `debug_events.forward(eviction.events())`
-    /// and wrap the PodEvictor in `server::events::EvictionTap`.
+    /// /debug/events: the eviction manager's signal events and evictions.
     pub debug_events: DebugEvents,
     // ---- end server ----
 }
 
+fn quantity(list: &crate::cm::allocatable::ResourceList, r: Resource) -> crate::quantity::Quantity {
+    list.get(&r).copied().unwrap_or_default()
+}
+
 impl Agent {
-    /// Reads the machine, prepares the pods' cgroup hierarchy and opens the
-    /// signal source and the runtime client. Nothing is started yet.
-    pub fn build(config: Config) -> Result<Agent, StartError> {
+    /// Reads the machine, prepares the pods' cgroup hierarchy, opens the
+    /// signal source and the runtime client, and builds the managers.
+    /// Nothing runs until [`Agent::run`].
+    pub async fn build(config: Config, shutdown: watch::Receiver<bool>) -> Result<Agent, StartError> {
         let node_name = config.node_name()?;
         let k = &config.kubelet;
         let cgroupfs = CgroupFs::detect()?;
@@ -91,69 +128,199 @@ impl Agent {
             &ebpf_opts,
             config.swiftlet.housekeeping_interval,
         )?;
-        let metrics = Arc::new(Metrics::new());
-        let cri = Arc::new(
-            CriClient::with_image_endpoint(
-                &k.container_runtime_endpoint,
-                k.image_endpoint(),
-                k.runtime_request_timeout,
-            )?
-            .with_metrics(metrics.clone()),
-        );
+        let cri = Arc::new(CriClient::with_image_endpoint(
+            &k.container_runtime_endpoint,
+            k.image_endpoint(),
+            k.runtime_request_timeout,
+        )?);
+        let runtime_name = match cri.version().await {
+            Ok(v) => {
+                info!(
+                    runtime = v.runtime_name,
+                    version = v.runtime_version,
+                    api = v.runtime_api_version,
+                    "container runtime"
+                );
+                v.runtime_name
+            }
+            Err(e) => {
+                warn!("container runtime not reachable yet (retrying in the background): {e}");
+                "containerd".into()
+            }
+        };
+
+        let mut metrics = Metrics::new();
+        let pod_metrics = PodMetrics::default();
+        pod_metrics.register(&mut metrics.registry);
+        let metrics = Arc::new(metrics);
         // ---- server (issue 8) ----
-        let pod_view: Arc<dyn PodView> = Arc::new(NoPods);
-        let health = Arc::new(HealthChecks::new());
-        let debug_events = DebugEvents::new(pod_view.clone());
+        cri.observe_with(metrics.clone());
         // ---- end server ----
+        let recorder: Arc<dyn EventRecorder> = Arc::new(LogRecorder);
+
+        let cap = &allocatable.capacity;
+        let alloc = &allocatable.allocatable;
+        let node_ip = host::node_ip(&config.flags.node_ip).map(|ip| ip.to_string());
+        let host_dns = k
+            .resolv_conf
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .map(|t| parse_resolv_conf(&t))
+            .unwrap_or_default();
+        let settings = NodeSettings {
+            node_name: node_name.clone(),
+            node_ip,
+            pod_logs_dir: k.pod_logs_dir.clone(),
+            pods_dir: config.flags.root_dir.join("pods"),
+            memory_capacity: quantity(cap, Resource::Memory).value().max(0) as u64,
+            cpu_cfs_quota: k.cpu_cfs_quota,
+            cpu_cfs_quota_period: k.cpu_cfs_quota_period,
+            naming: pod_cgroups.naming().clone(),
+            host_dns,
+            cluster_dns: k.cluster_dns.iter().map(ToString::to_string).collect(),
+            cluster_domain: k.cluster_domain.clone(),
+            allocatable_cpu_milli: quantity(alloc, Resource::Cpu).milli_value(),
+            allocatable_memory: quantity(alloc, Resource::Memory).value(),
+            allocatable_ephemeral_storage: quantity(alloc, Resource::EphemeralStorage).value(),
+        };
+        let probes = pod_metrics.probes.clone();
+        let observer: ProbeObserver = Arc::new(move |pod, container, kind, outcome| {
+            probes
+                .get_or_create(&ProbeLabels {
+                    probe_type: kind.as_str().into(),
+                    result: outcome.result_label().into(),
+                    container: container.into(),
+                    pod: pod.metadata.name.clone().unwrap_or_default(),
+                    namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                    pod_uid: pod.metadata.uid.clone().unwrap_or_default(),
+                })
+                .inc();
+        });
+        let deps = Arc::new(WorkerDeps {
+            runtime: cri.clone(),
+            images: Arc::new(PolicyPuller { images: cri.clone() }),
+            cgroups: pod_cgroups.clone(),
+            settings,
+            recorder: recorder.clone(),
+            runtime_name,
+            cpu_cfs_quota: k.cpu_cfs_quota,
+            cpu_cfs_quota_period: k.cpu_cfs_quota_period,
+            pod_pids_limit: k.pod_pids_limit,
+            resync: k.sync_frequency,
+            restart_backoff: match k.crash_loop_back_off_max {
+                Some(max) => BackoffPolicy { initial: max.min(BackoffPolicy::default().initial), max },
+                None => BackoffPolicy::default(),
+            },
+            probe_results: Some(observer),
+        });
+        let mut expected = HashSet::new();
+        if k.static_pod_path.is_some() {
+            expected.insert(SourceKind::File);
+        }
+        if !config.standalone() {
+            expected.insert(SourceKind::Api);
+        }
+        let admit = Capacity {
+            pods: quantity(alloc, Resource::Pods).value(),
+            cpu_milli: quantity(alloc, Resource::Cpu).milli_value(),
+            memory: quantity(alloc, Resource::Memory).value(),
+        };
+        let pods = PodManager::new(deps, expected, admit, pod_metrics.clone(), shutdown.clone());
+
+        let driver = DriverConfig {
+            eviction: EvictionConfig {
+                thresholds: k.eviction_thresholds(),
+                pressure_transition_period: k.eviction_pressure_transition_period,
+                max_pod_grace_period_secs: k.eviction_max_pod_grace_period.max(0) as u64,
+            },
+            node: NodeInfo {
+                memory_capacity: quantity(cap, Resource::Memory).value().max(0) as u64,
+                allocatable_memory: quantity(&allocatable.kubepods, Resource::Memory).value().max(0) as u64,
+                pid_limit: node::pid_limit().unwrap_or(u64::from(u32::MAX)),
+                kubepods_cgroup: pod_cgroups.naming().kubepods(),
+            },
+            nodefs_path: config.flags.root_dir.clone(),
+            imagefs_path: None,
+            housekeeping_interval: config.swiftlet.housekeeping_interval,
+            plan_interval: PLAN_INTERVAL,
+            kernel_eviction: config.swiftlet.kernel_eviction,
+        };
+        // ---- server (issue 8) ----
+        let health = Arc::new(HealthChecks::new());
+        let debug_events = DebugEvents::new(Arc::new(pods.clone()));
+        let evictor = Arc::new(EvictionTap { inner: Arc::new(pods.clone()), events: debug_events.clone() });
+        // ---- end server ----
+        let (eviction, eviction_loop) = EvictionManager::new(
+            driver,
+            signals.source.clone(),
+            cgroupfs.clone(),
+            Arc::new(pods.clone()),
+            evictor,
+            None,
+            metrics.clone(),
+        );
         Ok(Agent {
-            node_name,
-            metrics,
-            pod_view,
             health,
             debug_events,
+            node_name,
+            metrics,
+            pod_metrics,
             cgroupfs,
             pod_cgroups,
             allocatable,
             signals,
             cri,
+            recorder,
+            pods,
+            eviction,
+            eviction_loop: Mutex::new(Some(eviction_loop)),
+            shutdown,
             config,
         })
     }
 
-    /// Runs until `shutdown` turns true.
-    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) -> Result<(), StartError> {
-        match self.cri.version().await {
-            Ok(v) => info!(
-                runtime = v.runtime_name,
-                version = v.runtime_version,
-                api = v.runtime_api_version,
-                "container runtime"
-            ),
-            Err(e) => warn!("container runtime not reachable yet (retrying in the background): {e}"),
+    /// Runs every manager until shutdown, then waits for them to stop.
+    pub async fn run(self: Arc<Self>) -> Result<(), StartError> {
+        let k = &self.config.kubelet;
+        let mut tasks: Vec<JoinHandle<()>> = vec![];
+        tasks.push(tokio::spawn(self.pods.clone().run(RELIST_PERIOD)));
+        if let Some(l) = self.eviction_loop.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            tasks.push(tokio::spawn(l.run(self.shutdown.clone())));
+        }
+        if let Some(dir) = &k.static_pod_path {
+            let sink: Arc<dyn PodSink> = Arc::new(self.pods.clone());
+            let source = FileSource::new(
+                dir.clone(),
+                self.node_name.clone(),
+                k.file_check_frequency,
+                sink,
+                self.pod_metrics.manifest_errors.clone(),
+            );
+            tasks.push(tokio::spawn(source.run(self.shutdown.clone())));
         }
         info!(
             node = self.node_name,
             mode = self.signals.source.mode().as_str(),
             standalone = self.config.standalone(),
+            static_pods = k.static_pod_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
             "swiftlet started"
         );
         // ---- server (issue 8): :10248, :10250 and the debug socket ----
-        let servers = crate::server::agent::serve(&self, shutdown.clone()).await?;
+        tasks.push(self.debug_events.forward(self.eviction.events()));
+        let servers = crate::server::agent::serve(&self, self.shutdown.clone()).await?;
         // ---- end server ----
-        let mut tick = tokio::time::interval(Duration::from_secs(30));
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {
-                    if let Ok(s) = self.signals.source.snapshot() {
-                        info!(working_set_mib = s.node.working_set_bytes >> 20, tasks = s.node.tasks, "node");
-                    }
-                }
-                _ = shutdown.changed() => if *shutdown.borrow() { break },
+        let mut shutdown = self.shutdown.clone();
+        while !*shutdown.borrow() {
+            if shutdown.changed().await.is_err() {
+                break;
             }
         }
         // ---- server (issue 8) ----
         servers.join().await;
         // ---- end server ----
+        for t in tasks {
+            let _ = t.await;
+        }
         info!("swiftlet stopped");
         Ok(())
     }

@@ -9,6 +9,7 @@ pub mod config;
 pub mod cri;
 pub mod events;
 pub mod eviction;
+pub mod host;
 pub mod metrics;
 pub mod pods;
 pub mod quantity;

@@ -64,9 +64,9 @@ fn init_logging(config: &Config) {
 fn run(config: Config) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
-        let agent = Arc::new(Agent::build(config).context("cannot start")?);
         let (stop, shutdown) = watch::channel(false);
-        let running = tokio::spawn(agent.run(shutdown));
+        let agent = Arc::new(Agent::build(config, shutdown).await.context("cannot start")?);
+        let running = tokio::spawn(agent.run());
         let mut term = signal(SignalKind::terminate())?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => info!("SIGINT: stopping"),

@@ -52,8 +52,7 @@ pub struct NameLabels {
 }
 
 /// `operation_type`: the CRI call in the kubelet's snake_case
-/// (`list_containers`, `pull_image`, ...), or a pod worker's operation
-/// (`create`, `update`, `sync`).
+/// (`list_containers`, `pull_image`, ...).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabels {
     pub operation_type: String,
@@ -65,86 +64,10 @@ pub struct ContainerStateLabels {
     pub container_state: String,
 }
 
-/// kubelet_working_pods' labels: `lifecycle` (sync, terminating,
-/// terminated), `config` (desired, orphan, runtime_only), `static` ("true"
-/// or "").
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WorkingPodsLabels {
-    pub lifecycle: String,
-    pub config: String,
-    pub r#static: String,
-}
-
-/// `container_type`: container, init_container or ephemeral_container.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ContainerTypeLabels {
-    pub container_type: String,
-}
-
-/// prober_probe_total's labels, as the kubelet's prober sets them:
-/// probe_type Liveness/Readiness/Startup, result successful/failed/unknown.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ProbeLabels {
-    pub probe_type: String,
-    pub result: String,
-    pub container: String,
-    pub pod: String,
-    pub namespace: String,
-    pub pod_uid: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ProbeDurationLabels {
-    pub probe_type: String,
-    pub container: String,
-    pub pod: String,
-    pub namespace: String,
-}
-
-/// The kubelet's /metrics/probes registry, fed by the prober.
-pub struct ProbeMetrics {
-    pub registry: Registry,
-    /// prober_probe_total: probe results by container.
-    pub probe_total: Family<ProbeLabels, Counter>,
-    /// prober_probe_duration_seconds: how long probes take.
-    pub probe_duration: Family<ProbeDurationLabels, Histogram>,
-}
-
-fn probe_histogram() -> Histogram {
-    // The kubelet's buckets (prometheus DefBuckets).
-    Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
-}
-
-impl ProbeMetrics {
-    pub fn new() -> ProbeMetrics {
-        let mut registry = Registry::default();
-        let probe_total = Family::default();
-        registry.register(
-            "prober_probe",
-            "[ALPHA] Cumulative number of a liveness, readiness or startup probe for a container by result",
-            probe_total.clone(),
-        );
-        let probe_duration = Family::new_with_constructor(probe_histogram as fn() -> Histogram);
-        registry.register(
-            "prober_probe_duration_seconds",
-            "[ALPHA] Duration in seconds for a probe response",
-            probe_duration.clone(),
-        );
-        ProbeMetrics { registry, probe_total, probe_duration }
-    }
-}
-
-impl Default for ProbeMetrics {
-    fn default() -> Self {
-        ProbeMetrics::new()
-    }
-}
-
-/// The kubelet's pod and runtime metrics (served on /metrics beside
-/// swiftlet's own), with the kubelet's names, labels and buckets. The pod
-/// manager and prober feed them; the runtime client records its calls;
-/// running pods and containers are set from the runtime by the stats
-/// collector.
+/// The kubelet's runtime metrics (served on /metrics beside swiftlet's
+/// own), with the kubelet's names, labels and buckets: the runtime client
+/// records its calls; running pods and containers are set from the runtime
+/// by the stats collector. (The pod side's are in `pods::metrics`.)
 pub struct KubeletMetrics {
     /// kubelet_runtime_operations_total{operation_type}
     pub runtime_operations: Family<OperationLabels, Counter>,
@@ -152,39 +75,15 @@ pub struct KubeletMetrics {
     pub runtime_operations_errors: Family<OperationLabels, Counter>,
     /// kubelet_runtime_operations_duration_seconds{operation_type}
     pub runtime_operations_duration: Family<OperationLabels, Histogram>,
-    /// kubelet_pod_start_duration_seconds: from first seeing a pod to its
-    /// containers running.
-    pub pod_start_duration: Histogram,
-    /// kubelet_pod_worker_duration_seconds{operation_type}: one pod sync.
-    pub pod_worker_duration: Family<OperationLabels, Histogram>,
-    /// kubelet_working_pods{lifecycle,config,static}: pods with a worker.
-    pub working_pods: Family<WorkingPodsLabels, Gauge>,
-    /// kubelet_desired_pods{static}: pods the sources want here.
-    pub desired_pods: Family<StaticLabels, Gauge>,
-    /// kubelet_started_pods_total, kubelet_started_pods_errors_total
-    pub started_pods: Counter,
-    pub started_pods_errors: Counter,
-    /// kubelet_started_containers_total{container_type}
-    pub started_containers: Family<ContainerTypeLabels, Counter>,
     /// kubelet_running_pods: pods with a running sandbox.
     pub running_pods: Gauge,
     /// kubelet_running_containers{container_state}
     pub running_containers: Family<ContainerStateLabels, Gauge>,
 }
 
-/// `static`: "true" for static pods, "" otherwise.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StaticLabels {
-    pub r#static: String,
-}
-
 fn runtime_histogram() -> Histogram {
     // The kubelet's ExponentialBuckets(.005, 2.5, 14).
     Histogram::new(exponential_buckets(0.005, 2.5, 14))
-}
-
-fn pod_worker_histogram() -> Histogram {
-    Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
 }
 
 impl KubeletMetrics {
@@ -193,16 +92,6 @@ impl KubeletMetrics {
             runtime_operations: Family::default(),
             runtime_operations_errors: Family::default(),
             runtime_operations_duration: Family::new_with_constructor(runtime_histogram as fn() -> Histogram),
-            pod_start_duration: Histogram::new([
-                0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0, 300.0,
-                360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
-            ]),
-            pod_worker_duration: Family::new_with_constructor(pod_worker_histogram as fn() -> Histogram),
-            working_pods: Family::default(),
-            desired_pods: Family::default(),
-            started_pods: Counter::default(),
-            started_pods_errors: Counter::default(),
-            started_containers: Family::default(),
             running_pods: Gauge::default(),
             running_containers: Family::default(),
         };
@@ -220,37 +109,6 @@ impl KubeletMetrics {
             "kubelet_runtime_operations_duration_seconds",
             "[ALPHA] Duration in seconds of runtime operations. Broken down by operation type",
             m.runtime_operations_duration.clone(),
-        );
-        registry.register(
-            "kubelet_pod_start_duration_seconds",
-            "[ALPHA] Duration in seconds from kubelet seeing a pod for the first time to the pod starting to run",
-            m.pod_start_duration.clone(),
-        );
-        registry.register(
-            "kubelet_pod_worker_duration_seconds",
-            "[ALPHA] Duration in seconds to sync a single pod. Broken down by operation type: create, update, or sync",
-            m.pod_worker_duration.clone(),
-        );
-        registry.register(
-            "kubelet_working_pods",
-            "[ALPHA] Number of pods the kubelet is actually running, broken down by lifecycle phase, whether the pod is desired, orphaned, or runtime only (also orphaned), and whether the pod is static",
-            m.working_pods.clone(),
-        );
-        registry.register(
-            "kubelet_desired_pods",
-            "[ALPHA] The number of pods the kubelet is being instructed to run. static is true if the pod is not from the apiserver",
-            m.desired_pods.clone(),
-        );
-        registry.register("kubelet_started_pods", "[ALPHA] Cumulative number of pods started", m.started_pods.clone());
-        registry.register(
-            "kubelet_started_pods_errors",
-            "[ALPHA] Cumulative number of errors when starting pods",
-            m.started_pods_errors.clone(),
-        );
-        registry.register(
-            "kubelet_started_containers",
-            "[ALPHA] Cumulative number of containers started",
-            m.started_containers.clone(),
         );
         registry.register(
             "kubelet_running_pods",
@@ -318,10 +176,8 @@ pub struct Metrics {
     pub oom_kills: Counter,
     /// Evictions that found nothing evictable.
     pub evictions_without_victim: Counter,
-    /// The kubelet's pod and runtime metrics.
+    /// The kubelet's runtime metrics.
     pub kubelet: KubeletMetrics,
-    /// /metrics/probes.
-    pub probes: ProbeMetrics,
 }
 
 fn latency_histogram() -> Histogram {
@@ -392,7 +248,6 @@ impl Metrics {
         let kubelet = KubeletMetrics::register(&mut registry);
         Metrics {
             kubelet,
-            probes: ProbeMetrics::new(),
             registry,
             kubelet_evictions,
             signal_available,
@@ -419,5 +274,34 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod kubelet_metrics_tests {
+    use super::*;
+
+    #[test]
+    fn runtime_operation_names_are_the_kubelets() {
+        for (method, want) in [
+            ("ListPodSandbox", "list_podsandbox"),
+            ("RunPodSandbox", "run_podsandbox"),
+            ("PodSandboxStatus", "podsandbox_status"),
+            ("ListContainers", "list_containers"),
+            ("ImageFsInfo", "image_fs_info"),
+            ("ExecSync", "exec_sync"),
+            ("Version", "version"),
+        ] {
+            assert_eq!(snake_case(method), want);
+        }
+        let m = Metrics::new();
+        m.kubelet.observe_runtime_call("ListContainers", 0.002, false);
+        m.kubelet.observe_runtime_call("ListContainers", 0.5, true);
+        let text = m.encode();
+        assert!(text.contains("kubelet_runtime_operations_total{operation_type=\"list_containers\"} 2"), "{text}");
+        assert!(
+            text.contains("kubelet_runtime_operations_errors_total{operation_type=\"list_containers\"} 1"),
+            "{text}"
+        );
     }
 }

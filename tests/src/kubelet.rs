@@ -137,6 +137,7 @@ impl InProcess {
             ebpf: None,
             authn,
             authz,
+            probes: Default::default(),
         }));
         let (stop, rx) = watch::channel(false);
         let servers = server::start(server.clone(), rx).await.expect("start the servers");

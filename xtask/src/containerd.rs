@@ -71,6 +71,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   enable_selinux = false
+  # This kind of machine withholds CAP_SYS_RESOURCE, so no process may lower
+  # an oom_score_adj below its own (0): the sandbox's -998 and Guaranteed
+  # pods' -997 are raised to containerd's own instead of failing runc.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "{snapshotter}"
     default_runtime_name = "runc"

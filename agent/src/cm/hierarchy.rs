@@ -133,6 +133,18 @@ fn overhead(spec: &PodSpec) -> CpuMem {
     CpuMem { cpu_milli: milli(get("cpu")), memory: bytes(get("memory")) }
 }
 
+/// The pod's effective cpu (milli) and memory (bytes) requests, as the
+/// scheduler and admission count them (PodRequests: regular containers and
+/// sidecars summed, the largest init container's peak, plus overhead).
+pub fn pod_requests(spec: &PodSpec) -> (i64, i64) {
+    let r = pod_total(spec, |c| {
+        let r = container_resources(c);
+        CpuMem { cpu_milli: milli(r.cpu_request), memory: bytes(r.memory_request) }
+    })
+    .add(overhead(spec));
+    (r.cpu_milli, r.memory)
+}
+
 /// The pod cgroup's settings (the kubelet's ResourceConfigForPod):
 /// - cpu shares from the sum of cpu requests (2 for BestEffort);
 /// - CFS quota from the sum of cpu limits, only when every container has

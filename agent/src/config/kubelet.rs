@@ -237,6 +237,9 @@ pub struct KubeletConfiguration {
     pub provider_id: Option<String>,
     pub logging: Logging,
     pub shutdown_grace_period: Duration,
+    /// crashLoopBackOff.maxContainerRestartPeriod (feature gate
+    /// KubeletCrashLoopBackOffMax): the cap of the restart back-off.
+    pub crash_loop_back_off_max: Option<Duration>,
     pub shutdown_grace_period_critical_pods: Duration,
     pub register_with_taints: Vec<Taint>,
     pub register_node: bool,
@@ -333,6 +336,7 @@ impl Default for KubeletConfiguration {
                 other: serde_json::Map::new(),
             },
             shutdown_grace_period: Duration::ZERO,
+            crash_loop_back_off_max: None,
             shutdown_grace_period_critical_pods: Duration::ZERO,
             register_with_taints: vec![],
             register_node: true,
@@ -492,6 +496,9 @@ impl KubeletConfiguration {
         logging.insert("verbosity".into(), json!(self.logging.verbosity));
         put("logging", Json::Object(logging));
         put("shutdownGracePeriod", d(self.shutdown_grace_period));
+        if let Some(max) = self.crash_loop_back_off_max {
+            put("crashLoopBackOff", json!({ "maxContainerRestartPeriod": d(max) }));
+        }
         put("shutdownGracePeriodCriticalPods", d(self.shutdown_grace_period_critical_pods));
         put("registerWithTaints", serde_json::to_value(&self.register_with_taints).unwrap_or(Json::Null));
         put("registerNode", json!(self.register_node));
@@ -591,7 +598,6 @@ const ACCEPTED: &[(&str, Accepted, Option<&str>)] = &[
     ("enableSystemLogHandler", Accepted::Bool, Some("true")),
     ("enableSystemLogQuery", Accepted::Bool, None),
     ("shutdownGracePeriodByPodPriority", Accepted::Any, None),
-    ("crashLoopBackOff", Accepted::Any, None),
     ("reservedMemory", Accepted::Any, None),
     ("enableProfilingHandler", Accepted::Bool, Some("true")),
     ("enableDebugFlagsHandler", Accepted::Bool, Some("true")),
@@ -900,6 +906,21 @@ pub fn read(cx: &Ctx, root: &Node) -> Result<KubeletConfiguration, ConfigError> 
     }
     if let Some(v) = o.boolean("localStorageCapacityIsolation")? {
         c.local_storage_capacity_isolation = v;
+    }
+    if let Some(n) = o.get("crashLoopBackOff") {
+        let mut b = Object::new(cx, n, "crashLoopBackOff")?;
+        if let Some(v) = b.duration("maxContainerRestartPeriod")? {
+            let field = "crashLoopBackOff.maxContainerRestartPeriod";
+            let at = b.get("maxContainerRestartPeriod").unwrap_or(n);
+            if c.feature_gates.get("KubeletCrashLoopBackOffMax") != Some(&true) {
+                return Err(cx.err(at, field, "FeatureGate KubeletCrashLoopBackOffMax not enabled"));
+            }
+            if v < Duration::from_secs(1) || v > Duration::from_secs(300) {
+                return Err(cx.err(at, field, format!("{} must be between 1s and 300s", duration::format(v))));
+            }
+            c.crash_loop_back_off_max = Some(v);
+        }
+        b.finish()?;
     }
     for (key, kind, _) in ACCEPTED {
         if let Some(n) = o.get(key) {

@@ -886,3 +886,22 @@ fn nothing_panics_on_odd_input() {
         assert!(load_mem(args, &[]).is_err(), "{args:?}");
     }
 }
+
+#[test]
+fn crash_loop_back_off_max_needs_its_feature_gate() {
+    let body = "crashLoopBackOff:\n  maxContainerRestartPeriod: 2s\n";
+    let gated = format!("{HEAD}featureGates:\n  KubeletCrashLoopBackOffMax: true\n{body}");
+    let c = ok(&["--config=/k.yaml"], &[("/k.yaml", &gated)]);
+    assert_eq!(c.kubelet.crash_loop_back_off_max, Some(Duration::from_secs(2)));
+    assert_eq!(c.configz()["kubeletconfig"]["crashLoopBackOff"]["maxContainerRestartPeriod"], "2s");
+    let e = err(&["--config=/k.yaml"], &[("/k.yaml", &format!("{HEAD}{body}"))]);
+    assert_eq!(
+        e,
+        "/k.yaml:4: crashLoopBackOff.maxContainerRestartPeriod: FeatureGate KubeletCrashLoopBackOffMax not enabled"
+    );
+    let too_long = format!(
+        "{HEAD}featureGates:\n  KubeletCrashLoopBackOffMax: true\ncrashLoopBackOff:\n  maxContainerRestartPeriod: 10m\n"
+    );
+    let e = err(&["--config=/k.yaml"], &[("/k.yaml", &too_long)]);
+    assert!(e.contains("crashLoopBackOff.maxContainerRestartPeriod: 10m0s must be between 1s and 300s"), "{e}");
+}

@@ -57,8 +57,9 @@ pub struct CriClient {
     timeout: Duration,
     health: Arc<Mutex<HealthState>>,
     endpoint: String,
-    /// Where calls are counted and timed (kubelet_runtime_operations_*).
-    metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Where calls are counted and timed (kubelet_runtime_operations_*),
+    /// shared by clones.
+    metrics: Arc<std::sync::OnceLock<Arc<crate::metrics::Metrics>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -104,14 +105,14 @@ impl CriClient {
             timeout,
             health,
             endpoint: endpoint.to_owned(),
-            metrics: None,
+            metrics: Arc::default(),
         })
     }
 
-    /// Counts and times every call in `metrics` (kubelet_runtime_operations_*).
-    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> CriClient {
-        self.metrics = Some(metrics);
-        self
+    /// Counts and times every call from now on in `metrics`
+    /// (kubelet_runtime_operations_*); the first registry given stays.
+    pub fn observe_with(&self, metrics: Arc<crate::metrics::Metrics>) {
+        let _ = self.metrics.set(metrics);
     }
 
     pub fn endpoint(&self) -> &str {
@@ -136,7 +137,7 @@ impl CriClient {
             Ok(Err(s)) => Err(CriError::status(name, s)),
             Err(_) => Err(CriError::Timeout { call: name, timeout_secs: timeout.as_secs() }),
         };
-        if let Some(m) = &self.metrics {
+        if let Some(m) = self.metrics.get() {
             m.kubelet.observe_runtime_call(name, started.elapsed().as_secs_f64(), out.is_err());
         }
         let mut h = lock(&self.health);

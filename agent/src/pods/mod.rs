@@ -4,5 +4,26 @@
 //! Sources deliver a full snapshot of their pods each time something
 //! changes (the kubelet's config "SET" operation): simple to reason about,
 //! and a re-list after a watch gap needs no special case.
+//!
+//! Pure decisions: `admission`, `backoff`, `defaults`, `env`, `manifest`,
+//! `plan`, `spec`, `status`, `validation`. At the edges: `file` (the static
+//! pod source), `observed` (reading the runtime), `probe` (running probes
+//! and hooks), `worker` (one per pod) and `manager` (all of them).
 
+pub mod admission;
+pub mod backoff;
+pub mod defaults;
+pub mod env;
+pub mod file;
+pub mod manager;
+pub mod manifest;
+pub mod metrics;
+pub mod observed;
+pub mod plan;
+pub mod probe;
+pub mod pull;
 pub mod source;
+pub mod spec;
+pub mod status;
+pub mod validation;
+pub mod worker;

@@ -9,7 +9,7 @@ use super::{
     health::{RUNTIME_UNREACHABLE_BOUND, RuntimeCheck},
     stats::{StatsConfig, StatsProvider, StatsRuntime},
 };
-use crate::{app::Agent, cri::RuntimeService};
+use crate::{app::Agent, cri::RuntimeService, pods::source::PodView};
 
 /// The API server client for the webhooks, from `--kubeconfig` (None in
 /// standalone mode).
@@ -41,6 +41,9 @@ pub async fn serve(agent: &Agent, shutdown: watch::Receiver<bool>) -> Result<Ser
     let client = api_client(&config).await?;
     let (authn, authz) = auth_from_config(&config, client)?;
     let runtime: Arc<dyn StatsRuntime> = agent.cri.clone();
+    let pods: Arc<dyn PodView> = Arc::new(agent.pods.clone());
+    let mut probes = prometheus_client::registry::Registry::default();
+    agent.pod_metrics.register_probes(&mut probes);
     let stats = Arc::new(StatsProvider::new(
         StatsConfig {
             node_name: agent.node_name.clone(),
@@ -50,7 +53,7 @@ pub async fn serve(agent: &Agent, shutdown: watch::Receiver<bool>) -> Result<Ser
             interval: config.swiftlet.housekeeping_interval,
         },
         agent.cgroupfs.clone(),
-        agent.pod_view.clone(),
+        pods.clone(),
         Some(runtime),
         Some(agent.metrics.clone()),
     ));
@@ -58,7 +61,7 @@ pub async fn serve(agent: &Agent, shutdown: watch::Receiver<bool>) -> Result<Ser
     let server = Arc::new(Server::new(ServerParts {
         node_name: agent.node_name.clone(),
         config: config.clone(),
-        pods: agent.pod_view.clone(),
+        pods,
         stats,
         metrics: agent.metrics.clone(),
         health: agent.health.clone(),
@@ -68,6 +71,7 @@ pub async fn serve(agent: &Agent, shutdown: watch::Receiver<bool>) -> Result<Ser
         ebpf: agent.signals.ebpf.clone(),
         authn,
         authz,
+        probes,
     }));
     super::start(server, shutdown).await
 }

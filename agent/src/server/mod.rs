@@ -109,6 +109,8 @@ pub struct Server {
     pub debugging_handlers: bool,
     /// Families read at scrape time (process, eBPF programs, node name).
     extra: Registry,
+    /// /metrics/probes (prober_probe_total, fed by the prober).
+    probes: Registry,
 }
 
 /// The pieces a [`Server`] is built from.
@@ -125,6 +127,8 @@ pub struct ServerParts {
     pub ebpf: Option<Arc<crate::signals::ebpf::EbpfSource>>,
     pub authn: Arc<dyn Authenticator>,
     pub authz: Arc<dyn Authorizer>,
+    /// The prober's registry for /metrics/probes.
+    pub probes: Registry,
 }
 
 impl Server {
@@ -153,6 +157,7 @@ impl Server {
             authn: p.authn,
             authz: p.authz,
             extra,
+            probes: p.probes,
         }
     }
 
@@ -222,7 +227,7 @@ impl Server {
                 let snap = self.stats.latest().await;
                 metrics_response(&collectors::registry_with(collectors::CadvisorCollector(snap)), accept.as_deref())
             }
-            "/metrics/probes" => metrics_response(&self.metrics.probes.registry, accept.as_deref()),
+            "/metrics/probes" => metrics_response(&self.probes, accept.as_deref()),
             "/debug/events" if self.debugging_handlers => self.debug_events(),
             p if p.starts_with("/healthz") && auth::subresources(p, true).first() == Some(&"healthz") => {
                 self.healthz(&req)

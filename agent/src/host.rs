@@ -1,0 +1,94 @@
+//! Facts about the host the kubelet reports: its hostname and the IP
+//! address it is reached at (`--node-ip`, else the address of the
+//! interface that holds the default route, as the kubelet's fallback).
+
+use std::{
+    ffi::CStr,
+    io,
+    net::{IpAddr, Ipv4Addr},
+};
+
+/// The machine's hostname (not lowercased: pods see it as it is).
+pub fn hostname() -> io::Result<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    Ok(String::from_utf8_lossy(&buf[..end]).trim().to_owned())
+}
+
+/// The interface of the IPv4 default route, from /proc/net/route text.
+pub fn default_route_interface(route_table: &str) -> Option<String> {
+    route_table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // Iface Destination Gateway Flags ... Mask: destination 0 and mask 0.
+        (f.len() > 7 && f[1] == "00000000" && f[7] == "00000000").then(|| f[0].to_owned())
+    })
+}
+
+/// IPv4 addresses per interface.
+fn interface_addresses() -> io::Result<Vec<(String, Ipv4Addr)>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills head with a list we free below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = vec![];
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: cur is a node of the list getifaddrs returned.
+        let ifa = unsafe { &*cur };
+        if !ifa.ifa_addr.is_null() && i32::from(unsafe { (*ifa.ifa_addr).sa_family }) == libc::AF_INET {
+            // SAFETY: an AF_INET address is a sockaddr_in.
+            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+            // SAFETY: ifa_name is a NUL-terminated interface name.
+            let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+            out.push((name, Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))));
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: head came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
+/// The node's IP: the configured one, else the default route's
+/// interface address, else the first non-loopback IPv4 address.
+pub fn node_ip(configured: &[IpAddr]) -> Option<IpAddr> {
+    if let Some(ip) = configured.first() {
+        return Some(*ip);
+    }
+    let addrs = interface_addresses().ok()?;
+    let route = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+    if let Some(iface) = default_route_interface(&route)
+        && let Some((_, ip)) = addrs.iter().find(|(n, _)| *n == iface)
+    {
+        return Some(IpAddr::V4(*ip));
+    }
+    addrs.iter().find(|(_, ip)| !ip.is_loopback()).map(|(_, ip)| IpAddr::V4(*ip))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_route() {
+        let table = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+                     eth0\t0000A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+                     eth1\t00000000\t0100A8C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n";
+        assert_eq!(default_route_interface(table).as_deref(), Some("eth1"));
+        assert_eq!(default_route_interface("Iface\tDestination\n"), None);
+    }
+
+    #[test]
+    fn configured_wins_and_the_machine_has_one() {
+        let ip: IpAddr = "192.0.2.7".parse().unwrap();
+        assert_eq!(node_ip(&[ip]), Some(ip));
+        // Every machine this runs on has at least loopback; a node address
+        // is found unless it has no network at all.
+        assert!(interface_addresses().unwrap().iter().any(|(_, ip)| ip.is_loopback()));
+    }
+}

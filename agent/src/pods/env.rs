@@ -1,0 +1,342 @@
+//! Container environment as the kubelet builds it: `env` in order, with
+//! `$(VAR)` references to earlier variables expanded, values from the
+//! downward API (`fieldRef`, `resourceFieldRef`), and the same expansion
+//! applied to command and args.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
+
+use crate::{cm::qos::container_resources, quantity::Quantity};
+
+/// What `fieldRef` and `resourceFieldRef` can read that is not in the pod
+/// object itself.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DownwardContext {
+    pub host_ip: Option<String>,
+    pub pod_ips: Vec<String>,
+    /// Node allocatable, the value of a limit the container does not set.
+    pub allocatable_cpu_milli: i64,
+    pub allocatable_memory: i64,
+    pub allocatable_ephemeral_storage: i64,
+}
+
+/// Why an environment could not be built: the kubelet reports it as
+/// CreateContainerConfigError.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct EnvError(pub String);
+
+/// Expands `$(NAME)` from `vars`; `$$` is a literal `$`; references to
+/// unknown names stay as written (Kubernetes' expansion rules).
+pub fn expand(input: &str, vars: &BTreeMap<String, String>) -> String {
+    let mut out = String::with_capacity(input.len());
+    let bytes = input.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'$' && i + 1 < bytes.len() {
+            match bytes[i + 1] {
+                b'$' => {
+                    out.push('$');
+                    i += 2;
+                    continue;
+                }
+                b'(' => {
+                    if let Some(end) = input[i + 2..].find(')') {
+                        let name = &input[i + 2..i + 2 + end];
+                        match vars.get(name) {
+                            Some(v) => out.push_str(v),
+                            None => out.push_str(&input[i..i + 3 + end]),
+                        }
+                        i += 3 + end;
+                        continue;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let ch = input[i..].chars().next().expect("i is on a char boundary");
+        out.push(ch);
+        i += ch.len_utf8();
+    }
+    out
+}
+
+/// The container's environment, in order.
+pub fn build(pod: &Pod, c: &Container, cx: &DownwardContext) -> Result<Vec<(String, String)>, EnvError> {
+    let mut vars: BTreeMap<String, String> = BTreeMap::new();
+    let mut ordered: Vec<(String, String)> = vec![];
+    if c.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
+        return Err(EnvError(
+            "envFrom needs configMaps or secrets from the API server, which this node does not have".into(),
+        ));
+    }
+    for e in c.env.iter().flatten() {
+        let Some(value) = value_of(pod, c, e, cx, &vars)? else { continue };
+        if let Some(slot) = ordered.iter_mut().find(|(k, _)| *k == e.name) {
+            slot.1 = value.clone();
+        } else {
+            ordered.push((e.name.clone(), value.clone()));
+        }
+        vars.insert(e.name.clone(), value);
+    }
+    Ok(ordered)
+}
+
+/// Command and args with `$(VAR)` expanded from the environment.
+pub fn expand_all(items: Option<&Vec<String>>, env: &[(String, String)]) -> Vec<String> {
+    let vars: BTreeMap<String, String> = env.iter().cloned().collect();
+    items.into_iter().flatten().map(|s| expand(s, &vars)).collect()
+}
+
+fn value_of(
+    pod: &Pod,
+    c: &Container,
+    e: &EnvVar,
+    cx: &DownwardContext,
+    vars: &BTreeMap<String, String>,
+) -> Result<Option<String>, EnvError> {
+    if let Some(v) = &e.value {
+        return Ok(Some(expand(v, vars)));
+    }
+    let Some(from) = &e.value_from else { return Ok(Some(String::new())) };
+    if let Some(f) = &from.field_ref {
+        return field(pod, &f.field_path, cx).map(Some);
+    }
+    if let Some(r) = &from.resource_field_ref {
+        let target = match r.container_name.as_deref() {
+            None | Some("") => c,
+            Some(name) => pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.iter().chain(s.init_containers.iter().flatten()).find(|x| x.name == name))
+                .ok_or_else(|| {
+                    EnvError(format!("env {}: resourceFieldRef names unknown container {name:?}", e.name))
+                })?,
+        };
+        return resource(target, &r.resource, r.divisor.as_ref().map(|d| d.0.as_str()), cx)
+            .map(Some)
+            .map_err(|why| EnvError(format!("env {}: {why}", e.name)));
+    }
+    if let Some(k) = &from.config_map_key_ref {
+        if k.optional == Some(true) {
+            return Ok(None);
+        }
+        return Err(EnvError(format!("configmap {:?} not found (no API server to read it from)", k.name)));
+    }
+    if let Some(k) = &from.secret_key_ref {
+        if k.optional == Some(true) {
+            return Ok(None);
+        }
+        return Err(EnvError(format!("secret {:?} not found (no API server to read it from)", k.name)));
+    }
+    Ok(Some(String::new()))
+}
+
+/// `metadata.labels['app']` → ("metadata.labels", "app").
+fn subscript(path: &str) -> Option<(&str, &str)> {
+    let (base, rest) = path.split_once('[')?;
+    let key = rest.strip_suffix(']')?.trim_matches(|c| c == '\'' || c == '"');
+    Some((base, key))
+}
+
+pub fn field(pod: &Pod, path: &str, cx: &DownwardContext) -> Result<String, EnvError> {
+    let m = &pod.metadata;
+    let spec = pod.spec.as_ref();
+    if let Some((base, key)) = subscript(path) {
+        let map = match base {
+            "metadata.labels" => m.labels.as_ref(),
+            "metadata.annotations" => m.annotations.as_ref(),
+            _ => return Err(EnvError(format!("unsupported fieldRef {path:?}"))),
+        };
+        return Ok(map.and_then(|m| m.get(key)).cloned().unwrap_or_default());
+    }
+    let map_text = |map: Option<&BTreeMap<String, String>>| {
+        map.into_iter().flatten().map(|(k, v)| format!("{k}=\"{v}\"")).collect::<Vec<_>>().join("\n")
+    };
+    Ok(match path {
+        "metadata.name" => m.name.clone().unwrap_or_default(),
+        "metadata.namespace" => m.namespace.clone().unwrap_or_default(),
+        "metadata.uid" => m.uid.clone().unwrap_or_default(),
+        "metadata.labels" => map_text(m.labels.as_ref()),
+        "metadata.annotations" => map_text(m.annotations.as_ref()),
+        "spec.nodeName" => spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+        "spec.serviceAccountName" => spec.and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
+        "status.hostIP" => cx.host_ip.clone().unwrap_or_default(),
+        "status.hostIPs" => cx.host_ip.clone().unwrap_or_default(),
+        "status.podIP" => cx.pod_ips.first().cloned().unwrap_or_default(),
+        "status.podIPs" => cx.pod_ips.join(","),
+        other => return Err(EnvError(format!("unsupported fieldRef {other:?}"))),
+    })
+}
+
+/// A `resourceFieldRef` value: the amount divided by the divisor, rounded
+/// up, with node allocatable standing in for an unset limit.
+pub fn resource(c: &Container, name: &str, divisor: Option<&str>, cx: &DownwardContext) -> Result<String, String> {
+    let r = container_resources(c);
+    let raw = |key: &str| {
+        c.resources
+            .as_ref()
+            .and_then(|res| if key.starts_with("limits.") { res.limits.as_ref() } else { res.requests.as_ref() })
+            .and_then(|m| m.get(key.split_once('.').map_or(key, |(_, k)| k)))
+            .and_then(|q| q.0.parse::<Quantity>().ok())
+    };
+    // In milli-units, to divide exactly.
+    let milli = match name {
+        "limits.cpu" => r.cpu_limit.map(|q| q.milli_value()).unwrap_or(cx.allocatable_cpu_milli),
+        "requests.cpu" => r.cpu_request.map(|q| q.milli_value()).unwrap_or(0),
+        "limits.memory" => {
+            r.memory_limit.map(|q| q.milli_value()).unwrap_or(cx.allocatable_memory.saturating_mul(1000))
+        }
+        "requests.memory" => r.memory_request.map(|q| q.milli_value()).unwrap_or(0),
+        "limits.ephemeral-storage" => {
+            raw(name).map(|q| q.milli_value()).unwrap_or(cx.allocatable_ephemeral_storage.saturating_mul(1000))
+        }
+        "requests.ephemeral-storage" => raw(name).map(|q| q.milli_value()).unwrap_or(0),
+        other => return Err(format!("unsupported resource {other:?}")),
+    };
+    let divisor = match divisor {
+        None | Some("") | Some("0") => Quantity::from_units(1),
+        Some(d) => d.parse::<Quantity>().map_err(|e| format!("divisor {d:?}: {e}"))?,
+    };
+    let d = divisor.milli_value().max(1);
+    Ok(((milli + d - 1) / d).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{
+        api::core::v1::{EnvVarSource, ObjectFieldSelector, PodSpec, ResourceFieldSelector, ResourceRequirements},
+        apimachinery::pkg::api::resource::Quantity as Q,
+    };
+
+    use super::*;
+
+    #[test]
+    fn expansion_rules() {
+        let vars: BTreeMap<String, String> = [("A".to_string(), "x".to_string())].into();
+        for (input, want) in [
+            ("$(A)", "x"),
+            ("pre-$(A)-post", "pre-x-post"),
+            ("$(B)", "$(B)"),
+            ("$$(A)", "$(A)"),
+            ("$$", "$"),
+            ("$(A", "$(A"),
+            ("cost: 5$", "cost: 5$"),
+            ("ünï$(A)", "ünïx"),
+        ] {
+            assert_eq!(expand(input, &vars), want, "{input}");
+        }
+    }
+
+    fn env(name: &str, from: EnvVarSource) -> EnvVar {
+        EnvVar { name: name.into(), value_from: Some(from), ..Default::default() }
+    }
+
+    fn field_env(name: &str, path: &str) -> EnvVar {
+        env(
+            name,
+            EnvVarSource {
+                field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..Default::default() }),
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn downward_api_and_order() {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("web".into());
+        pod.metadata.namespace = Some("prod".into());
+        pod.metadata.uid = Some("u1".into());
+        pod.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
+        let c = Container {
+            name: "c".into(),
+            env: Some(vec![
+                field_env("POD", "metadata.name"),
+                field_env("NS", "metadata.namespace"),
+                field_env("APP", "metadata.labels['app']"),
+                field_env("NODE", "spec.nodeName"),
+                field_env("IP", "status.podIP"),
+                field_env("HOST", "status.hostIP"),
+                EnvVar { name: "GREETING".into(), value: Some("hi $(POD) in $(NS)".into()), ..Default::default() },
+                env(
+                    "MEM",
+                    EnvVarSource {
+                        resource_field_ref: Some(ResourceFieldSelector {
+                            resource: "limits.memory".into(),
+                            divisor: Some(Q("1Mi".into())),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                ),
+                env(
+                    "CPU",
+                    EnvVarSource {
+                        resource_field_ref: Some(ResourceFieldSelector {
+                            resource: "limits.cpu".into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                ),
+            ]),
+            resources: Some(ResourceRequirements {
+                limits: Some([("memory".to_string(), Q("64Mi".into())), ("cpu".to_string(), Q("250m".into()))].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        pod.spec = Some(PodSpec { node_name: Some("n1".into()), containers: vec![c.clone()], ..Default::default() });
+        let cx = DownwardContext {
+            host_ip: Some("10.0.0.1".into()),
+            pod_ips: vec!["10.1.0.5".into()],
+            ..Default::default()
+        };
+        let got = build(&pod, &c, &cx).unwrap();
+        let want: Vec<(String, String)> = [
+            ("POD", "web"),
+            ("NS", "prod"),
+            ("APP", "web"),
+            ("NODE", "n1"),
+            ("IP", "10.1.0.5"),
+            ("HOST", "10.0.0.1"),
+            ("GREETING", "hi web in prod"),
+            ("MEM", "64"),
+            ("CPU", "1"),
+        ]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+        assert_eq!(got, want);
+        assert_eq!(expand_all(Some(&vec!["echo".into(), "$(GREETING)".into()]), &got), vec!["echo", "hi web in prod"]);
+    }
+
+    #[test]
+    fn unset_limits_read_node_allocatable_and_api_refs_fail_clearly() {
+        let c = Container::default();
+        let cx = DownwardContext { allocatable_cpu_milli: 3500, allocatable_memory: 1 << 30, ..Default::default() };
+        assert_eq!(resource(&c, "limits.cpu", None, &cx).unwrap(), "4");
+        assert_eq!(resource(&c, "limits.cpu", Some("1m"), &cx).unwrap(), "3500");
+        assert_eq!(resource(&c, "limits.memory", Some("1Gi"), &cx).unwrap(), "1");
+        assert!(resource(&c, "limits.gpu", None, &cx).unwrap_err().contains("limits.gpu"));
+        let pod = Pod::default();
+        let cm = Container {
+            env: Some(vec![env(
+                "X",
+                EnvVarSource {
+                    config_map_key_ref: Some(k8s_openapi::api::core::v1::ConfigMapKeySelector {
+                        name: "settings".into(),
+                        key: "x".into(),
+                        optional: None,
+                    }),
+                    ..Default::default()
+                },
+            )]),
+            ..Default::default()
+        };
+        assert!(build(&pod, &cm, &cx).unwrap_err().0.contains("configmap \"settings\" not found"));
+        assert!(field(&pod, "spec.bogus", &cx).unwrap_err().0.contains("spec.bogus"));
+    }
+}

@@ -1,0 +1,330 @@
+//! The static pod source: every file in `staticPodPath` is one pod.
+//!
+//! It reacts to inotify events at once (debounced briefly, since editors
+//! write in several steps) and rescans every `fileCheckFrequency` as a
+//! safety net. Files whose names start with a dot are ignored (editor swap
+//! files), as the kubelet does. A bad file is logged once per content with
+//! the file, field and value, counted in a metric, and does not affect the
+//! other pods; if it replaced a good manifest, the pod that file last
+//! described keeps running until the file is fixed or removed, so a typo
+//! never takes a running pod down.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::Pod;
+use prometheus_client::metrics::counter::Counter;
+use tokio::{io::unix::AsyncFd, sync::watch};
+use tracing::{debug, info, warn};
+
+use super::{
+    manifest::{self, ManifestError},
+    source::{PodSink, PodSnapshot, SourceKind},
+};
+
+/// How long to wait for more events after one arrives.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+
+pub struct FileSource {
+    dir: PathBuf,
+    node_name: String,
+    check_frequency: Duration,
+    sink: Arc<dyn PodSink>,
+    errors: Counter,
+}
+
+/// What one scan found, per file.
+#[derive(Default)]
+struct ScanState {
+    /// The last good pod of each file.
+    good: BTreeMap<PathBuf, Pod>,
+    /// The error last logged per file, so it is logged once.
+    logged: HashMap<PathBuf, String>,
+    sent: Option<Vec<Pod>>,
+}
+
+impl FileSource {
+    pub fn new(
+        dir: PathBuf,
+        node_name: String,
+        check_frequency: Duration,
+        sink: Arc<dyn PodSink>,
+        errors: Counter,
+    ) -> FileSource {
+        FileSource { dir, node_name, check_frequency, sink, errors }
+    }
+
+    /// Scans, then watches, until `shutdown` turns true.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut state = ScanState::default();
+        let mut watcher = None;
+        let mut tick = tokio::time::interval(self.check_frequency.max(Duration::from_secs(1)));
+        loop {
+            if watcher.is_none() {
+                watcher = match Inotify::watch(&self.dir) {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        debug!(dir = %self.dir.display(), "cannot watch the static pod directory (rescanning every {:?}): {e}", self.check_frequency);
+                        None
+                    }
+                };
+            }
+            self.scan(&mut state);
+            tokio::select! {
+                r = async { match &watcher { Some(w) => w.wait().await, None => std::future::pending().await } } => {
+                    if let Err(e) = r {
+                        debug!("inotify: {e}");
+                        watcher = None;
+                    }
+                    tokio::time::sleep(DEBOUNCE).await;
+                    if let Some(w) = &watcher {
+                        w.drain();
+                    }
+                }
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => if *shutdown.borrow() { return },
+            }
+        }
+    }
+
+    fn scan(&self, state: &mut ScanState) {
+        let files = match manifest_files(&self.dir) {
+            Ok(f) => f,
+            Err(e) => {
+                // As the kubelet: a missing directory is not an error, just
+                // no static pods (yet).
+                if state.logged.insert(self.dir.clone(), e.to_string()).is_none() {
+                    info!(dir = %self.dir.display(), "no static pods: {e}");
+                }
+                Vec::new()
+            }
+        };
+        if !files.is_empty() {
+            state.logged.remove(&self.dir);
+        }
+        state.good.retain(|f, _| files.contains(f));
+        state.logged.retain(|f, _| files.contains(f) || f == &self.dir);
+        for file in &files {
+            match manifest::load(file, &self.node_name) {
+                Ok(pod) => {
+                    state.logged.remove(file);
+                    state.good.insert(file.clone(), pod);
+                }
+                Err(e) => self.bad_file(state, file, e),
+            }
+        }
+        let pods: Vec<Pod> = state.good.values().cloned().collect();
+        if state.sent.as_ref() != Some(&pods) {
+            debug!(count = pods.len(), "static pods changed");
+            self.sink.set(PodSnapshot { source: SourceKind::File, pods: pods.clone() });
+            state.sent = Some(pods);
+        }
+    }
+
+    fn bad_file(&self, state: &mut ScanState, file: &Path, e: ManifestError) {
+        let text = e.to_string();
+        if state.logged.get(file) == Some(&text) {
+            return;
+        }
+        self.errors.inc();
+        if state.good.contains_key(file) {
+            warn!("static pod manifest rejected, the pod it described keeps running: {text}");
+        } else {
+            warn!("static pod manifest rejected: {text}");
+        }
+        state.logged.insert(file.to_owned(), text);
+    }
+}
+
+/// Regular files in `dir` (following symlinks), dotfiles excluded, sorted.
+fn manifest_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files = vec![];
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// A minimal inotify watch on one directory.
+struct Inotify {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl Inotify {
+    fn watch(dir: &Path) -> std::io::Result<Inotify> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains NUL"))?;
+        // SAFETY: inotify_init1 has no memory-safety preconditions.
+        let raw = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: raw is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let mask = libc::IN_CREATE
+            | libc::IN_DELETE
+            | libc::IN_MODIFY
+            | libc::IN_CLOSE_WRITE
+            | libc::IN_MOVED_FROM
+            | libc::IN_MOVED_TO
+            | libc::IN_ATTRIB
+            | libc::IN_DELETE_SELF
+            | libc::IN_MOVE_SELF;
+        // SAFETY: fd is a valid inotify descriptor and path a NUL-terminated string.
+        if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), mask) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: the OwnedFd is moved into the AsyncFd, which keeps it open
+        // and returns the same descriptor until it is dropped.
+        let fd = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(Inotify { fd })
+    }
+
+    /// Waits for at least one event.
+    async fn wait(&self) -> std::io::Result<()> {
+        loop {
+            let mut guard = self.fd.readable().await?;
+            if self.drain() {
+                return Ok(());
+            }
+            guard.clear_ready();
+        }
+    }
+
+    /// Reads every pending event; true if there was any. A watched
+    /// directory that was removed ends the watch (reported as an error by
+    /// the next wait once the descriptor has nothing more to give).
+    fn drain(&self) -> bool {
+        let mut buf = [0u8; 4096];
+        let mut any = false;
+        loop {
+            // SAFETY: buf is valid for writes of its length.
+            let n = unsafe { libc::read(self.fd.get_ref().as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return any;
+            }
+            any = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Collect(Mutex<Vec<PodSnapshot>>);
+
+    impl PodSink for Collect {
+        fn set(&self, snapshot: PodSnapshot) {
+            self.0.lock().unwrap().push(snapshot);
+        }
+    }
+
+    impl Collect {
+        fn names(&self) -> Vec<Vec<String>> {
+            self.0
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|s| s.pods.iter().map(|p| p.metadata.name.clone().unwrap_or_default()).collect())
+                .collect()
+        }
+    }
+
+    fn manifest(name: &str, image: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  - {{name: c, image: {image}}}\n"
+        )
+    }
+
+    async fn wait_for(sink: &Collect, want: usize) {
+        for _ in 0..100 {
+            if sink.0.lock().unwrap().len() >= want {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("expected {want} snapshots, got {:?}", sink.names());
+    }
+
+    #[tokio::test]
+    async fn inotify_drives_snapshots_and_bad_files_do_not_take_pods_down() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), manifest("a", "busybox")).unwrap();
+        std::fs::write(dir.path().join(".a.yaml.swp"), "garbage").unwrap();
+        let sink = Arc::new(Collect::default());
+        let errors = Counter::default();
+        // A rescan period far beyond the test: only inotify can deliver.
+        let src =
+            FileSource::new(dir.path().into(), "n".into(), Duration::from_secs(3600), sink.clone(), errors.clone());
+        let (stop, shutdown) = watch::channel(false);
+        let task = tokio::spawn(src.run(shutdown));
+        wait_for(&sink, 1).await;
+        assert_eq!(sink.names(), vec![vec!["a-n"]]);
+
+        std::fs::write(dir.path().join("b.json"), manifest("b", "busybox")).unwrap();
+        wait_for(&sink, 2).await;
+        assert_eq!(sink.names()[1], vec!["a-n", "b-n"]);
+
+        // Breaking a.yaml keeps its last good pod; the error is counted once.
+        std::fs::write(
+            dir.path().join("a.yaml"),
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: a}\nspec: {containers: []}\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("c.yaml"), manifest("c", "busybox")).unwrap();
+        wait_for(&sink, 3).await;
+        assert_eq!(sink.names()[2], vec!["a-n", "b-n", "c-n"]);
+        assert_eq!(errors.get(), 1);
+
+        // Editing a file replaces its pod (new uid); deleting one removes it.
+        let before = sink.0.lock().unwrap()[2].pods[0].metadata.uid.clone();
+        std::fs::write(dir.path().join("a.yaml"), manifest("a", "busybox:1.35")).unwrap();
+        wait_for(&sink, 4).await;
+        let after = sink.0.lock().unwrap()[3].pods[0].metadata.uid.clone();
+        assert_ne!(before, after);
+        std::fs::remove_file(dir.path().join("b.json")).unwrap();
+        wait_for(&sink, 5).await;
+        assert_eq!(sink.names()[4], vec!["a-n", "c-n"]);
+
+        let _ = stop.send(true);
+        task.await.unwrap();
+        assert_eq!(errors.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_missing_directory_means_no_pods_until_it_appears() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("manifests");
+        let sink = Arc::new(Collect::default());
+        let src = FileSource::new(dir.clone(), "n".into(), Duration::from_secs(1), sink.clone(), Counter::default());
+        let (stop, shutdown) = watch::channel(false);
+        let task = tokio::spawn(src.run(shutdown));
+        wait_for(&sink, 1).await;
+        assert_eq!(sink.names(), vec![Vec::<String>::new()]);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("a.yaml"), manifest("a", "busybox")).unwrap();
+        wait_for(&sink, 2).await;
+        assert_eq!(sink.names()[1], vec!["a-n"]);
+        let _ = stop.send(true);
+        task.await.unwrap();
+    }
+}

@@ -1,0 +1,470 @@
+//! The pod manager: merges the sources' snapshots into the pods this node
+//! should run, admits new pods, keeps one worker per pod, relists the
+//! runtime every second to wake the workers whose pods changed (the
+//! kubelet's generic PLEG), stops what runs in the runtime without a pod
+//! (once every source has spoken, so a restart never kills a pod whose
+//! source is still loading), and answers for the pods: their status
+//! (`PodView`), and to the eviction manager (`PodProvider`, `PodEvictor`).
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::{Arc, Mutex, RwLock, Weak},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::{
+    api::core::v1::{Pod, PodStatus},
+    jiff::Timestamp,
+};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use super::{
+    admission::{self, Capacity},
+    defaults,
+    manifest::{CONFIG_MIRROR, CONFIG_SEEN},
+    metrics::PodMetrics,
+    source::{PodSink, PodSnapshot, PodView, SourceKind, StatusReporter},
+    status::TerminalReason,
+    worker::{Msg, Worker, WorkerDeps, WorkerHandle, WorkerSink},
+};
+use crate::{
+    cm::{
+        hierarchy::pod_requests,
+        qos::{SYSTEM_CRITICAL_PRIORITY, priority, qos_class},
+    },
+    cri::{api, labels},
+    events::{EventType, pod_ref},
+    eviction::driver::{EvictionContainer, EvictionPod, EvictionRequest, PodEvictor, PodProvider},
+};
+
+/// How long a removed pod's remains are not taken for an orphan's.
+const TOMBSTONE_TTL: Duration = Duration::from_secs(10);
+
+struct Entry {
+    pod: Pod,
+    status: Option<PodStatus>,
+    /// Running containers (name, id).
+    running: Vec<(String, String)>,
+    /// Admitted and still meant to run (not finished, not terminating).
+    active: bool,
+    handle: Option<WorkerHandle>,
+    /// Found in the runtime with no pod: being stopped and removed.
+    orphan: bool,
+    first_seen: Instant,
+    started_reported: bool,
+}
+
+struct Inner {
+    deps: Arc<WorkerDeps>,
+    reporter: RwLock<Arc<dyn StatusReporter>>,
+    capacity: Capacity,
+    metrics: PodMetrics,
+    expected: HashSet<SourceKind>,
+    sources: Mutex<BTreeMap<SourceKind, Vec<Pod>>>,
+    pods: Mutex<HashMap<String, Entry>>,
+    shutdown: watch::Receiver<bool>,
+    last_relist: Mutex<Option<Instant>>,
+    /// Pods removed lately: a relist listed before their cleanup finished
+    /// must not mistake their remains for orphans.
+    tombstones: Mutex<HashMap<String, Instant>>,
+    this: Weak<Inner>,
+}
+
+/// Handle to the pod manager.
+#[derive(Clone)]
+pub struct PodManager {
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn uid(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
+fn is_mirror(pod: &Pod) -> bool {
+    pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(CONFIG_MIRROR))
+}
+
+impl PodManager {
+    pub fn new(
+        deps: Arc<WorkerDeps>,
+        expected: HashSet<SourceKind>,
+        capacity: Capacity,
+        metrics: PodMetrics,
+        shutdown: watch::Receiver<bool>,
+    ) -> PodManager {
+        let inner = Arc::new_cyclic(|this| Inner {
+            deps,
+            reporter: RwLock::new(Arc::new(super::source::NoStatusReporter)),
+            capacity,
+            metrics,
+            expected,
+            sources: Mutex::new(BTreeMap::new()),
+            pods: Mutex::new(HashMap::new()),
+            shutdown,
+            last_relist: Mutex::new(None),
+            tombstones: Mutex::new(HashMap::new()),
+            this: this.clone(),
+        });
+        PodManager { inner }
+    }
+
+    /// Where status changes go (the API server's status manager).
+    pub fn set_reporter(&self, reporter: Arc<dyn StatusReporter>) {
+        *self.inner.reporter.write().unwrap_or_else(|p| p.into_inner()) = reporter;
+    }
+
+    /// When the runtime was last relisted (healthz: the sync loop is alive).
+    pub fn last_relist(&self) -> Option<Instant> {
+        *lock(&self.inner.last_relist)
+    }
+
+    /// Relists the runtime every `period` until shutdown.
+    pub async fn run(self, period: Duration) {
+        let mut shutdown = self.inner.shutdown.clone();
+        let mut previous: HashMap<String, Vec<(String, i32)>> = HashMap::new();
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => if *shutdown.borrow() { break } else { continue },
+            }
+            match self.inner.relist(&mut previous).await {
+                Ok(()) => *lock(&self.inner.last_relist) = Some(Instant::now()),
+                Err(e) => debug!("relist: {e}"),
+            }
+        }
+        let workers: Vec<_> =
+            lock(&self.inner.pods).values_mut().filter_map(|e| e.handle.take()).map(|h| h.task).collect();
+        for t in workers {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Inner {
+    fn sink(&self) -> Arc<dyn WorkerSink> {
+        Arc::new(Sink(self.this.clone()))
+    }
+
+    fn reporter(&self) -> Arc<dyn StatusReporter> {
+        self.reporter.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn sources_ready(&self) -> bool {
+        let s = lock(&self.sources);
+        self.expected.iter().all(|k| s.contains_key(k))
+    }
+
+    fn reconcile(&self) {
+        let mut desired: BTreeMap<String, Pod> = BTreeMap::new();
+        for pods in lock(&self.sources).values() {
+            for p in pods {
+                let mut p = p.clone();
+                defaults::apply(&mut p);
+                desired.entry(uid(&p)).or_insert(p);
+            }
+        }
+        let mut pods = lock(&self.pods);
+        for (id, pod) in &desired {
+            if let Some(e) = pods.get_mut(id) {
+                if e.orphan {
+                    continue;
+                }
+                if !same_spec(&e.pod, pod) {
+                    e.pod = pod.clone();
+                    if let Some(h) = &e.handle {
+                        let _ = h.tx.send(Msg::Update(Box::new(pod.clone())));
+                    }
+                }
+                continue;
+            }
+            let mut pod = pod.clone();
+            pod.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .entry(CONFIG_SEEN.into())
+                .or_insert_with(|| Timestamp::now().to_string());
+            let active: Vec<&Pod> = pods.values().filter(|e| e.active && !e.orphan).map(|e| &e.pod).collect();
+            match admission::admit(&pod, &active, self.capacity) {
+                Ok(()) => {
+                    info!(
+                        pod = format!(
+                            "{}/{}",
+                            pod.metadata.namespace.as_deref().unwrap_or(""),
+                            pod.metadata.name.as_deref().unwrap_or("")
+                        ),
+                        uid = id,
+                        "pod added"
+                    );
+                    let handle = Worker::spawn(self.deps.clone(), self.sink(), pod.clone(), self.shutdown.clone());
+                    pods.insert(id.clone(), Entry::new(pod, Some(handle)));
+                }
+                Err(r) => {
+                    warn!(
+                        pod = pod.metadata.name.as_deref().unwrap_or(""),
+                        "pod rejected: {}: {}", r.reason, r.message
+                    );
+                    self.deps.recorder.record(&pod_ref(&pod), EventType::Warning, &r.reason, &r.message);
+                    let status = rejected_status(&pod, &r);
+                    self.reporter().report(&pod, &status);
+                    let mut e = Entry::new(pod, None);
+                    e.active = false;
+                    e.status = Some(status);
+                    pods.insert(id.clone(), e);
+                }
+            }
+        }
+        let gone: Vec<String> =
+            pods.iter().filter(|(id, e)| !e.orphan && !desired.contains_key(*id)).map(|(id, _)| id.clone()).collect();
+        for id in gone {
+            let e = pods.get_mut(&id).expect("listed above");
+            e.active = false;
+            match &e.handle {
+                Some(h) => {
+                    let _ = h.tx.send(Msg::Remove);
+                }
+                None => {
+                    pods.remove(&id);
+                }
+            }
+        }
+        self.metrics.pod_workers.set(pods.values().filter(|e| e.handle.is_some()).count() as i64);
+    }
+
+    async fn relist(&self, previous: &mut HashMap<String, Vec<(String, i32)>>) -> crate::cri::Result<()> {
+        let rt = &self.deps.runtime;
+        let sel = labels::managed_selector();
+        let sandboxes = rt
+            .list_pod_sandbox(Some(api::PodSandboxFilter { label_selector: sel.clone(), ..Default::default() }))
+            .await?;
+        let containers =
+            rt.list_containers(Some(api::ContainerFilter { label_selector: sel, ..Default::default() })).await?;
+        let mut now: HashMap<String, Vec<(String, i32)>> = HashMap::new();
+        let mut identity: HashMap<String, labels::PodIdentity> = HashMap::new();
+        for s in &sandboxes {
+            if let Some(id) = labels::identity(&s.labels) {
+                now.entry(id.uid.clone()).or_default().push((s.id.clone(), s.state));
+                identity.insert(id.uid.clone(), id);
+            }
+        }
+        for c in &containers {
+            if let Some(id) = labels::identity(&c.labels) {
+                now.entry(id.uid.clone()).or_default().push((c.id.clone(), c.state));
+                identity.entry(id.uid.clone()).or_insert(id);
+            }
+        }
+        for v in now.values_mut() {
+            v.sort();
+        }
+        let ready = self.sources_ready();
+        let mut tombstones = lock(&self.tombstones);
+        tombstones.retain(|_, at| at.elapsed() < TOMBSTONE_TTL);
+        let mut pods = lock(&self.pods);
+        for (uid, fp) in &now {
+            if previous.get(uid) != Some(fp)
+                && let Some(h) = pods.get(uid).and_then(|e| e.handle.as_ref())
+            {
+                h.wake.notify_one();
+            }
+            if ready && !pods.contains_key(uid) && !tombstones.contains_key(uid) {
+                let id = &identity[uid];
+                info!(
+                    pod = format!("{}/{}", id.namespace, id.name),
+                    uid, "stopping what runs for a pod no source wants"
+                );
+                let mut pod = Pod::default();
+                pod.metadata.uid = Some(id.uid.clone());
+                pod.metadata.name = Some(id.name.clone());
+                pod.metadata.namespace = Some(id.namespace.clone());
+                let handle = Worker::spawn(self.deps.clone(), self.sink(), pod.clone(), self.shutdown.clone());
+                let _ = handle.tx.send(Msg::Remove);
+                let mut e = Entry::new(pod, Some(handle));
+                e.orphan = true;
+                e.active = false;
+                pods.insert(uid.clone(), e);
+            }
+        }
+        *previous = now;
+        Ok(())
+    }
+}
+
+/// Pods from the API carry volatile metadata (resourceVersion, managed
+/// fields): a worker is only told about changes the kubelet acts on.
+fn same_spec(a: &Pod, b: &Pod) -> bool {
+    a.spec == b.spec
+        && a.metadata.deletion_timestamp == b.metadata.deletion_timestamp
+        && a.metadata.deletion_grace_period_seconds == b.metadata.deletion_grace_period_seconds
+        && a.metadata.labels == b.metadata.labels
+        && a.metadata.name == b.metadata.name
+}
+
+impl Entry {
+    fn new(pod: Pod, handle: Option<WorkerHandle>) -> Entry {
+        Entry {
+            pod,
+            status: None,
+            running: vec![],
+            active: true,
+            handle,
+            orphan: false,
+            first_seen: Instant::now(),
+            started_reported: false,
+        }
+    }
+}
+
+fn rejected_status(pod: &Pod, r: &admission::Rejection) -> PodStatus {
+    PodStatus {
+        phase: Some("Failed".into()),
+        reason: Some(r.reason.clone()),
+        message: Some(r.message.clone()),
+        qos_class: pod.spec.as_ref().map(|s| qos_class(s).as_str().to_owned()),
+        start_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now())),
+        ..Default::default()
+    }
+}
+
+struct Sink(Weak<Inner>);
+
+impl WorkerSink for Sink {
+    fn status(&self, pod: &Pod, status: &PodStatus, containers: &[(String, String)], active: bool) {
+        let Some(inner) = self.0.upgrade() else { return };
+        let changed = {
+            let mut pods = lock(&inner.pods);
+            let Some(e) = pods.get_mut(&uid(pod)) else { return };
+            e.running = containers.to_vec();
+            e.active = active && !e.orphan;
+            let all_running = status.container_statuses.as_ref().is_some_and(|cs| {
+                !cs.is_empty() && cs.iter().all(|c| c.state.as_ref().and_then(|s| s.running.as_ref()).is_some())
+            });
+            if all_running && !e.started_reported {
+                e.started_reported = true;
+                inner.metrics.pod_start_duration.observe(e.first_seen.elapsed().as_secs_f64());
+            }
+            if e.orphan || e.status.as_ref() == Some(status) {
+                false
+            } else {
+                e.status = Some(status.clone());
+                true
+            }
+        };
+        if changed {
+            inner.reporter().report(pod, status);
+        }
+    }
+
+    fn terminated(&self, pod: &Pod) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.reporter().terminated(pod);
+        }
+    }
+
+    fn removed(&self, pod: &Pod) {
+        let Some(inner) = self.0.upgrade() else { return };
+        let id = uid(pod);
+        lock(&inner.tombstones).insert(id.clone(), Instant::now());
+        lock(&inner.pods).remove(&id);
+        debug!(uid = id, "pod removed");
+        // The pod may be wanted again (a manifest restored meanwhile).
+        inner.reconcile();
+    }
+}
+
+impl PodSink for PodManager {
+    fn set(&self, snapshot: PodSnapshot) {
+        lock(&self.inner.sources).insert(snapshot.source, snapshot.pods);
+        self.inner.reconcile();
+    }
+}
+
+impl PodView for PodManager {
+    fn pods(&self) -> Vec<Pod> {
+        let pods = lock(&self.inner.pods);
+        let mut out: Vec<Pod> = pods
+            .values()
+            .filter(|e| !e.orphan)
+            .map(|e| {
+                let mut p = e.pod.clone();
+                p.status = e.status.clone();
+                p
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name)));
+        out
+    }
+}
+
+impl PodProvider for PodManager {
+    fn eviction_pods(&self) -> Vec<EvictionPod> {
+        let pods = lock(&self.inner.pods);
+        let cgroups = &self.inner.deps.cgroups;
+        pods.iter()
+            .filter(|(_, e)| e.active && !e.orphan && e.handle.is_some())
+            .filter_map(|(id, e)| {
+                let spec = e.pod.spec.as_ref()?;
+                let pod_cgroup = cgroups.pod_cgroup(qos_class(spec), id);
+                let prio = priority(&e.pod);
+                let ephemeral = spec
+                    .containers
+                    .iter()
+                    .filter_map(|c| c.resources.as_ref()?.requests.as_ref()?.get("ephemeral-storage"))
+                    .filter_map(|q| q.0.parse::<crate::quantity::Quantity>().ok())
+                    .map(|q| q.value().max(0) as u64)
+                    .sum();
+                Some(EvictionPod {
+                    uid: id.clone(),
+                    namespace: e.pod.metadata.namespace.clone().unwrap_or_default(),
+                    name: e.pod.metadata.name.clone().unwrap_or_default(),
+                    cgroup: pod_cgroup.clone(),
+                    priority: prio,
+                    critical: prio >= SYSTEM_CRITICAL_PRIORITY || is_mirror(&e.pod),
+                    termination_grace_secs: spec.termination_grace_period_seconds.unwrap_or(30).max(0) as u64,
+                    memory_request: pod_requests(spec).1.max(0) as u64,
+                    ephemeral_storage_request: ephemeral,
+                    containers: spec
+                        .containers
+                        .iter()
+                        .map(|c| EvictionContainer {
+                            name: c.name.clone(),
+                            memory_request: crate::cm::qos::container_resources(c)
+                                .memory_request
+                                .map_or(0, |q| q.value().max(0) as u64),
+                            cgroup: e
+                                .running
+                                .iter()
+                                .find(|(n, _)| *n == c.name)
+                                .map(|(_, cid)| format!("{pod_cgroup}/{cid}")),
+                        })
+                        .collect(),
+                    disk_usage: None,
+                    inodes_used: None,
+                })
+            })
+            .collect()
+    }
+}
+
+impl PodEvictor for PodManager {
+    fn evict(&self, request: EvictionRequest) {
+        let mut pods = lock(&self.inner.pods);
+        let Some(e) = pods.get_mut(&request.uid) else {
+            warn!(uid = request.uid, "cannot evict an unknown pod");
+            return;
+        };
+        e.active = false;
+        self.inner.deps.recorder.record(&pod_ref(&e.pod), EventType::Warning, "Evicted", &request.message);
+        if let Some(h) = &e.handle {
+            let _ = h.tx.send(Msg::Evict {
+                grace: Duration::from_secs(request.grace_period_secs),
+                reason: TerminalReason { reason: "Evicted".into(), message: request.message, disruption: true },
+            });
+        }
+    }
+}

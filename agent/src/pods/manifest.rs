@@ -1,0 +1,205 @@
+//! Static pod manifests: one v1 Pod per file, YAML or JSON, read and
+//! turned into the pod the kubelet runs (its file source's applyDefaults):
+//! the name suffixed with the node name, the uid a hash of the manifest,
+//! the node and the config annotations set. Errors name the file, the
+//! field and the value.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use k8s_openapi::api::core::v1::{Pod, Toleration};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::{defaults, validation};
+
+pub const CONFIG_HASH: &str = "kubernetes.io/config.hash";
+pub const CONFIG_SOURCE: &str = "kubernetes.io/config.source";
+pub const CONFIG_SEEN: &str = "kubernetes.io/config.seen";
+pub const CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {problem}", file.display())]
+pub struct ManifestError {
+    pub file: PathBuf,
+    pub problem: String,
+}
+
+/// Reads one pod from a manifest's text.
+pub fn read_pod(file: &Path, text: &str) -> Result<Pod, ManifestError> {
+    let err = |problem: String| ManifestError { file: file.to_owned(), problem };
+    let mut docs = vec![];
+    for doc in serde_yaml::Deserializer::from_str(text) {
+        let value = serde_yaml::Value::deserialize(doc).map_err(|e| err(format!("cannot parse: {e}")))?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    let value = match docs.len() {
+        0 => return Err(err("the file holds no object; a static pod manifest holds one Pod".into())),
+        1 => docs.remove(0),
+        n => return Err(err(format!("the file holds {n} objects; a static pod manifest holds one Pod"))),
+    };
+    let field = |name: &str| value.get(name).and_then(|v| v.as_str()).map(str::to_owned);
+    match (field("apiVersion"), field("kind")) {
+        (None, _) => return Err(err("apiVersion: Required value".into())),
+        (_, None) => return Err(err("kind: Required value".into())),
+        (Some(v), _) if v != "v1" => {
+            return Err(err(format!("apiVersion: Unsupported value: \"{v}\": supported values: \"v1\"")));
+        }
+        (_, Some(k)) if k != "Pod" => {
+            return Err(err(format!("kind: Unsupported value: \"{k}\": supported values: \"Pod\"")));
+        }
+        _ => {}
+    }
+    // Typed decoding, with the path of the field that does not fit. The
+    // document is re-read from the text so serde_yaml can give its line.
+    let doc = serde_yaml::Deserializer::from_str(text).next().ok_or_else(|| err("the file holds no object".into()))?;
+    serde_path_to_error::deserialize::<_, Pod>(doc).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        // serde_yaml names the path itself when it knows it.
+        if path == "." || inner.starts_with(&path) { err(inner) } else { err(format!("{path}: {inner}")) }
+    })
+}
+
+/// The hash the kubelet uses as a static pod's uid: the manifest as
+/// decoded, the node and the file, so an edit makes a new pod.
+pub fn config_hash(pod: &Pod, node_name: &str, file: &Path) -> String {
+    let mut h = Sha256::new();
+    h.update(serde_json::to_vec(pod).unwrap_or_default());
+    h.update(format!("host:{node_name}"));
+    h.update(format!("file:{}", file.display()));
+    h.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The pod the kubelet runs for a manifest, validated.
+pub fn static_pod(mut pod: Pod, file: &Path, node_name: &str) -> Result<Pod, ManifestError> {
+    let err = |problem: String| ManifestError { file: file.to_owned(), problem };
+    defaults::apply(&mut pod);
+    let uid = match pod.metadata.uid.as_deref() {
+        Some(u) if !u.is_empty() => u.to_owned(),
+        _ => config_hash(&pod, node_name, file),
+    };
+    // Validate the name as written, so the error shows what the user wrote.
+    let problems = validation::validate(&pod);
+    if !problems.is_empty() {
+        return Err(err(problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")));
+    }
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    pod.metadata.name = Some(format!("{name}-{node_name}"));
+    if !validation::is_dns_subdomain(pod.metadata.name.as_deref().unwrap_or("")) {
+        return Err(err(format!(
+            "metadata.name: Invalid value: \"{name}\": with the node name appended (\"{name}-{node_name}\") it is not a valid name"
+        )));
+    }
+    pod.metadata.uid = Some(uid.clone());
+    if pod.metadata.namespace.as_deref().unwrap_or("").is_empty() {
+        pod.metadata.namespace = Some("default".into());
+    }
+    let ann = pod.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    ann.insert(CONFIG_HASH.into(), uid);
+    ann.insert(CONFIG_SOURCE.into(), "file".into());
+    let spec = pod.spec.as_mut().expect("validated: spec is present");
+    spec.node_name = Some(node_name.to_owned());
+    // Static pods tolerate every NoExecute taint, as the kubelet makes them.
+    spec.tolerations.get_or_insert_with(Vec::new).push(Toleration {
+        operator: Some("Exists".into()),
+        effect: Some("NoExecute".into()),
+        ..Default::default()
+    });
+    Ok(pod)
+}
+
+/// Reads and converts one manifest file.
+pub fn load(file: &Path, node_name: &str) -> Result<Pod, ManifestError> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| ManifestError { file: file.to_owned(), problem: format!("cannot read: {e}") })?;
+    static_pod(read_pod(file, &text)?, file, node_name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WEB: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+  labels: {app: web}
+spec:
+  hostNetwork: true
+  containers:
+  - name: httpd
+    image: swiftlet.local/busybox:1.35
+    command: ["httpd", "-f", "-p", "8080"]
+    ports: [{containerPort: 8080}]
+"#;
+
+    fn file() -> &'static Path {
+        Path::new("/etc/kubernetes/manifests/web.yaml")
+    }
+
+    #[test]
+    fn a_static_pod_gets_the_kubelets_identity() {
+        let pod = static_pod(read_pod(file(), WEB).unwrap(), file(), "node-a").unwrap();
+        assert_eq!(pod.metadata.name.as_deref(), Some("web-node-a"));
+        assert_eq!(pod.metadata.namespace.as_deref(), Some("default"));
+        let uid = pod.metadata.uid.clone().unwrap();
+        assert_eq!(uid.len(), 32);
+        let ann = pod.metadata.annotations.as_ref().unwrap();
+        assert_eq!(ann[CONFIG_HASH], uid);
+        assert_eq!(ann[CONFIG_SOURCE], "file");
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("node-a"));
+        assert_eq!(spec.containers[0].ports.as_ref().unwrap()[0].host_port, Some(8080));
+        assert!(spec.tolerations.as_ref().unwrap().iter().any(|t| t.effect.as_deref() == Some("NoExecute")));
+    }
+
+    #[test]
+    fn the_uid_follows_content_node_and_file_and_json_works_too() {
+        let uid = |text: &str, node: &str, f: &Path| {
+            static_pod(read_pod(f, text).unwrap(), f, node).unwrap().metadata.uid.unwrap()
+        };
+        let a = uid(WEB, "node-a", file());
+        assert_eq!(a, uid(WEB, "node-a", file()), "stable across reads");
+        assert_ne!(a, uid(&WEB.replace("8080", "8081"), "node-a", file()), "an edit makes a new pod");
+        assert_ne!(a, uid(WEB, "node-b", file()));
+        assert_ne!(a, uid(WEB, "node-a", Path::new("/other/web.yaml")));
+        let json = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"j"},"spec":{"containers":[{"name":"c","image":"busybox"}]}}"#;
+        let pod = static_pod(read_pod(Path::new("j.json"), json).unwrap(), Path::new("j.json"), "n").unwrap();
+        assert_eq!(pod.metadata.name.as_deref(), Some("j-n"));
+    }
+
+    #[test]
+    fn errors_name_the_file_field_and_value() {
+        let cases = [
+            ("", "web.yaml: the file holds no object"),
+            ("kind: Pod\napiVersion: v1\n---\nkind: Pod\napiVersion: v1\n", "holds 2 objects"),
+            ("apiVersion: v1\nkind: Deployment\n", "kind: Unsupported value: \"Deployment\""),
+            ("kind: Pod\n", "apiVersion: Required value"),
+            ("apiVersion: v1\nkind: Pod\nspec: [\n", "cannot parse"),
+            (
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec:\n  containers:\n  - name: c\n    image: b\n    ports: [{containerPort: eighty}]\n",
+                "spec.containers[0].ports[0].containerPort: invalid type",
+            ),
+            (
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec:\n  containers:\n  - name: c\n    image: b\n    resources: {limits: {memory: 2Gx}}\n",
+                "spec.containers[0].resources.limits[memory]: Invalid value: \"2Gx\"",
+            ),
+            (
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec: {containers: []}\n",
+                "spec.containers: Required value",
+            ),
+        ];
+        let f = Path::new("web.yaml");
+        for (text, want) in cases {
+            let got = read_pod(f, text).and_then(|p| static_pod(p, f, "n")).unwrap_err().to_string();
+            assert!(got.starts_with("web.yaml: "), "{got}");
+            assert!(got.contains(want), "want {want:?} in {got:?}");
+        }
+    }
+}
