@@ -89,6 +89,18 @@ impl InProcess {
         cri: Option<Arc<CriClient>>,
         flags: &[String],
     ) -> InProcess {
+        InProcess::start_with(pods, cgroup_root, cri, flags, None).await
+    }
+
+    /// [`InProcess::start`] with webhooks asking the API server named in
+    /// `kubeconfig`.
+    pub async fn start_with(
+        pods: Arc<dyn PodView>,
+        cgroup_root: &str,
+        cri: Option<Arc<CriClient>>,
+        flags: &[String],
+        kubeconfig: Option<&std::path::Path>,
+    ) -> InProcess {
         swiftlet::server::tls::install_default_provider();
         let dir = tempfile::tempdir().expect("temp dir");
         let cfg_file = write_config(dir.path());
@@ -123,7 +135,11 @@ impl InProcess {
             Some(metrics.clone()),
         ));
         let events = DebugEvents::new(pods.clone());
-        let (authn, authz) = server::auth_from_config(&config, None).expect("auth");
+        let client = match kubeconfig {
+            Some(k) => Some(server::agent::client_from_kubeconfig(k).await.expect("API client")),
+            None => None,
+        };
+        let (authn, authz) = server::auth_from_config(&config, client).expect("auth");
         let server = Arc::new(Server::new(ServerParts {
             node_name: "test-node".into(),
             config: Arc::new(config.clone()),
@@ -171,6 +187,28 @@ pub struct RunningAgent {
     pub dir: tempfile::TempDir,
     pub log: PathBuf,
     pub cgroup: TestCgroup,
+    /// Sandboxes that existed before the agent started (others are its pods).
+    sandboxes_before: Vec<String>,
+}
+
+/// The sandbox ids in the test containerd (empty without one).
+fn sandboxes() -> Vec<String> {
+    let Ok(ep) = std::env::var("SWIFTLET_TEST_CRI_ENDPOINT") else { return vec![] };
+    on_own_runtime(async move {
+        let c = CriClient::new(&ep, Duration::from_secs(10)).ok()?;
+        Some(swiftlet::cri::RuntimeService::list_pod_sandbox(&c, None).await.ok()?.into_iter().map(|s| s.id).collect())
+    })
+    .unwrap_or_default()
+}
+
+/// Runs `f` on a runtime of its own, on a thread of its own (callers may
+/// be inside a runtime already).
+fn on_own_runtime<T: Send + 'static>(f: impl std::future::Future<Output = T> + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(f)
+    })
+    .join()
+    .expect("runtime thread")
 }
 
 impl RunningAgent {
@@ -195,8 +233,12 @@ impl RunningAgent {
             format!("--port={port}"),
             "--signal-source=cgroupfs".into(),
             "--hostname-override=test-node".into(),
+            // This machine's disk is shared and may be fuller than the
+            // default imagefs/nodefs thresholds allow: only memory counts.
+            "--eviction-hard=memory.available<1Mi".into(),
         ];
         args.extend(flags.iter().cloned());
+        let sandboxes_before = sandboxes();
         let log = dir.path().join("swiftlet.log");
         let child = Command::new(swiftlet_binary())
             .args(&args)
@@ -206,7 +248,7 @@ impl RunningAgent {
             .stderr(std::fs::File::create(&log).expect("log file").try_clone().expect("log file"))
             .spawn()
             .expect("start swiftlet");
-        let mut a = RunningAgent { child, healthz_port, port, dir, log, cgroup };
+        let mut a = RunningAgent { child, healthz_port, port, dir, log, cgroup, sandboxes_before };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = a.child.try_wait().expect("wait") {
@@ -272,5 +314,19 @@ impl Drop for RunningAgent {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Pods outlive the kubelet by design; the test's are removed here.
+        let Ok(ep) = std::env::var("SWIFTLET_TEST_CRI_ENDPOINT") else { return };
+        let before = self.sandboxes_before.clone();
+        on_own_runtime(async move {
+            use swiftlet::cri::RuntimeService;
+            let Ok(c) = CriClient::new(&ep, Duration::from_secs(30)) else { return };
+            for s in c.list_pod_sandbox(None).await.unwrap_or_default() {
+                if before.contains(&s.id) {
+                    continue;
+                }
+                let _ = c.stop_pod_sandbox(&s.id).await;
+                let _ = c.remove_pod_sandbox(&s.id).await;
+            }
+        });
     }
 }

@@ -13,4 +13,5 @@ pub mod kubelet;
 pub mod pki;
 pub mod pods;
 pub mod prereq;
+pub mod review_stub;
 pub mod workload;
