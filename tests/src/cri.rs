@@ -89,7 +89,7 @@ impl TestPod {
                 namespace: namespace.clone(),
                 attempt: 0,
             }),
-            hostname: name.to_owned(),
+            // Host network: the node's hostname (a private UTS namespace is needed to set one).
             log_directory: log_dir.display().to_string(),
             labels: labels::sandbox_labels(&id, &Default::default()),
             linux: Some(api::LinuxPodSandboxConfig {
@@ -203,13 +203,16 @@ impl TestPod {
 
 impl Drop for TestPod {
     fn drop(&mut self) {
-        let client = self.client.clone();
+        // A client of its own: the test's may be bound to a runtime that
+        // is not running any more.
+        let endpoint = self.client.endpoint().to_owned();
         let sandbox = self.sandbox_id.clone();
         let containers: Vec<String> = self.containers.iter().map(|(_, id)| id.clone()).collect();
         // Drop may run inside a runtime: clean up on a thread of our own.
         let t = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
             rt.block_on(async {
+                let Ok(client) = CriClient::new(&endpoint, Duration::from_secs(60)) else { return };
                 for c in &containers {
                     let _ = client.stop_container(c, Duration::ZERO).await;
                     let _ = client.remove_container(c).await;

@@ -116,6 +116,8 @@ fn node_info(config: &Config, kubepods: String) -> NodeInfo {
 
 fn attach_and_stream(config: &Config) -> Result<(), CliError> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // The runtime client connects lazily on the runtime's reactor.
+    let _entered = rt.enter();
     let mut attached = Attached::open(config)?;
     let names = Arc::new(RuntimePods::default());
     let ids: Arc<RwLock<HashMap<u64, String>>> = Arc::default();

@@ -450,6 +450,8 @@ pub fn run(args: &[String]) -> Result<(), CliError> {
     let config = config::load(rest)?;
     let node_name = config.node_name().unwrap_or_default();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // The runtime client connects lazily on the runtime's reactor.
+    let _entered = rt.enter();
     let mut attached = Attached::open(&config)?;
     let mut ui = Ui { filter: opt("filter").unwrap_or_default(), ..Default::default() };
     let mode = attached.opened.source.mode().as_str();
