@@ -174,6 +174,8 @@ impl Conn {
 
     pub async fn get_with(&mut self, path: &str, headers: &[(&str, &str)]) -> Result<Reply> {
         let req = self.request(path, headers)?;
+        // The previous response must be read to its end first.
+        self.send.ready().await.context("the connection closed")?;
         let r = self.send.send_request(req).await.with_context(|| format!("GET {path}"))?;
         let status = r.status().as_u16();
         let headers = r.headers().clone();

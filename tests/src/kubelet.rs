@@ -67,6 +67,25 @@ fn write_config(dir: &std::path::Path) -> PathBuf {
     path
 }
 
+/// The runtime an [`InProcess`] server reads: the CRI client, or a fake.
+#[derive(Default)]
+pub struct Runtime {
+    pub stats: Option<Arc<dyn StatsRuntime>>,
+    pub runtime: Option<Arc<dyn swiftlet::cri::RuntimeService>>,
+    /// The stats sampling interval (1 s when None).
+    pub interval: Option<Duration>,
+}
+
+impl From<Option<Arc<CriClient>>> for Runtime {
+    fn from(c: Option<Arc<CriClient>>) -> Runtime {
+        Runtime {
+            stats: c.clone().map(|c| c as Arc<dyn StatsRuntime>),
+            runtime: c.map(|c| c as Arc<dyn swiftlet::cri::RuntimeService>),
+            interval: None,
+        }
+    }
+}
+
 pub struct InProcess {
     pub server: Arc<Server>,
     pub addr: SocketAddr,
@@ -89,15 +108,15 @@ impl InProcess {
         cri: Option<Arc<CriClient>>,
         flags: &[String],
     ) -> InProcess {
-        InProcess::start_with(pods, cgroup_root, cri, flags, None).await
+        InProcess::start_with(pods, cgroup_root, Runtime::from(cri), flags, None).await
     }
 
-    /// [`InProcess::start`] with webhooks asking the API server named in
-    /// `kubeconfig`.
+    /// [`InProcess::start`] with any runtime, and webhooks asking the API
+    /// server named in `kubeconfig`.
     pub async fn start_with(
         pods: Arc<dyn PodView>,
         cgroup_root: &str,
-        cri: Option<Arc<CriClient>>,
+        runtime: Runtime,
         flags: &[String],
         kubeconfig: Option<&std::path::Path>,
     ) -> InProcess {
@@ -120,18 +139,17 @@ impl InProcess {
         // An ephemeral port: nothing to race for.
         config.kubelet.port = 0;
         let metrics = Arc::new(Metrics::new());
-        let runtime: Option<Arc<dyn StatsRuntime>> = cri.clone().map(|c| c as Arc<dyn StatsRuntime>);
         let stats = Arc::new(StatsProvider::new(
             StatsConfig {
                 node_name: "test-node".into(),
                 root_dir: dir.path().to_owned(),
                 pod_logs_dir: config.kubelet.pod_logs_dir.clone(),
                 naming: config.kubelet.cgroup_naming(),
-                interval: Duration::from_secs(1),
+                interval: runtime.interval.unwrap_or(Duration::from_secs(1)),
             },
             CgroupFs::detect().expect("cgroupfs"),
             pods.clone(),
-            runtime,
+            runtime.stats.clone(),
             Some(metrics.clone()),
         ));
         let events = DebugEvents::new(pods.clone());
@@ -148,7 +166,7 @@ impl InProcess {
             metrics: metrics.clone(),
             health: Arc::new(HealthChecks::new()),
             events: events.clone(),
-            runtime: cri.map(|c| c as Arc<dyn swiftlet::cri::RuntimeService>),
+            runtime: runtime.runtime.clone(),
             source: None,
             ebpf: None,
             authn,

@@ -174,7 +174,7 @@ fn webhook_authentication_and_authorization() {
         let s = InProcess::start_with(
             Arc::new(StaticPods::default()),
             &tc.root,
-            None,
+            Default::default(),
             &[
                 format!("--client-ca-file={}", ca_file.display()),
                 "--anonymous-auth=false".into(),

@@ -23,6 +23,9 @@ pub const APT_BUILD: &[&str] = &["protobuf-compiler", "gcc", "libc6-dev"];
 pub const APT_RUNTIME: &[&str] = &["containerd", "runc", "busybox-static", "iproute2"];
 /// The eviction race compares against earlyoom.
 pub const APT_BENCH: &[&str] = &["earlyoom"];
+/// The kubelet API's tests: promtool and a real Prometheus (package
+/// prometheus) check the metrics endpoints; `swiftlet top` runs under tmux.
+pub const APT_TEST: &[&str] = &["prometheus", "tmux"];
 
 /// What the eBPF build needs on PATH.
 pub struct EbpfToolchain {
@@ -189,6 +192,7 @@ pub fn all() -> Result<EbpfToolchain> {
     ensure_host_components()?;
     ensure_apt(APT_BUILD)?;
     ensure_apt(APT_RUNTIME)?;
+    ensure_apt(APT_TEST)?;
     let tc = ensure_ebpf_toolchain()?;
     ensure_tracefs()?;
     note(format!("prerequisites ready in {:.1}s", started.elapsed().as_secs_f64()));

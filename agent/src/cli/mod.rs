@@ -50,13 +50,12 @@ pub fn dispatch(args: &[String]) -> Option<ExitCode> {
     })
 }
 
+/// A subcommand's own options (name, value) and the kubelet flags left over.
+pub type SplitArgs = (Vec<(String, String)>, Vec<String>);
+
 /// Splits the subcommand's own options (`--name value` or `--name=value`,
 /// and the boolean `switches`) from the kubelet flags, which pass through.
-pub fn split_args(
-    args: &[String],
-    valued: &[&str],
-    switches: &[&str],
-) -> Result<(Vec<(String, String)>, Vec<String>), CliError> {
+pub fn split_args(args: &[String], valued: &[&str], switches: &[&str]) -> Result<SplitArgs, CliError> {
     let mut own = vec![];
     let mut rest = vec![];
     let mut it = args.iter();

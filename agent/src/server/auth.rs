@@ -434,7 +434,9 @@ mod tests {
         let token_ok = || fake(Ok(Some(user("bob"))));
         let token_no = || fake(Ok(None));
         // (x509, token, anonymous, credentials, expected)
-        let cases: Vec<(_, _, bool, &Credentials, Result<Option<&str>, AuthError>)> = vec![
+        type Authn = Option<Arc<dyn Authenticator>>;
+        type Case<'a> = (Authn, Authn, bool, &'a Credentials<'a>, Result<Option<&'a str>, AuthError>);
+        let cases: Vec<Case> = vec![
             (x509_ok(), token_ok(), false, &with_cert, Ok(Some("alice"))),
             (x509_none(), token_ok(), false, &with_token, Ok(Some("bob"))),
             // A rejected token is a 401 even with anonymous allowed.
@@ -515,6 +517,42 @@ mod tests {
             check(&authn, &Unavailable("standalone".into()), &creds, &Method::GET, "/pods", "n1", true).await,
             Outcome::Forbidden(_)
         ));
+    }
+
+    /// A CA and a client certificate it signed: (CA DER, leaf DER).
+    fn ca_and_client(cn: &str) -> (CertificateDer<'static>, CertificateDer<'static>) {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+            KeyUsagePurpose,
+        };
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::default();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::default();
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let leaf = p.signed_by(&key, &issuer).unwrap();
+        (ca_cert.der().clone(), leaf.der().clone())
+    }
+
+    #[tokio::test]
+    async fn x509_verifies_the_chain_and_the_client_usage() {
+        let (ca, alice) = ca_and_client("alice");
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca).unwrap();
+        let x509 = X509Authenticator::new(super::super::tls::client_chain_verifier(Arc::new(roots)).unwrap());
+        let creds = |c: &'static [CertificateDer<'static>]| Credentials { client_certs: c, bearer_token: None };
+        let good: &'static [CertificateDer<'static>] = Box::leak(vec![alice].into_boxed_slice());
+        assert_eq!(x509.authenticate(&creds(good)).await.unwrap().unwrap().name, "alice");
+        let (_, stranger) = ca_and_client("mallory");
+        let bad: &'static [CertificateDer<'static>] = Box::leak(vec![stranger].into_boxed_slice());
+        assert!(matches!(x509.authenticate(&creds(bad)).await, Err(AuthError::X509(_))));
+        assert_eq!(x509.authenticate(&creds(&[])).await.unwrap(), None);
     }
 
     #[test]

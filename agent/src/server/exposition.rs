@@ -11,7 +11,7 @@
 
 use prometheus_client::registry::Registry;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Format {
     /// text/plain; version=0.0.4
     Text,

@@ -111,7 +111,16 @@ pub struct Server {
     extra: Registry,
     /// /metrics/probes (prober_probe_total, fed by the prober).
     probes: Registry,
+    /// Bodies encoded from the latest stats pass, by endpoint and variant:
+    /// a pass is encoded once, however many scrapers ask.
+    encoded: std::sync::Mutex<EncodedBodies>,
 }
+
+/// Encoded bodies by (endpoint, variant), with the stats pass they encode.
+type EncodedBodies = std::collections::HashMap<(&'static str, u8), (k8s_openapi::jiff::Timestamp, Bytes)>;
+
+/// The authenticator and authorizer of the :10250 server.
+pub type AuthPair = (Arc<dyn Authenticator>, Arc<dyn Authorizer>);
 
 /// The pieces a [`Server`] is built from.
 pub struct ServerParts {
@@ -158,6 +167,7 @@ impl Server {
             authz: p.authz,
             extra,
             probes: p.probes,
+            encoded: Default::default(),
         }
     }
 
@@ -219,13 +229,19 @@ impl Server {
             "/configz" => http::json(StatusCode::OK, &self.config.configz()),
             "/stats/summary" | "/stats/summary/" => self.summary(&query).await,
             "/metrics" => self.metrics_page(accept.as_deref()),
-            "/metrics/resource" => {
+            "/metrics/resource" | "/metrics/cadvisor" => {
                 let snap = self.stats.latest().await;
-                metrics_response(&collectors::registry_with(collectors::ResourceCollector(snap)), accept.as_deref())
-            }
-            "/metrics/cadvisor" => {
-                let snap = self.stats.latest().await;
-                metrics_response(&collectors::registry_with(collectors::CadvisorCollector(snap)), accept.as_deref())
+                let format = exposition::negotiate(accept.as_deref());
+                let key = if path == "/metrics/resource" { "resource" } else { "cadvisor" };
+                let body = self.encoded(key, format as u8, &snap, || {
+                    let r = if key == "resource" {
+                        collectors::registry_with(collectors::ResourceCollector(snap.clone()))
+                    } else {
+                        collectors::registry_with(collectors::CadvisorCollector(snap.clone()))
+                    };
+                    exposition::encode(&[&r], format).into_bytes()
+                });
+                http::respond(StatusCode::OK, format.content_type(), body)
             }
             "/metrics/probes" => metrics_response(&self.probes, accept.as_deref()),
             "/debug/events" if self.debugging_handlers => self.debug_events(),
@@ -253,29 +269,88 @@ impl Server {
         http::json(StatusCode::OK, &list)
     }
 
-    async fn summary(&self, query: &[(String, String)]) -> Response<Body> {
-        let snap = self.stats.latest().await;
-        let mut s = stats::summary(&snap);
-        // metrics-server's older query: only CPU and memory.
-        if query.iter().any(|(k, v)| k == "only_cpu_and_memory" && v == "true") {
-            s.node.network = None;
-            s.node.fs = None;
-            s.node.runtime = None;
-            s.node.rlimit = None;
-            for p in &mut s.pods {
-                p.network = None;
-                p.volume_stats.clear();
-                p.ephemeral_storage = None;
-                p.process_stats = None;
-                for c in &mut p.containers {
-                    c.rootfs = None;
-                    c.logs = None;
-                }
-            }
+    /// The body for `key`/`variant` from this stats pass, encoding it the
+    /// first time it is asked for.
+    fn encoded(
+        &self,
+        key: &'static str,
+        variant: u8,
+        snap: &stats::StatsSnapshot,
+        encode: impl FnOnce() -> Vec<u8>,
+    ) -> Bytes {
+        let lock = || self.encoded.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((t, b)) = lock().get(&(key, variant))
+            && *t == snap.time
+        {
+            return b.clone();
         }
-        http::json(StatusCode::OK, &s)
+        // Encoded outside the lock: a scrape racing the warm-up encodes
+        // twice rather than waiting.
+        let body = Bytes::from(encode());
+        let mut cache = lock();
+        if cache.get(&(key, variant)).is_none_or(|(t, _)| *t <= snap.time) {
+            cache.insert((key, variant), (snap.time, body.clone()));
+        }
+        body
     }
 
+    /// Encodes each new stats pass for the usual scrapes (resource metrics
+    /// and the full summary, in the text format) as soon as it is taken,
+    /// so no request pays for the encoding.
+    async fn warm(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut passes = self.stats.subscribe();
+        loop {
+            tokio::select! {
+                r = passes.changed() => if r.is_err() { break },
+                _ = http::stopped(&mut shutdown) => break,
+            }
+            let Some(snap) = passes.borrow_and_update().clone() else { continue };
+            let me = self.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                me.encoded("resource", Format::Text as u8, &snap, || {
+                    let r = collectors::registry_with(collectors::ResourceCollector(snap.clone()));
+                    exposition::encode(&[&r], Format::Text).into_bytes()
+                });
+                me.encoded("summary", 0, &snap, || serde_json::to_vec(&summary_body(&snap, false)).unwrap_or_default());
+            })
+            .await;
+        }
+    }
+
+    async fn summary(&self, query: &[(String, String)]) -> Response<Body> {
+        let snap = self.stats.latest().await;
+        // metrics-server's older query: only CPU and memory.
+        let only = query.iter().any(|(k, v)| k == "only_cpu_and_memory" && v == "true");
+        let body = self.encoded("summary", u8::from(only), &snap, || {
+            serde_json::to_vec(&summary_body(&snap, only)).unwrap_or_default()
+        });
+        http::respond(StatusCode::OK, "application/json", body)
+    }
+}
+
+/// The Summary of a stats pass, optionally only CPU and memory.
+fn summary_body(snap: &stats::StatsSnapshot, only_cpu_and_memory: bool) -> summary::Summary {
+    let mut s = stats::summary(snap);
+    if only_cpu_and_memory {
+        s.node.network = None;
+        s.node.fs = None;
+        s.node.runtime = None;
+        s.node.rlimit = None;
+        for p in &mut s.pods {
+            p.network = None;
+            p.volume_stats.clear();
+            p.ephemeral_storage = None;
+            p.process_stats = None;
+            for c in &mut p.containers {
+                c.rootfs = None;
+                c.logs = None;
+            }
+        }
+    }
+    s
+}
+
+impl Server {
     fn metrics_page(&self, accept: Option<&str>) -> Response<Body> {
         if let Some(src) = &self.source {
             for (name, v) in src.counters() {
@@ -409,10 +484,7 @@ fn metrics_response(registry: &Registry, accept: Option<&str>) -> Response<Body>
 /// is the API server connection (None in standalone mode: webhook
 /// authentication then rejects tokens, webhook authorization allows
 /// nothing, and both say so in the log).
-pub fn auth_from_config(
-    config: &Config,
-    client: Option<kube::Client>,
-) -> Result<(Arc<dyn Authenticator>, Arc<dyn Authorizer>), ServerError> {
+pub fn auth_from_config(config: &Config, client: Option<kube::Client>) -> Result<AuthPair, ServerError> {
     let a = &config.kubelet.authentication;
     let x509: Option<Arc<dyn Authenticator>> = match &a.client_ca_file {
         Some(path) => {
@@ -486,6 +558,7 @@ pub async fn start(server: Arc<Server>, shutdown: watch::Receiver<bool>) -> Resu
     let k = &server.config.kubelet;
     let mut tasks = vec![];
     tasks.push(tokio::spawn(server.stats.clone().run(shutdown.clone())));
+    tasks.push(tokio::spawn(server.clone().warm(shutdown.clone())));
     let mut healthz = None;
     if k.healthz_port != 0 {
         let l = bind(k.healthz_bind_address, k.healthz_port).await?;

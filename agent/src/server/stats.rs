@@ -194,6 +194,11 @@ impl StatsProvider {
         &self.cfg.node_name
     }
 
+    /// Each new pass as it is taken.
+    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<StatsSnapshot>>> {
+        self.latest.subscribe()
+    }
+
     /// Samples every interval until `shutdown` turns true.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(self.cfg.interval);

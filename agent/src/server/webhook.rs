@@ -186,11 +186,11 @@ mod tests {
 
     use super::*;
 
+    type Seen = Arc<Mutex<Vec<(String, Value)>>>;
+
     /// A kube client whose API server is a closure over the request body,
     /// recording every request (path and JSON body).
-    fn fake_client(
-        answer: impl Fn(&Value) -> Value + Send + Sync + 'static,
-    ) -> (kube::Client, Arc<Mutex<Vec<(String, Value)>>>) {
+    fn fake_client(answer: impl Fn(&Value) -> Value + Send + Sync + 'static) -> (kube::Client, Seen) {
         let seen = Arc::new(Mutex::new(vec![]));
         let log = seen.clone();
         let answer = Arc::new(answer);
@@ -237,10 +237,12 @@ mod tests {
         a.authenticate(&creds("good")).await.unwrap();
         a.authenticate(&creds("bad")).await.unwrap();
         let _ = a.authenticate(&creds("broken")).await;
-        let seen = seen.lock().unwrap();
-        assert_eq!(seen.len(), 4, "{seen:?}");
-        assert_eq!(seen[0].0, "/apis/authentication.k8s.io/v1/tokenreviews");
-        assert_eq!(seen[0].1["kind"], "TokenReview");
+        {
+            let seen = seen.lock().unwrap();
+            assert_eq!(seen.len(), 4, "{seen:?}");
+            assert_eq!(seen[0].0, "/apis/authentication.k8s.io/v1/tokenreviews");
+            assert_eq!(seen[0].1["kind"], "TokenReview");
+        }
         assert_eq!(a.authenticate(&Credentials::default()).await.unwrap(), None);
     }
 

@@ -7,6 +7,7 @@
 //! while ratios hold.
 
 pub mod race;
+pub mod server;
 pub mod signals;
 pub mod svg;
 
@@ -105,6 +106,11 @@ pub fn all() -> Vec<(&'static str, &'static str, BenchFn)> {
         ("program-cost", "per-program cost from kernel.bpf_stats_enabled", signals::program_cost),
         ("overhead", "workload slowdown with the programs attached vs detached", signals::overhead),
         ("eviction-race", "memory hog vs eviction: crossing → victim dead, per mode and ramp rate", race::race),
+        (
+            "kubelet-api",
+            "/metrics, /metrics/resource, /stats/summary latency with 110 pods; req/s from a second process",
+            server::kubelet_api,
+        ),
     ]
 }
 
