@@ -13,6 +13,7 @@ use std::{
     time::Duration,
 };
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use thiserror::Error;
 use tokio::{sync::watch, task::JoinHandle};
 use tracing::{info, warn};
@@ -24,14 +25,18 @@ use crate::{
         hierarchy::{CmError, PodCgroups, kubepods_limits},
     },
     config::Config,
-    cri::{CriClient, CriError, RuntimeService},
+    cri::{CriClient, CriError, ImageService, RuntimeService},
     events::{EventRecorder, LogRecorder},
     eviction::{
         core::EvictionConfig,
         driver::{DriverConfig, EvictionLoop, EvictionManager},
         observe::NodeInfo,
     },
+    gc::{ContainerGc, DiskReclaimer, GcPolicy},
     host,
+    images::{ImageGc, ImageGcPolicy, ImageManager, ImageManagerConfig, ImageMetrics},
+    kubeapi::{ApiAgent, ApiError, pod_watch::TeeSink, recorder::TeeRecorder},
+    logs::{ContainerLogManager, LogPolicy},
     metrics::Metrics,
     pods::{
         admission::Capacity,
@@ -39,7 +44,6 @@ use crate::{
         file::FileSource,
         manager::PodManager,
         metrics::{PodMetrics, ProbeLabels},
-        pull::PolicyPuller,
         source::{PodSink, SourceKind},
         spec::{NodeSettings, parse_resolv_conf},
         worker::{ProbeObserver, WorkerDeps},
@@ -66,8 +70,12 @@ pub enum StartError {
     Runtime(#[from] CriError),
     #[error("node capacity: {0}")]
     Capacity(std::io::Error),
+    #[error("container logs: {0}")]
+    Logs(#[from] crate::logs::LogError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error("API server: {0}")]
+    Api(#[from] ApiError),
     // ---- server (issue 8) ----
     #[error("kubelet server: {0}")]
     Server(#[from] ServerError),
@@ -93,8 +101,16 @@ pub struct Agent {
     pub recorder: Arc<dyn EventRecorder>,
     pub pods: PodManager,
     pub eviction: EvictionManager,
+    pub image_gc: Arc<ImageGc>,
+    pub container_gc: Arc<ContainerGc>,
+    pub logs: Arc<ContainerLogManager>,
     eviction_loop: Mutex<Option<EvictionLoop>>,
     shutdown: watch::Receiver<bool>,
+    // ---- API server (issue 7) ----
+    /// Node, Lease, API pods, pod statuses, mirror pods and events; None in
+    /// standalone mode.
+    pub api: Option<Arc<ApiAgent>>,
+    // ---- end API server ----
     // ---- server (issue 8) ----
     /// /healthz checks: `ping` and `runtime` are registered by the server;
     /// the pod manager may register `syncloop` (a `server::health::Heartbeat`).
@@ -113,6 +129,15 @@ impl Agent {
     /// signal source and the runtime client, and builds the managers.
     /// Nothing runs until [`Agent::run`].
     pub async fn build(config: Config, shutdown: watch::Receiver<bool>) -> Result<Agent, StartError> {
+        Agent::build_with_recorder(config, shutdown, Arc::new(LogRecorder)).await
+    }
+
+    /// [`Agent::build`] with events going to `recorder`.
+    pub async fn build_with_recorder(
+        config: Config,
+        shutdown: watch::Receiver<bool>,
+        recorder: Arc<dyn EventRecorder>,
+    ) -> Result<Agent, StartError> {
         let node_name = config.node_name()?;
         let k = &config.kubelet;
         let cgroupfs = CgroupFs::detect()?;
@@ -149,14 +174,23 @@ impl Agent {
             }
         };
 
+        // ---- API server (issue 7) ----
+        // Not standalone: events also go to the API server.
+        let api = (!config.standalone()).then(|| Arc::new(ApiAgent::new(&config, &node_name, &allocatable)));
+        let recorder: Arc<dyn EventRecorder> = match &api {
+            Some(api) => Arc::new(TeeRecorder(vec![recorder, api.event_recorder()])),
+            None => recorder,
+        };
+        // ---- end API server ----
+
         let mut metrics = Metrics::new();
         let pod_metrics = PodMetrics::default();
         pod_metrics.register(&mut metrics.registry);
+        let image_metrics = ImageMetrics::register(&mut metrics.registry);
         let metrics = Arc::new(metrics);
         // ---- server (issue 8) ----
         cri.observe_with(metrics.clone());
         // ---- end server ----
-        let recorder: Arc<dyn EventRecorder> = Arc::new(LogRecorder);
 
         let cap = &allocatable.capacity;
         let alloc = &allocatable.allocatable;
@@ -198,7 +232,10 @@ impl Agent {
         });
         let deps = Arc::new(WorkerDeps {
             runtime: cri.clone(),
-            images: Arc::new(PolicyPuller { images: cri.clone() }),
+            images: Arc::new(
+                ImageManager::new(cri.clone(), recorder.clone(), ImageManagerConfig::from_kubelet(k))
+                    .with_metrics(image_metrics.clone()),
+            ),
             cgroups: pod_cgroups.clone(),
             settings,
             recorder: recorder.clone(),
@@ -226,6 +263,27 @@ impl Agent {
             memory: quantity(alloc, Resource::Memory).value(),
         };
         let pods = PodManager::new(deps, expected, admit, pod_metrics.clone(), shutdown.clone());
+
+        // Image GC keeps the image sandboxes are made from.
+        let mut pinned: Vec<String> = config.flags.pod_infra_container_image.iter().cloned().collect();
+        pinned.extend(cri.sandbox_image().await);
+        let node_ref = ObjectReference {
+            kind: Some("Node".into()),
+            name: Some(node_name.clone()),
+            uid: Some(node_name.clone()),
+            ..Default::default()
+        };
+        let image_gc = Arc::new(
+            ImageGc::new(cri.clone(), cri.clone(), ImageGcPolicy::from_kubelet(k, pinned), recorder.clone(), node_ref)
+                .with_metrics(image_metrics),
+        );
+        let logs = Arc::new(ContainerLogManager::new(cri.clone(), LogPolicy::from_kubelet(k))?);
+        let container_gc = Arc::new(
+            ContainerGc::new(cri.clone(), Arc::new(pods.clone()), GcPolicy::default(), k.pod_logs_dir.clone())
+                .with_log_cleaner(logs.clone()),
+        );
+        // The runtime's images live on the root dir's filesystem here.
+        let reclaimer = Arc::new(DiskReclaimer::new(container_gc.clone(), image_gc.clone(), false));
 
         let driver = DriverConfig {
             eviction: EvictionConfig {
@@ -256,12 +314,22 @@ impl Agent {
             cgroupfs.clone(),
             Arc::new(pods.clone()),
             evictor,
-            None,
+            Some(reclaimer),
             metrics.clone(),
         );
+        // ---- API server (issue 7) ----
+        // Pod statuses to the API, API pods to the pod manager, pressure
+        // conditions to node status.
+        if let Some(api) = &api {
+            pods.set_reporter(api.status_reporter());
+            api.connect_pods(Arc::new(pods.clone()));
+            api.connect_pressure(eviction.conditions());
+        }
+        // ---- end API server ----
         Ok(Agent {
             health,
             debug_events,
+            api,
             node_name,
             metrics,
             pod_metrics,
@@ -273,6 +341,9 @@ impl Agent {
             recorder,
             pods,
             eviction,
+            image_gc,
+            container_gc,
+            logs,
             eviction_loop: Mutex::new(Some(eviction_loop)),
             shutdown,
             config,
@@ -287,8 +358,24 @@ impl Agent {
         if let Some(l) = self.eviction_loop.lock().unwrap_or_else(|p| p.into_inner()).take() {
             tasks.push(tokio::spawn(l.run(self.shutdown.clone())));
         }
+        tasks.push(tokio::spawn(self.image_gc.clone().run(self.shutdown.clone())));
+        tasks.push(tokio::spawn(self.container_gc.clone().run(self.shutdown.clone())));
+        tasks.push(tokio::spawn(self.logs.clone().run(self.shutdown.clone())));
+        // ---- API server (issue 7) ----
+        let mut api_task = self.api.clone().map(|api| {
+            let runtime: Arc<dyn RuntimeService> = self.cri.clone();
+            let images: Arc<dyn ImageService> = self.cri.clone();
+            tokio::spawn(api.run(runtime, images, self.shutdown.clone()))
+        });
+        // ---- end API server ----
         if let Some(dir) = &k.static_pod_path {
-            let sink: Arc<dyn PodSink> = Arc::new(self.pods.clone());
+            let mut sink: Arc<dyn PodSink> = Arc::new(self.pods.clone());
+            // ---- API server (issue 7) ----
+            // Static pods also get their mirror pods.
+            if let Some(api) = &self.api {
+                sink = Arc::new(TeeSink(vec![sink, api.mirror_sink()]));
+            }
+            // ---- end API server ----
             let source = FileSource::new(
                 dir.clone(),
                 self.node_name.clone(),
@@ -311,9 +398,24 @@ impl Agent {
         // ---- end server ----
         let mut shutdown = self.shutdown.clone();
         while !*shutdown.borrow() {
-            if shutdown.changed().await.is_err() {
-                break;
+            tokio::select! {
+                // ---- API server (issue 7) ----
+                // It ends early only on a fatal error (a bad kubeconfig, a
+                // refused bootstrap): the agent stops, as the kubelet exits.
+                r = async { api_task.as_mut().expect("guarded").await }, if api_task.is_some() => {
+                    api_task = None;
+                    match r {
+                        Ok(Err(e)) => return Err(e.into()),
+                        Err(e) => return Err(StartError::Io(std::io::Error::other(format!("API loops: {e}")))),
+                        Ok(Ok(())) => {}
+                    }
+                }
+                // ---- end API server ----
+                changed = shutdown.changed() => if changed.is_err() { break },
             }
+        }
+        if let Some(t) = api_task {
+            let _ = t.await;
         }
         // ---- server (issue 8) ----
         servers.join().await;

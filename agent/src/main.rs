@@ -56,8 +56,11 @@ fn init_logging(config: &Config) {
         3..=4 => "debug",
         _ => "trace",
     };
+    // kube-rs logs every failed request as an error; the API loops say
+    // once what failed and that they retry.
+    let default = format!("{level},kube_client::client::builder=off");
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into()))
         .init();
 }
 

@@ -20,7 +20,7 @@
 use core::{ffi::c_void, mem::MaybeUninit, ptr::null_mut};
 
 use aya_ebpf::helpers::{bpf_ktime_get_ns, bpf_send_signal};
-use swiftlet_common::{Event, EventKind, MAX_PLANS, Signal, slot_flags};
+use swiftlet_common::{EventKind, MAX_PLANS, Signal, slot_flags};
 
 use crate::{
     kernel,
@@ -161,7 +161,15 @@ pub extern "C" fn swiftlet_execute_plan(trigger: u32, signal: u32, crossing_ns: 
                 {
                     let victim_slot = core::ptr::read_volatile(&(*plan).victim_slot);
                     let victim_id = core::ptr::read_volatile(&(*plan).victim_cgroup_id);
-                    return kill_victim(victim_slot, victim_id, generation as u32, signal, crossing_ns, crossing_value);
+                    return kill_victim(
+                        trigger,
+                        victim_slot,
+                        victim_id,
+                        generation as u32,
+                        signal,
+                        crossing_ns,
+                        crossing_value,
+                    );
                 }
             }
         }
@@ -172,6 +180,7 @@ pub extern "C" fn swiftlet_execute_plan(trigger: u32, signal: u32, crossing_ns: 
 
 #[inline(always)]
 fn kill_victim(
+    trigger: u32,
     victim_slot: u32,
     victim_id: u64,
     generation: u32,
@@ -206,19 +215,19 @@ fn kill_victim(
     }
     let pid = kill_current_if_member(memcg);
     swiftlet_kill_pass(memcg);
-    emit(&Event {
-        kind: EventKind::KernelKill as u32,
-        signal: signal as u32,
+    emit(
+        EventKind::KernelKill,
+        signal as u32,
         // SAFETY: no preconditions.
-        ts_ns: unsafe { bpf_ktime_get_ns() },
-        cgroup_id: victim_id,
-        slot: victim_slot,
-        direction: 0,
-        value: crossing_ns,
-        threshold: crossing_value,
+        unsafe { bpf_ktime_get_ns() },
+        victim_id,
+        victim_slot,
+        trigger,
+        crossing_ns,
+        crossing_value,
         pid,
-        aux: generation,
-    });
+        generation,
+    );
     generation
 }
 

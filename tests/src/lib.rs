@@ -5,13 +5,20 @@
 //! Every fixture cleans up in `Drop`, so a failing test leaves nothing
 //! behind, and never touches a cgroup, process or mount it did not create.
 
+pub mod agent;
+pub mod apiserver;
 pub mod bench;
 pub mod cgroup;
 pub mod cri;
 pub mod https;
+pub mod kubectl;
 pub mod kubelet;
+pub mod node_process;
 pub mod pki;
 pub mod pods;
 pub mod prereq;
+pub mod recorder;
+pub mod registry;
 pub mod review_stub;
+pub mod sandbox;
 pub mod workload;

@@ -7,6 +7,7 @@ use anyhow::Result;
 
 use crate::{
     cmd::{self, step},
+    containerd::Containerd,
     setup,
 };
 
@@ -34,10 +35,14 @@ pub fn run(args: Args) -> Result<()> {
         "--release",
         "-p",
         "swiftlet-tests",
+        "-p",
+        "swiftlet",
         "--bins",
     ]))?;
+    // The pod benches run pods on our own containerd.
+    let containerd = Containerd::start(root, "bench")?;
     let mut c = Command::new(root.join("target/release/swiftlet-bench"));
-    c.arg("--out").arg(root.join("target/bench"));
+    c.arg("--out").arg(root.join("target/bench")).env("SWIFTLET_TEST_CRI_ENDPOINT", containerd.endpoint());
     if args.quick {
         c.arg("--quick");
     }
@@ -46,5 +51,16 @@ pub fn run(args: Args) -> Result<()> {
     }
     c.args(&args.names);
     step("running benchmarks");
-    cmd::run(&mut c)
+    let result = cmd::run(&mut c);
+    drop(containerd);
+    result?;
+    // The kernel matrix's other rows: the same bench in each VM kernel.
+    if !args.list && (args.names.is_empty() || args.names.iter().any(|n| n == "kernel-matrix")) {
+        crate::vm::bench(
+            &root.join("target/release/swiftlet-bench"),
+            &root.join("target/release/swiftlet-workload"),
+            args.quick,
+        )?;
+    }
+    Ok(())
 }

@@ -65,9 +65,15 @@ pub fn run(args: Args) -> Result<()> {
     let run_root = root.join("target").join("run");
     std::fs::create_dir_all(&run_root)?;
     let cgroup_root = format!("swiftlet-demo-{}", std::process::id());
+    let config = demo_config(&run_root)?;
     step("starting swiftlet in standalone mode on examples/ (Ctrl-C stops everything)");
+    note(format!("kubelet configuration: {}", config.display()));
+    note("pods are limited to 1.5 GiB with evictionHard memory.available<768Mi: watch memory-hog get evicted");
+    note("at the threshold crossing (about 40 s in), while `steady` and `web` keep running");
+    note("try: curl http://127.0.0.1:8080/   and   ls target/run/logs/");
     let mut swiftlet = Command::new(root.join("target/debug/swiftlet"));
     swiftlet
+        .arg(format!("--config={}", config.display()))
         .arg(format!("--pod-manifest-path={}", root.join("examples").display()))
         .arg(format!("--container-runtime-endpoint={}", ctd.endpoint()))
         .arg(format!("--root-dir={}", run_root.join("root").display()))
@@ -107,6 +113,40 @@ pub fn run(args: Args) -> Result<()> {
     remove_cgroup_tree(&cgroup_root);
     note("nothing left running");
     Ok(())
+}
+
+/// The demo's KubeletConfiguration: pods limited to 1.5 GiB of this
+/// machine's memory (everything else reserved for the system and enforced
+/// on the pods' cgroup), so the memory hog reaches the eviction threshold
+/// in seconds instead of filling the whole machine. Image GC is off
+/// (imageGCHighThresholdPercent 100): the demo's images are built locally
+/// and could not be pulled back after a GC on a nearly full disk.
+fn demo_config(run_root: &std::path::Path) -> Result<std::path::PathBuf> {
+    const PODS_MIB: u64 = 1536;
+    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    let total_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .context("cannot read MemTotal from /proc/meminfo")?;
+    let reserved_mib = (total_kib / 1024).saturating_sub(PODS_MIB);
+    anyhow::ensure!(reserved_mib > 0, "this machine has less than {PODS_MIB} MiB of memory; the demo needs more");
+    let path = run_root.join("kubelet.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+             podLogsDir: {logs}\n\
+             enforceNodeAllocatable: [pods]\n\
+             systemReserved:\n  memory: {reserved_mib}Mi\n\
+             evictionHard:\n  memory.available: 768Mi\n\
+             evictionPressureTransitionPeriod: 30s\n\
+             imageGCHighThresholdPercent: 100\n",
+            logs = run_root.join("logs").display()
+        ),
+    )?;
+    Ok(path)
 }
 
 /// Kills whatever is left in the demo's cgroup tree and removes it, in every

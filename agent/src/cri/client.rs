@@ -115,6 +115,15 @@ impl CriClient {
         let _ = self.metrics.set(metrics);
     }
 
+    /// The image the runtime makes sandboxes from (containerd's
+    /// `sandbox_image`, from its verbose status), which image GC must keep.
+    pub async fn sandbox_image(&self) -> Option<String> {
+        let mut c = self.runtime.clone();
+        let status = self.call("Status", self.timeout, c.status(api::StatusRequest { verbose: true })).await.ok()?;
+        let config: serde_json::Value = serde_json::from_str(status.info.get("config")?).ok()?;
+        config.get("sandboxImage").and_then(|v| v.as_str()).map(str::to_owned)
+    }
+
     pub fn endpoint(&self) -> &str {
         &self.endpoint
     }

@@ -11,6 +11,7 @@
 
 pub mod client;
 pub mod error;
+pub mod fake;
 pub mod labels;
 
 use std::time::Duration;

@@ -223,6 +223,7 @@ impl EvictionManager {
             .signal_source
             .get_or_create(&crate::metrics::ModeLabels { mode: inner.source.mode().as_str().into() })
             .set(1);
+        inner.metrics.set_signal_strategies(&inner.source.strategies());
         let sink: Arc<dyn EventSink> = Arc::new(Sink(Arc::downgrade(&inner)));
         inner.source.subscribe(sink);
         (EvictionManager { inner: inner.clone() }, EvictionLoop { inner, wake_rx })
@@ -340,13 +341,24 @@ impl EventSink for Sink {
                     fast_kill,
                 });
             }
-            SignalEvent::KernelKill { cgroup: Some(cgroup), signal, crossing_ns, crossing_value, at_ns, .. } => {
+            SignalEvent::KernelKill {
+                target,
+                cgroup: Some(cgroup),
+                signal,
+                crossing_ns,
+                crossing_value,
+                at_ns,
+                ..
+            } => {
                 inner
                     .metrics
                     .crossing_to_kill
                     .get_or_create(&KillPathLabels { path: KillPath::Kernel.as_str().into() })
                     .observe(at_ns.saturating_sub(crossing_ns) as f64 / 1e9);
-                let line_signal = lock(&inner.lines).iter().find(|l| l.signal == signal).map(|l| l.eviction_signal);
+                let line_signal = lock(&inner.lines)
+                    .iter()
+                    .find(|l| l.target == target && l.signal == signal)
+                    .map(|l| l.eviction_signal);
                 let victim = lock(&inner.plan).values().flatten().find(|v| v.cgroup == cgroup).cloned();
                 match (victim, line_signal) {
                     (Some(victim), Some(signal)) => {

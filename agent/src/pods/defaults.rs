@@ -5,6 +5,8 @@
 
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 
+use crate::images::policy::PullPolicy;
+
 pub const DEFAULT_TERMINATION_GRACE_SECONDS: i64 = 30;
 pub const DEFAULT_TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
 
@@ -30,22 +32,9 @@ pub fn apply(pod: &mut Pod) {
     }
 }
 
-/// The API server's rule: `Always` for an untagged image or `:latest`,
-/// `IfNotPresent` otherwise (a digest counts as a tag).
-pub fn default_pull_policy(image: &str) -> &'static str {
-    let name = image.rsplit('/').next().unwrap_or(image);
-    if image.contains('@') {
-        return "IfNotPresent";
-    }
-    match name.rsplit_once(':') {
-        Some((_, "latest")) | None => "Always",
-        Some(_) => "IfNotPresent",
-    }
-}
-
 fn container(c: &mut Container) {
     if c.image_pull_policy.as_deref().unwrap_or("").is_empty() {
-        c.image_pull_policy = Some(default_pull_policy(c.image.as_deref().unwrap_or("")).into());
+        c.image_pull_policy = Some(PullPolicy::effective(None, c.image.as_deref().unwrap_or("")).as_str().into());
     }
     c.termination_message_path.get_or_insert_with(|| DEFAULT_TERMINATION_MESSAGE_PATH.into());
     c.termination_message_policy.get_or_insert_with(|| "File".into());
@@ -109,20 +98,6 @@ mod tests {
             (probe.timeout_seconds, probe.period_seconds, probe.success_threshold, probe.failure_threshold),
             (Some(1), Some(10), Some(1), Some(3))
         );
-    }
-
-    #[test]
-    fn pull_policy_rule() {
-        for (image, policy) in [
-            ("busybox", "Always"),
-            ("busybox:latest", "Always"),
-            ("busybox:1.35", "IfNotPresent"),
-            ("registry:5000/busybox", "Always"),
-            ("registry:5000/busybox:1", "IfNotPresent"),
-            ("busybox@sha256:abcd", "IfNotPresent"),
-        ] {
-            assert_eq!(default_pull_policy(image), policy, "{image}");
-        }
     }
 
     #[test]

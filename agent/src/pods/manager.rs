@@ -36,6 +36,7 @@ use crate::{
     cri::{api, labels},
     events::{EventType, pod_ref},
     eviction::driver::{EvictionContainer, EvictionPod, EvictionRequest, PodEvictor, PodProvider},
+    gc::ActivePods,
 };
 
 /// How long a removed pod's remains are not taken for an orphan's.
@@ -51,8 +52,10 @@ struct Entry {
     handle: Option<WorkerHandle>,
     /// Found in the runtime with no pod: being stopped and removed.
     orphan: bool,
+    evicted: bool,
     first_seen: Instant,
-    started_reported: bool,
+    /// From first sight to all containers running, once it happened.
+    started_after: Option<Duration>,
 }
 
 struct Inner {
@@ -116,6 +119,12 @@ impl PodManager {
     /// Where status changes go (the API server's status manager).
     pub fn set_reporter(&self, reporter: Arc<dyn StatusReporter>) {
         *self.inner.reporter.write().unwrap_or_else(|p| p.into_inner()) = reporter;
+    }
+
+    /// How long a pod took from first sight to all its containers running
+    /// (kubelet_pod_start_duration_seconds, per pod).
+    pub fn start_duration(&self, uid: &str) -> Option<Duration> {
+        lock(&self.inner.pods).get(uid).and_then(|e| e.started_after)
     }
 
     /// When the runtime was last relisted (healthz: the sync loop is alive).
@@ -314,8 +323,9 @@ impl Entry {
             active: true,
             handle,
             orphan: false,
+            evicted: false,
             first_seen: Instant::now(),
-            started_reported: false,
+            started_after: None,
         }
     }
 }
@@ -344,9 +354,10 @@ impl WorkerSink for Sink {
             let all_running = status.container_statuses.as_ref().is_some_and(|cs| {
                 !cs.is_empty() && cs.iter().all(|c| c.state.as_ref().and_then(|s| s.running.as_ref()).is_some())
             });
-            if all_running && !e.started_reported {
-                e.started_reported = true;
-                inner.metrics.pod_start_duration.observe(e.first_seen.elapsed().as_secs_f64());
+            if all_running && e.started_after.is_none() {
+                let took = e.first_seen.elapsed();
+                e.started_after = Some(took);
+                inner.metrics.pod_start_duration.observe(took.as_secs_f64());
             }
             if e.orphan || e.status.as_ref() == Some(status) {
                 false
@@ -459,6 +470,7 @@ impl PodEvictor for PodManager {
             return;
         };
         e.active = false;
+        e.evicted = true;
         self.inner.deps.recorder.record(&pod_ref(&e.pod), EventType::Warning, "Evicted", &request.message);
         if let Some(h) = &e.handle {
             let _ = h.tx.send(Msg::Evict {
@@ -466,5 +478,23 @@ impl PodEvictor for PodManager {
                 reason: TerminalReason { reason: "Evicted".into(), message: request.message, disruption: true },
             });
         }
+    }
+}
+
+impl ActivePods for PodManager {
+    fn all_sources_ready(&self) -> bool {
+        self.inner.sources_ready()
+    }
+
+    /// Known and kept: running, or finished but not deleted (its last
+    /// containers hold its logs and exit status).
+    fn is_active(&self, uid: &str) -> bool {
+        lock(&self.inner.pods)
+            .get(uid)
+            .is_some_and(|e| !e.orphan && !e.evicted && (e.pod.metadata.deletion_timestamp.is_none() || e.active))
+    }
+
+    fn is_terminated(&self, uid: &str) -> bool {
+        lock(&self.inner.pods).get(uid).is_none_or(|e| !e.active)
     }
 }

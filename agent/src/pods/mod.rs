@@ -27,3 +27,6 @@ pub mod spec;
 pub mod status;
 pub mod validation;
 pub mod worker;
+
+#[cfg(test)]
+mod tests;

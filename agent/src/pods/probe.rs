@@ -233,6 +233,9 @@ pub async fn tcp(t: &Target<'_>, a: &TCPSocketAction, timeout: Duration) -> Outc
 pub async fn grpc(t: &Target<'_>, a: &GRPCAction, timeout: Duration) -> Outcome {
     use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
     let Some(ip) = t.pod_ip else { return Outcome::Error("the pod has no IP yet".into()) };
+    if a.mode.as_deref() == Some("TLS") {
+        return Outcome::Error("gRPC probes in TLS mode are not supported by this node".into());
+    }
     let addr = format!("http://{}", std::net::SocketAddr::new(ip, a.port as u16));
     let check = async {
         let channel = tonic::transport::Endpoint::from_shared(addr.clone())
@@ -452,5 +455,31 @@ mod tests {
         assert!(matches!(tcp(&t, &tcp_probe(closed), s).await, Outcome::Failure(_)));
         let no_ip = Target { pod_ip: None, ..t };
         assert!(matches!(tcp(&no_ip, &tcp_probe(open), s).await, Outcome::Error(_)));
+    }
+
+    #[tokio::test]
+    async fn grpc_health_against_a_real_server() {
+        use tonic_health::ServingStatus;
+        let (reporter, service) = tonic_health::server::health_reporter();
+        reporter.set_service_status("", ServingStatus::Serving).await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        let c = container();
+        let t = Target { container_id: "x", container: &c, pod_ip: Some("127.0.0.1".parse().unwrap()) };
+        let action = GRPCAction { port: port as i32, service: None, ..Default::default() };
+        let s = Duration::from_secs(2);
+        assert_eq!(grpc(&t, &action, s).await, Outcome::Success);
+        reporter.set_service_status("", ServingStatus::NotServing).await;
+        assert_eq!(
+            grpc(&t, &action, s).await,
+            Outcome::Failure("service unhealthy (responded with \"NOT_SERVING\")".into())
+        );
+        let unknown = GRPCAction { port: port as i32, service: Some("nope".into()), ..Default::default() };
+        assert!(matches!(grpc(&t, &unknown, s).await, Outcome::Failure(m) if m.contains("NotFound")));
     }
 }

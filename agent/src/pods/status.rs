@@ -144,7 +144,11 @@ fn container_status(input: &StatusInput<'_>, c: &Container, default_waiting: &st
             }
         },
         ContainerRunState::Created => {
-            s.state = Some(waiting(reason::CONTAINER_CREATING, None));
+            // Created but not started: a failed start says why.
+            let (r, m) = waiting_reason
+                .map(|(r, m)| (r.as_str(), Some(m.as_str())))
+                .unwrap_or((reason::CONTAINER_CREATING, None));
+            s.state = Some(waiting(r, m));
         }
         ContainerRunState::Unknown => {
             s.state = Some(ContainerState {

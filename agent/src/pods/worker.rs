@@ -472,9 +472,16 @@ impl Worker {
     ) {
         let Some((c, init)) = find_container(&self.pod, name).map(|(c, i)| (c.clone(), i)) else { return };
         let latest = observed.latest(name);
-        if let Some(prev) = latest.filter(|l| l.state == ContainerRunState::Exited) {
+        // A container that exited, or that was created but never started
+        // (a failed start), waits out the back-off before the next attempt.
+        let failed = latest.and_then(|l| match l.state {
+            ContainerRunState::Exited => Some(l.finished_at.max(l.created_at)),
+            ContainerRunState::Created => Some(l.created_at),
+            _ => None,
+        });
+        if let Some(failed_at) = failed {
             let key = self.backoff_key(&c);
-            let failed_at = instant_of(prev.finished_at);
+            let failed_at = instant_of(failed_at);
             if let Some(wait) = self.backoff.remaining(&key, failed_at, Instant::now()) {
                 let delay = self.backoff.delay(&key).unwrap_or_default();
                 let message = format!(
@@ -569,15 +576,18 @@ impl Worker {
         }
     }
 
-    /// preStop, then StopContainer with what remains of the grace period.
+    /// preStop, then StopContainer with what remains of the grace period
+    /// (whole seconds, as CRI takes it).
     async fn stop_container(&self, id: &str, c: Option<&Container>, grace: Duration, pod_ip: Option<&str>) {
         let started = Instant::now();
+        let mut hook_ran = false;
         if let Some(c) = c
             && let Some(hook) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref())
             && !grace.is_zero()
         {
             let ip = pod_ip.or(self.deps.settings.node_ip.as_deref()).and_then(|ip| ip.parse().ok());
             let t = Target { container_id: id, container: c, pod_ip: ip };
+            hook_ran = true;
             let outcome =
                 tokio::time::timeout(grace, probe::run_handler(self.deps.runtime.as_ref(), &t, hook, grace)).await;
             if !matches!(outcome, Ok(probe::Outcome::Success)) {
@@ -594,8 +604,14 @@ impl Worker {
                 );
             }
         }
-        let remaining =
-            if grace.is_zero() { Duration::ZERO } else { grace.saturating_sub(started.elapsed()).max(MIN_GRACE) };
+        let remaining = if grace.is_zero() {
+            Duration::ZERO
+        } else if hook_ran {
+            let left = grace.saturating_sub(started.elapsed());
+            Duration::from_secs(left.as_secs_f64().ceil() as u64).max(MIN_GRACE)
+        } else {
+            grace
+        };
         if let Err(e) = self.deps.runtime.stop_container(id, remaining).await
             && !e.is_not_found()
         {

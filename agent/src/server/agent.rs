@@ -17,7 +17,9 @@ pub async fn api_client(config: &crate::config::Config) -> Result<Option<kube::C
     if config.standalone() {
         return Ok(None);
     }
-    let Some(path) = config.flags.kubeconfig.as_deref().or(config.flags.bootstrap_kubeconfig.as_deref()) else {
+    // Before TLS bootstrap has written the kubeconfig, the bootstrap one.
+    let kubeconfig = config.flags.kubeconfig.as_deref().filter(|p| p.exists());
+    let Some(path) = kubeconfig.or(config.flags.bootstrap_kubeconfig.as_deref()) else {
         return Ok(None);
     };
     client_from_kubeconfig(path).await.map(Some)
@@ -38,7 +40,12 @@ pub async fn serve(agent: &Agent, shutdown: watch::Receiver<bool>) -> Result<Ser
     let config = Arc::new(agent.config.clone());
     let k = &config.kubelet;
     agent.health.register(Arc::new(RuntimeCheck { cri: agent.cri.clone(), bound: RUNTIME_UNREACHABLE_BOUND }));
-    let client = api_client(&config).await?;
+    // The API agent's client when it has connected (after TLS bootstrap);
+    // otherwise one of our own from the kubeconfig.
+    let client = match agent.api.as_ref().and_then(|a| a.client()) {
+        Some(c) => Some(c),
+        None => api_client(&config).await?,
+    };
     let (authn, authz) = auth_from_config(&config, client)?;
     let runtime: Arc<dyn StatsRuntime> = agent.cri.clone();
     let pods: Arc<dyn PodView> = Arc::new(agent.pods.clone());

@@ -15,6 +15,8 @@ pub mod hysteresis;
 pub mod kfunc;
 pub mod layout;
 pub mod node;
+pub mod notify;
+pub mod probe;
 
 use std::{collections::HashMap, sync::Arc, time::Instant};
 
@@ -170,6 +172,8 @@ pub enum SignalEvent {
     ProcessExit { pid: u32, at_ns: u64, received_ns: u64 },
     /// The kernel killed a planned victim at a crossing.
     KernelKill {
+        /// The line that was crossed (its slot's target).
+        target: Target,
         cgroup: Option<String>,
         cgroup_id: u64,
         signal: Signal,
@@ -231,6 +235,12 @@ pub trait SignalSource: Send + Sync {
 
     /// Counters for the metrics endpoint: (name, value).
     fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
+
+    /// How each signal is obtained: (signal, strategy), for the log line and
+    /// the `swiftlet_signal_strategy` metric.
+    fn strategies(&self) -> Vec<(&'static str, String)> {
         Vec::new()
     }
 }

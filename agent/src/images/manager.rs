@@ -1,0 +1,693 @@
+//! The image manager: makes sure a container's image is present before
+//! the container is created, as the kubelet's `EnsureImageExists`.
+//!
+//! Order of checks (each outcome is the kubelet's reason and event):
+//! 1. the name parses (else InvalidImageName, event InspectFailed, no
+//!    runtime call at all);
+//! 2. ImageStatus answers (else ImageInspectError, event InspectFailed);
+//! 3. the pull policy says whether to pull (Never and absent:
+//!    ErrImageNeverPull; present and no pull needed: event Pulled
+//!    "already present");
+//! 4. no back-off is pending for this pod and image (else
+//!    ImagePullBackOff, event BackOff, with the last pull error);
+//! 5. the pull, serialized or parallel per config and throttled by
+//!    registryPullQPS (event Pulling, then Pulled with the duration and
+//!    size, or Failed and ErrImagePull / RegistryUnavailable, which starts
+//!    or doubles the back-off: 10 s doubling to 5 min per pod and image).
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::{Container, ObjectReference, Pod};
+use tokio::{
+    sync::{Semaphore, SemaphorePermit},
+    time::Instant,
+};
+use tracing::{info, warn};
+
+use super::{
+    backoff::Backoff,
+    errors::{ImageError, ImageErrorReason, classify_pull_error},
+    metrics::ImageMetrics,
+    policy::PullPolicy,
+    reference::with_default_tag,
+    throttle::TokenBucket,
+};
+use crate::{
+    config::KubeletConfiguration,
+    cri::{CriError, ImageService, api},
+    events::{EventRecorder, EventType, pod_ref},
+};
+
+/// Event reasons (pkg/kubelet/events).
+pub mod event {
+    pub const PULLING: &str = "Pulling";
+    pub const PULLED: &str = "Pulled";
+    pub const FAILED: &str = "Failed";
+    pub const INSPECT_FAILED: &str = "InspectFailed";
+    pub const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
+    pub const BACK_OFF: &str = "BackOff";
+}
+
+/// The runtime's id of a present image (`sha256:...`): what CreateContainer
+/// is given and what `containerStatuses[].imageID` reports.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ImageRef(pub String);
+
+impl ImageRef {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ImageRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageManagerConfig {
+    /// serializeImagePulls: one pull at a time, in arrival order.
+    pub serialize_image_pulls: bool,
+    /// maxParallelImagePulls when not serialized (None: unlimited).
+    pub max_parallel_image_pulls: Option<u32>,
+    /// registryPullQPS (0: no limit) and registryBurst.
+    pub registry_pull_qps: u32,
+    pub registry_burst: u32,
+    /// The pull back-off: 10 s doubling to 300 s in the kubelet.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for ImageManagerConfig {
+    fn default() -> Self {
+        ImageManagerConfig {
+            serialize_image_pulls: true,
+            max_parallel_image_pulls: None,
+            registry_pull_qps: 5,
+            registry_burst: 10,
+            backoff_initial: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(300),
+        }
+    }
+}
+
+impl ImageManagerConfig {
+    pub fn from_kubelet(k: &KubeletConfiguration) -> ImageManagerConfig {
+        ImageManagerConfig {
+            serialize_image_pulls: k.serialize_image_pulls,
+            max_parallel_image_pulls: k.max_parallel_image_pulls,
+            registry_pull_qps: k.registry_pull_qps,
+            registry_burst: k.registry_burst,
+            ..Default::default()
+        }
+    }
+}
+
+enum PullSlots {
+    /// The kubelet's serial puller: one at a time, first come first served
+    /// (tokio's semaphore is fair).
+    Serial(Semaphore),
+    Limited(Semaphore),
+    Unlimited,
+}
+
+impl PullSlots {
+    async fn acquire(&self) -> Option<SemaphorePermit<'_>> {
+        match self {
+            PullSlots::Serial(s) | PullSlots::Limited(s) => s.acquire().await.ok(),
+            PullSlots::Unlimited => None,
+        }
+    }
+}
+
+struct PullState {
+    backoff: Backoff,
+    /// The last pull error per back-off key, shown while backing off.
+    prev_error: HashMap<String, String>,
+    throttle: Option<TokenBucket>,
+}
+
+/// Construct once per agent and share (`Arc`); every pod worker calls
+/// [`ImageManager::ensure_image`] before CreateContainer:
+///
+/// ```text
+/// let images = Arc::new(ImageManager::new(
+///     agent.cri.clone(),                                  // Arc<dyn ImageService>
+///     recorder.clone(),                                   // Arc<dyn EventRecorder>
+///     ImageManagerConfig::from_kubelet(&config.kubelet),
+/// ));
+/// let image_ref = images.ensure_image(&pod, &container, Some(&sandbox_config)).await?;
+/// // CreateContainer with ImageSpec { image: image_ref.0, user_specified_image: container.image }
+/// ```
+pub struct ImageManager {
+    service: Arc<dyn ImageService>,
+    recorder: Arc<dyn EventRecorder>,
+    slots: PullSlots,
+    state: Mutex<PullState>,
+    metrics: Option<ImageMetrics>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An ObjectReference to `container` of `pod` for events, with the
+/// kubelet's fieldPath (`spec.containers{name}`, `spec.initContainers{name}`
+/// or `spec.ephemeralContainers{name}`).
+pub fn container_ref(pod: &Pod, container_name: &str) -> ObjectReference {
+    let mut r = pod_ref(pod);
+    let spec = pod.spec.as_ref();
+    let field =
+        if spec.and_then(|s| s.init_containers.as_ref()).is_some_and(|c| c.iter().any(|c| c.name == container_name)) {
+            "initContainers"
+        } else if spec
+            .and_then(|s| s.ephemeral_containers.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.name == container_name))
+        {
+            "ephemeralContainers"
+        } else {
+            "containers"
+        };
+    r.field_path = Some(format!("spec.{field}{{{container_name}}}"));
+    r
+}
+
+/// A CRI error as Go's gRPC status prints it (`rpc error: code = X desc = Y`).
+fn grpc_error_string(e: &CriError) -> String {
+    match e {
+        CriError::Status { code, message, .. } => format!("rpc error: code = {code:?} desc = {message}"),
+        CriError::Timeout { .. } => "rpc error: code = DeadlineExceeded desc = context deadline exceeded".into(),
+        CriError::Endpoint { .. } => e.to_string(),
+    }
+}
+
+/// A duration as Go prints one truncated to milliseconds: `0s`, `850ms`,
+/// `1.5s`, `2m3.25s`, `1h0m5s`.
+pub fn go_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        return "0s".into();
+    }
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let (h, rest) = (ms / 3_600_000, ms % 3_600_000);
+    let (m, rest) = (rest / 60_000, rest % 60_000);
+    let (s, frac) = (rest / 1000, rest % 1000);
+    let mut secs = s.to_string();
+    if frac > 0 {
+        let f = format!("{frac:03}");
+        secs.push('.');
+        secs.push_str(f.trim_end_matches('0'));
+    }
+    match (h, m) {
+        (0, 0) => format!("{secs}s"),
+        (0, m) => format!("{m}m{secs}s"),
+        (h, m) => format!("{h}h{m}m{secs}s"),
+    }
+}
+
+impl ImageManager {
+    pub fn new(
+        service: Arc<dyn ImageService>,
+        recorder: Arc<dyn EventRecorder>,
+        cfg: ImageManagerConfig,
+    ) -> ImageManager {
+        let slots = if cfg.serialize_image_pulls {
+            PullSlots::Serial(Semaphore::new(1))
+        } else {
+            match cfg.max_parallel_image_pulls {
+                Some(n) if n > 0 => PullSlots::Limited(Semaphore::new(n as usize)),
+                _ => PullSlots::Unlimited,
+            }
+        };
+        ImageManager {
+            service,
+            recorder,
+            slots,
+            state: Mutex::new(PullState {
+                backoff: Backoff::new(cfg.backoff_initial, cfg.backoff_max),
+                prev_error: HashMap::new(),
+                throttle: TokenBucket::new(cfg.registry_pull_qps, cfg.registry_burst, Instant::now()),
+            }),
+            metrics: None,
+        }
+    }
+
+    /// Observes pull durations and counts into `metrics`.
+    pub fn with_metrics(mut self, metrics: ImageMetrics) -> ImageManager {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn event(&self, r: &ObjectReference, t: EventType, reason: &str, message: &str) {
+        let pod = format!("{}/{}", r.namespace.as_deref().unwrap_or_default(), r.name.as_deref().unwrap_or_default());
+        match t {
+            EventType::Normal => info!(pod, field = r.field_path.as_deref().unwrap_or(""), reason, "{message}"),
+            EventType::Warning => warn!(pod, field = r.field_path.as_deref().unwrap_or(""), reason, "{message}"),
+        }
+        self.recorder.record(r, t, reason, message);
+    }
+
+    /// Makes sure `container`'s image is present, pulling it if its policy
+    /// says so. `sandbox_config` is passed to PullImage (runtimes use it
+    /// for per-pod pull settings).
+    pub async fn ensure_image(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        sandbox_config: Option<&api::PodSandboxConfig>,
+    ) -> Result<ImageRef, ImageError> {
+        let obj = container_ref(pod, &container.name);
+        let requested = container.image.as_deref().unwrap_or("");
+        let image = match with_default_tag(requested) {
+            Ok(i) => i,
+            Err(e) => {
+                let msg = format!(
+                    "Failed to apply default image tag {requested:?}: couldn't parse image name {requested:?}: {e}"
+                );
+                self.event(&obj, EventType::Warning, event::INSPECT_FAILED, &msg);
+                return Err(ImageError::new(ImageErrorReason::InvalidImageName, msg));
+            }
+        };
+        let present = match self.service.image_status(&image).await {
+            Ok(status) => status.map(|i| i.id),
+            Err(e) => {
+                let msg = format!("Failed to inspect image {image:?}: {}", grpc_error_string(&e));
+                self.event(&obj, EventType::Warning, event::INSPECT_FAILED, &msg);
+                return Err(ImageError::new(ImageErrorReason::ImageInspectError, msg));
+            }
+        };
+        let policy = PullPolicy::effective(container.image_pull_policy.as_deref(), requested);
+        if !policy.should_pull(present.is_some()) {
+            return match present {
+                Some(id) => {
+                    let msg = format!("Container image {requested:?} already present on machine");
+                    self.event(&obj, EventType::Normal, event::PULLED, &msg);
+                    Ok(ImageRef(id))
+                }
+                None => {
+                    let msg = format!("Container image {requested:?} is not present with pull policy of Never");
+                    self.event(&obj, EventType::Warning, event::ERR_IMAGE_NEVER_PULL, &msg);
+                    Err(ImageError::new(ImageErrorReason::ErrImageNeverPull, msg))
+                }
+            };
+        }
+
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let key = format!("{uid}_{image}");
+        {
+            let st = lock(&self.state);
+            if st.backoff.in_backoff(&key, Instant::now()) {
+                let msg = format!("Back-off pulling image {requested:?}");
+                self.event(&obj, EventType::Normal, event::BACK_OFF, &msg);
+                let full = match st.prev_error.get(&key) {
+                    Some(prev) => format!("{msg}: {prev}"),
+                    None => msg,
+                };
+                return Err(ImageError::new(ImageErrorReason::ImagePullBackOff, full));
+            }
+        }
+
+        self.event(&obj, EventType::Normal, event::PULLING, &format!("Pulling image {requested:?}"));
+        let waiting_since = Instant::now();
+        let result = {
+            let _slot = self.slots.acquire().await;
+            let started = Instant::now();
+            let throttled = lock(&self.state).throttle.as_mut().is_some_and(|t| !t.try_accept(started));
+            let r = if throttled {
+                Err(None)
+            } else {
+                self.service.pull_image(&image, sandbox_config.cloned()).await.map_err(Some)
+            };
+            r.map(|id| (id, started.elapsed()))
+        };
+        let now = Instant::now();
+        match result {
+            Ok((image_ref, pull_time)) => {
+                let size = match self.service.image_status(&image_ref).await {
+                    Ok(Some(i)) => i.size,
+                    _ => 0,
+                };
+                let total = waiting_since.elapsed();
+                self.event(
+                    &obj,
+                    EventType::Normal,
+                    event::PULLED,
+                    &format!(
+                        "Successfully pulled image {requested:?} in {} ({} including waiting). Image size: {size} bytes.",
+                        go_duration(pull_time),
+                        go_duration(total)
+                    ),
+                );
+                if let Some(m) = &self.metrics {
+                    m.observe_pull(size, total);
+                }
+                let mut st = lock(&self.state);
+                st.backoff.gc(now);
+                st.prev_error.remove(&key);
+                Ok(ImageRef(image_ref))
+            }
+            Err(e) => {
+                let (raw, err) = match e {
+                    Some(e) => (super::errors::go_error_string(&e), classify_pull_error(requested, &e)),
+                    // The kubelet's throttled image service.
+                    None => (
+                        "pull QPS exceeded".to_owned(),
+                        ImageError::new(ImageErrorReason::ErrImagePull, "pull QPS exceeded"),
+                    ),
+                };
+                self.event(
+                    &obj,
+                    EventType::Warning,
+                    event::FAILED,
+                    &format!("Failed to pull image {requested:?}: {raw}"),
+                );
+                let mut st = lock(&self.state);
+                st.backoff.next(&key, now);
+                st.prev_error.insert(key, format!("{}: {}", err.reason, err.message));
+                Err(err)
+            }
+        }
+    }
+
+    /// When the pull of `container`'s image for `pod` may be tried again,
+    /// if it is backing off (the pod worker can wake up then).
+    pub fn retry_at(&self, pod: &Pod, container: &Container) -> Option<Instant> {
+        let image = with_default_tag(container.image.as_deref().unwrap_or("")).ok()?;
+        let key = format!("{}_{image}", pod.metadata.uid.as_deref().unwrap_or_default());
+        lock(&self.state).backoff.retry_at(&key, Instant::now())
+    }
+}
+
+/// The pod worker's seam: the image manager in place of the plain
+/// policy puller.
+#[async_trait::async_trait]
+impl crate::pods::pull::ImageEnsurer for ImageManager {
+    async fn ensure(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        sandbox: &api::PodSandboxConfig,
+    ) -> Result<String, crate::pods::pull::ImageFailure> {
+        self.ensure_image(pod, container, Some(sandbox))
+            .await
+            .map(|r| r.0)
+            .map_err(|e| crate::pods::pull::ImageFailure { reason: e.reason.as_str().to_owned(), message: e.message })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex as StdMutex;
+
+    use k8s_openapi::{api::core::v1::PodSpec, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+
+    use super::*;
+    use crate::cri::fake::{FakeRuntime, Fault, Method};
+
+    #[derive(Default)]
+    struct Events(StdMutex<Vec<(String, EventType, String, String)>>);
+
+    impl EventRecorder for Events {
+        fn record(&self, object: &ObjectReference, t: EventType, reason: &str, message: &str) {
+            self.0.lock().unwrap().push((
+                object.field_path.clone().unwrap_or_default(),
+                t,
+                reason.to_owned(),
+                message.to_owned(),
+            ));
+        }
+    }
+
+    impl Events {
+        fn reasons(&self) -> Vec<String> {
+            self.0.lock().unwrap().iter().map(|e| e.2.clone()).collect()
+        }
+        fn last(&self) -> (String, EventType, String, String) {
+            self.0.lock().unwrap().last().cloned().unwrap()
+        }
+        fn clear(&self) {
+            self.0.lock().unwrap().clear();
+        }
+    }
+
+    fn container(name: &str, image: &str, policy: Option<&str>) -> Container {
+        Container {
+            name: name.into(),
+            image: Some(image.into()),
+            image_pull_policy: policy.map(str::to_owned),
+            ..Default::default()
+        }
+    }
+
+    fn pod(uid: &str, containers: Vec<Container>, init: Vec<Container>) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("default".into()),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers,
+                init_containers: if init.is_empty() { None } else { Some(init) },
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn setup(cfg: ImageManagerConfig) -> (Arc<FakeRuntime>, Arc<Events>, ImageManager) {
+        let rt = Arc::new(FakeRuntime::new());
+        let ev = Arc::new(Events::default());
+        let m = ImageManager::new(rt.clone(), ev.clone(), cfg);
+        (rt, ev, m)
+    }
+
+    fn unthrottled() -> ImageManagerConfig {
+        ImageManagerConfig { registry_pull_qps: 0, ..Default::default() }
+    }
+
+    #[tokio::test]
+    async fn the_six_reasons_and_their_events() {
+        use ImageErrorReason::*;
+        let (rt, ev, m) = setup(unthrottled());
+        rt.add_image("busybox:1.36", 100);
+        rt.make_pullable("nginx:1.27", 200);
+        rt.set_pull_error(
+            "127.0.0.1:9/app:1",
+            tonic::Code::Unknown,
+            "failed to pull and unpack image \"127.0.0.1:9/app:1\": failed to resolve reference \"127.0.0.1:9/app:1\": failed to do request: Head \"http://127.0.0.1:9/v2/app/manifests/1\": dial tcp 127.0.0.1:9: connect: connection refused",
+        );
+        rt.fail(
+            Fault::new(
+                Method::ImageStatus,
+                tonic::Code::Unknown,
+                "can not resolve \"sha256:ab\" locally: ambiguous digest string",
+            )
+            .on("sha256:ab"),
+        );
+
+        // (image, policy, expected reason or None for success, last event reason)
+        let cases: Vec<(&str, Option<&str>, Option<ImageErrorReason>, &str)> = vec![
+            ("Busybox", None, Some(InvalidImageName), event::INSPECT_FAILED),
+            ("busybox:", None, Some(InvalidImageName), event::INSPECT_FAILED),
+            ("sha256:ab", None, Some(ImageInspectError), event::INSPECT_FAILED),
+            ("nginx:1.27", Some("Never"), Some(ErrImageNeverPull), event::ERR_IMAGE_NEVER_PULL),
+            ("busybox:1.36", Some("Never"), None, event::PULLED),
+            ("busybox:1.36", None, None, event::PULLED),
+            ("nope:1", None, Some(ErrImagePull), event::FAILED),
+            ("127.0.0.1:9/app:1", None, Some(RegistryUnavailable), event::FAILED),
+            ("nginx:1.27", None, None, event::PULLED),
+        ];
+        for (i, (image, policy, want, last_event)) in cases.into_iter().enumerate() {
+            rt.clear_calls();
+            ev.clear();
+            let c = container("app", image, policy);
+            let p = pod(&format!("uid-{i}"), vec![c.clone()], vec![]);
+            let got = m.ensure_image(&p, &c, None).await;
+            assert_eq!(got.as_ref().err().map(|e| e.reason), want, "{image}: {got:?}");
+            let (field, _, reason, _) = ev.last();
+            assert_eq!((field.as_str(), reason.as_str()), ("spec.containers{app}", last_event), "{image}");
+            if want == Some(InvalidImageName) {
+                assert!(rt.calls().is_empty(), "{image}: no runtime call for a bad name");
+            }
+            if matches!(want, Some(ErrImagePull | RegistryUnavailable)) || (want.is_none() && image == "nginx:1.27") {
+                assert_eq!(ev.reasons()[0], event::PULLING);
+                assert_eq!(rt.count(Method::PullImage), 1, "{image}");
+            } else {
+                assert_eq!(rt.count(Method::PullImage), 0, "{image}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn messages_as_the_kubelet() {
+        let (rt, ev, m) = setup(unthrottled());
+        rt.add_image("busybox:1.36", 1234);
+        let c = container("app", "Busybox", None);
+        let e = m.ensure_image(&pod("u", vec![c.clone()], vec![]), &c, None).await.unwrap_err();
+        assert_eq!(
+            e.message,
+            "Failed to apply default image tag \"Busybox\": couldn't parse image name \"Busybox\": invalid reference format: repository name (library/Busybox) must be lowercase"
+        );
+        let c = container("app", "busybox:1.36", None);
+        m.ensure_image(&pod("u", vec![c.clone()], vec![]), &c, None).await.unwrap();
+        assert_eq!(ev.last().3, "Container image \"busybox:1.36\" already present on machine");
+        let c = container("app", "nginx", Some("Never"));
+        let e = m.ensure_image(&pod("u", vec![c.clone()], vec![]), &c, None).await.unwrap_err();
+        assert_eq!(e.message, "Container image \"nginx\" is not present with pull policy of Never");
+        rt.make_pullable("nginx", 5000);
+        let c = container("app", "nginx", None);
+        let r = m.ensure_image(&pod("u", vec![c.clone()], vec![]), &c, None).await.unwrap();
+        assert!(r.as_str().starts_with("sha256:"));
+        let (_, t, reason, msg) = ev.last();
+        assert_eq!((t, reason.as_str()), (EventType::Normal, event::PULLED));
+        assert!(msg.starts_with("Successfully pulled image \"nginx\" in "), "{msg}");
+        assert!(msg.ends_with("including waiting). Image size: 5000 bytes."), "{msg}");
+        rt.fail(Fault::new(Method::ImageStatus, tonic::Code::Internal, "boom").on("x:1"));
+        let c = container("app", "x:1", None);
+        let e = m.ensure_image(&pod("u", vec![c.clone()], vec![]), &c, None).await.unwrap_err();
+        assert_eq!(e.message, "Failed to inspect image \"x:1\": rpc error: code = Internal desc = boom");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn back_off_per_pod_and_image() {
+        let (rt, ev, m) = setup(unthrottled());
+        let c = container("app", "missing:1", None);
+        let p = pod("u1", vec![c.clone()], vec![]);
+        // (advance before the attempt in seconds, expected reason, pulled?)
+        let steps = [
+            (0, ImageErrorReason::ErrImagePull, true),
+            (5, ImageErrorReason::ImagePullBackOff, false),
+            (5, ImageErrorReason::ErrImagePull, true), // 10 s after the failure
+            (19, ImageErrorReason::ImagePullBackOff, false),
+            (1, ImageErrorReason::ErrImagePull, true), // 20 s
+            (39, ImageErrorReason::ImagePullBackOff, false),
+            (1, ImageErrorReason::ErrImagePull, true), // 40 s
+        ];
+        for (i, (advance, want, pulled)) in steps.into_iter().enumerate() {
+            tokio::time::advance(Duration::from_secs(advance)).await;
+            let before = rt.count(Method::PullImage);
+            let e = m.ensure_image(&p, &c, None).await.unwrap_err();
+            assert_eq!(e.reason, want, "step {i}");
+            assert_eq!(rt.count(Method::PullImage) - before, pulled as usize, "step {i}");
+            if want == ImageErrorReason::ImagePullBackOff {
+                assert_eq!(ev.last().2, event::BACK_OFF);
+                assert!(
+                    e.message.starts_with("Back-off pulling image \"missing:1\": ErrImagePull: failed to pull"),
+                    "{}",
+                    e.message
+                );
+            }
+        }
+        assert!(m.retry_at(&p, &c).is_some());
+        // Another pod pulling the same image has its own back-off.
+        let p2 = pod("u2", vec![c.clone()], vec![]);
+        assert_eq!(m.ensure_image(&p2, &c, None).await.unwrap_err().reason, ImageErrorReason::ErrImagePull);
+        // Once the image can be pulled, the next try after the back-off works.
+        rt.make_pullable("missing:1", 1);
+        assert_eq!(m.ensure_image(&p, &c, None).await.unwrap_err().reason, ImageErrorReason::ImagePullBackOff);
+        tokio::time::advance(Duration::from_secs(80)).await;
+        m.ensure_image(&p, &c, None).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn init_containers_get_their_field_path() {
+        let (rt, ev, m) = setup(unthrottled());
+        rt.add_image("busybox:1.36", 1);
+        let init = container("setup", "busybox:1.36", None);
+        let p = pod("u", vec![container("app", "busybox:1.36", None)], vec![init.clone()]);
+        m.ensure_image(&p, &init, None).await.unwrap();
+        assert_eq!(ev.last().0, "spec.initContainers{setup}");
+    }
+
+    async fn concurrency(cfg: ImageManagerConfig) -> usize {
+        let (rt, _ev, m) = setup(cfg);
+        rt.set_latency(Method::PullImage, Duration::from_secs(2));
+        let images = ["a:1", "b:1", "c:1", "d:1"];
+        for i in images {
+            rt.make_pullable(i, 1);
+        }
+        let m = Arc::new(m);
+        let tasks: Vec<_> = images
+            .iter()
+            .enumerate()
+            .map(|(n, i)| {
+                let m = m.clone();
+                let c = container("app", i, None);
+                let p = pod(&format!("u{n}"), vec![c.clone()], vec![]);
+                tokio::spawn(async move { m.ensure_image(&p, &c, None).await })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        rt.max_in_flight(Method::PullImage)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn serialized_or_parallel_pulls() {
+        assert_eq!(concurrency(unthrottled()).await, 1);
+        let parallel = |n| ImageManagerConfig {
+            serialize_image_pulls: false,
+            max_parallel_image_pulls: n,
+            registry_pull_qps: 0,
+            ..Default::default()
+        };
+        assert_eq!(concurrency(parallel(Some(2))).await, 2);
+        assert_eq!(concurrency(parallel(None)).await, 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn registry_qps_limits_pulls() {
+        let cfg = ImageManagerConfig { registry_pull_qps: 1, registry_burst: 1, ..Default::default() };
+        let (rt, _ev, m) = setup(cfg);
+        rt.make_pullable("a:1", 1);
+        rt.make_pullable("b:1", 1);
+        let a = container("app", "a:1", None);
+        let b = container("app", "b:1", None);
+        m.ensure_image(&pod("u1", vec![a.clone()], vec![]), &a, None).await.unwrap();
+        let e = m.ensure_image(&pod("u2", vec![b.clone()], vec![]), &b, None).await.unwrap_err();
+        assert_eq!((e.reason, e.message.as_str()), (ImageErrorReason::ErrImagePull, "pull QPS exceeded"));
+        assert_eq!(rt.count(Method::PullImage), 1, "the throttled pull never reached the runtime");
+    }
+
+    #[tokio::test]
+    async fn serves_the_pod_workers_seam() {
+        use crate::pods::pull::ImageEnsurer;
+        let (rt, _ev, m) = setup(unthrottled());
+        rt.add_image("busybox:1.36", 1);
+        let ensurer: Arc<dyn ImageEnsurer> = Arc::new(m);
+        let ok = container("app", "busybox:1.36", None);
+        let id = ensurer.ensure(&pod("u", vec![ok.clone()], vec![]), &ok, &Default::default()).await.unwrap();
+        assert!(id.starts_with("sha256:"));
+        let bad = container("app", "Busybox", None);
+        let e = ensurer.ensure(&pod("u", vec![bad.clone()], vec![]), &bad, &Default::default()).await.unwrap_err();
+        assert_eq!(e.reason, "InvalidImageName");
+    }
+
+    #[test]
+    fn go_durations() {
+        let ms = Duration::from_millis;
+        let cases = [
+            (ms(0), "0s"),
+            (ms(850), "850ms"),
+            (ms(1000), "1s"),
+            (ms(1500), "1.5s"),
+            (ms(1234), "1.234s"),
+            (ms(123_250), "2m3.25s"),
+            (ms(3_605_000), "1h0m5s"),
+            (Duration::from_micros(1999), "1ms"),
+        ];
+        for (d, want) in cases {
+            assert_eq!(go_duration(d), want);
+        }
+    }
+}
