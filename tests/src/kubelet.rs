@@ -59,7 +59,11 @@ fn write_config(dir: &std::path::Path) -> PathBuf {
     std::fs::write(
         &path,
         format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\n",
+            // As the agent fixture: on this shared, often full disk only
+            // memory evicts, and image GC (which would delete the locally
+            // built test images) stays off.
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\n\
+             evictionHard:\n  memory.available: 100Mi\nimageGCHighThresholdPercent: 100\n",
             logs.display()
         ),
     )
