@@ -418,7 +418,11 @@ impl Agent {
             let _ = t.await;
         }
         // ---- server (issue 8) ----
-        servers.join().await;
+        // Open connections (a follow, a long scrape) must not keep the
+        // agent from stopping.
+        if tokio::time::timeout(Duration::from_secs(5), servers.join()).await.is_err() {
+            warn!("the kubelet API servers did not stop within 5s; leaving them");
+        }
         // ---- end server ----
         for t in tasks {
             let _ = t.await;
