@@ -50,6 +50,13 @@ use crate::{
     },
     signals::{self, OpenedSource, SignalError, ebpf::EbpfOptions, node},
 };
+// ---- server (issue 8) ----
+use crate::server::{
+    ServerError,
+    events::{DebugEvents, EvictionTap},
+    health::HealthChecks,
+};
+// ---- end server ----
 
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -69,6 +76,10 @@ pub enum StartError {
     Io(#[from] std::io::Error),
     #[error("API server: {0}")]
     Api(#[from] ApiError),
+    // ---- server (issue 8) ----
+    #[error("kubelet server: {0}")]
+    Server(#[from] ServerError),
+    // ---- end server ----
 }
 
 /// How often the runtime is relisted (the kubelet's PLEG period).
@@ -100,6 +111,13 @@ pub struct Agent {
     /// standalone mode.
     pub api: Option<Arc<ApiAgent>>,
     // ---- end API server ----
+    // ---- server (issue 8) ----
+    /// /healthz checks: `ping` and `runtime` are registered by the server;
+    /// the pod manager may register `syncloop` (a `server::health::Heartbeat`).
+    pub health: Arc<HealthChecks>,
+    /// /debug/events: the eviction manager's signal events and evictions.
+    pub debug_events: DebugEvents,
+    // ---- end server ----
 }
 
 fn quantity(list: &crate::cm::allocatable::ResourceList, r: Resource) -> crate::quantity::Quantity {
@@ -170,6 +188,9 @@ impl Agent {
         pod_metrics.register(&mut metrics.registry);
         let image_metrics = ImageMetrics::register(&mut metrics.registry);
         let metrics = Arc::new(metrics);
+        // ---- server (issue 8) ----
+        cri.observe_with(metrics.clone());
+        // ---- end server ----
 
         let cap = &allocatable.capacity;
         let alloc = &allocatable.allocatable;
@@ -282,12 +303,17 @@ impl Agent {
             plan_interval: PLAN_INTERVAL,
             kernel_eviction: config.swiftlet.kernel_eviction,
         };
+        // ---- server (issue 8) ----
+        let health = Arc::new(HealthChecks::new());
+        let debug_events = DebugEvents::new(Arc::new(pods.clone()));
+        let evictor = Arc::new(EvictionTap { inner: Arc::new(pods.clone()), events: debug_events.clone() });
+        // ---- end server ----
         let (eviction, eviction_loop) = EvictionManager::new(
             driver,
             signals.source.clone(),
             cgroupfs.clone(),
             Arc::new(pods.clone()),
-            Arc::new(pods.clone()),
+            evictor,
             Some(reclaimer),
             metrics.clone(),
         );
@@ -301,6 +327,8 @@ impl Agent {
         }
         // ---- end API server ----
         Ok(Agent {
+            health,
+            debug_events,
             api,
             node_name,
             metrics,
@@ -364,6 +392,10 @@ impl Agent {
             static_pods = k.static_pod_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
             "swiftlet started"
         );
+        // ---- server (issue 8): :10248, :10250 and the debug socket ----
+        tasks.push(self.debug_events.forward(self.eviction.events()));
+        let servers = crate::server::agent::serve(&self, self.shutdown.clone()).await?;
+        // ---- end server ----
         let mut shutdown = self.shutdown.clone();
         while !*shutdown.borrow() {
             tokio::select! {
@@ -385,6 +417,13 @@ impl Agent {
         if let Some(t) = api_task {
             let _ = t.await;
         }
+        // ---- server (issue 8) ----
+        // Open connections (a follow, a long scrape) must not keep the
+        // agent from stopping.
+        if tokio::time::timeout(Duration::from_secs(5), servers.join()).await.is_err() {
+            warn!("the kubelet API servers did not stop within 5s; leaving them");
+        }
+        // ---- end server ----
         for t in tasks {
             let _ = t.await;
         }

@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod cgroups;
+pub mod cli;
 pub mod cm;
 pub mod config;
 pub mod cri;
@@ -17,4 +18,5 @@ pub mod metrics;
 pub mod node;
 pub mod pods;
 pub mod quantity;
+pub mod server;
 pub mod signals;

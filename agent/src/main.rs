@@ -15,7 +15,12 @@ use tokio::{
 use tracing::{info, warn};
 
 fn main() -> ExitCode {
-    let config = match config::invocation(std::env::args().skip(1)) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // `swiftlet top`, `swiftlet events`.
+    if let Some(code) = swiftlet::cli::dispatch(&args) {
+        return code;
+    }
+    let config = match config::invocation(args) {
         Ok(Invocation::Run(config)) => *config,
         Ok(Invocation::Help(text)) => {
             print!("{text}");

@@ -25,6 +25,9 @@ pub const APT_RUNTIME: &[&str] = &["containerd", "runc", "busybox-static", "ipro
 pub const KUBECTL_PACKAGE: &str = "kubernetes-client";
 /// The eviction race compares against earlyoom.
 pub const APT_BENCH: &[&str] = &["earlyoom"];
+/// The kubelet API's tests: promtool and a real Prometheus (package
+/// prometheus) check the metrics endpoints; `swiftlet top` runs under tmux.
+pub const APT_TEST: &[&str] = &["prometheus", "tmux"];
 /// The kernel matrix boots Debian's kernels under emulation (installed with
 /// --no-install-recommends, as every package here).
 pub const APT_VM: &[&str] = &["qemu-system-x86"];
@@ -195,6 +198,7 @@ pub fn all() -> Result<EbpfToolchain> {
     ensure_host_components()?;
     ensure_apt(APT_BUILD)?;
     ensure_apt(APT_RUNTIME)?;
+    ensure_apt(APT_TEST)?;
     let tc = ensure_ebpf_toolchain()?;
     ensure_tracefs()?;
     ensure_kubectl()?;

@@ -57,6 +57,9 @@ pub struct CriClient {
     timeout: Duration,
     health: Arc<Mutex<HealthState>>,
     endpoint: String,
+    /// Where calls are counted and timed (kubelet_runtime_operations_*),
+    /// shared by clones.
+    metrics: Arc<std::sync::OnceLock<Arc<crate::metrics::Metrics>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -102,7 +105,14 @@ impl CriClient {
             timeout,
             health,
             endpoint: endpoint.to_owned(),
+            metrics: Arc::default(),
         })
+    }
+
+    /// Counts and times every call from now on in `metrics`
+    /// (kubelet_runtime_operations_*); the first registry given stays.
+    pub fn observe_with(&self, metrics: Arc<crate::metrics::Metrics>) {
+        let _ = self.metrics.set(metrics);
     }
 
     /// The image the runtime makes sandboxes from (containerd's
@@ -130,11 +140,15 @@ impl CriClient {
         timeout: Duration,
         fut: impl std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T> {
+        let started = Instant::now();
         let out = match tokio::time::timeout(timeout, fut).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
             Ok(Err(s)) => Err(CriError::status(name, s)),
             Err(_) => Err(CriError::Timeout { call: name, timeout_secs: timeout.as_secs() }),
         };
+        if let Some(m) = self.metrics.get() {
+            m.kubelet.observe_runtime_call(name, started.elapsed().as_secs_f64(), out.is_err());
+        }
         let mut h = lock(&self.health);
         match &out {
             Err(e) if e.is_unavailable() => {

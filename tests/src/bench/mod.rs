@@ -9,6 +9,7 @@
 pub mod kernels;
 pub mod pods;
 pub mod race;
+pub mod server;
 pub mod signals;
 pub mod svg;
 
@@ -122,6 +123,11 @@ pub fn all() -> Vec<(&'static str, &'static str, BenchFn)> {
             "kernel-matrix",
             "per kernel: crossing → decision and → dead per signal mode, as ratios to cgroupfs polling",
             kernels::kernels,
+        ),
+        (
+            "kubelet-api",
+            "/metrics, /metrics/resource, /stats/summary latency with 110 pods; req/s from a second process",
+            server::kubelet_api,
         ),
     ]
 }

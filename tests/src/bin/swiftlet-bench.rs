@@ -17,6 +17,11 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<()> {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    // The kubelet-api bench's load generator, as a second process.
+    if argv.first().map(String::as_str) == Some("load") {
+        return bench::server::load_main(&argv[1..]);
+    }
     let mut out = PathBuf::from("target/bench");
     let mut quick = false;
     let mut names = vec![];

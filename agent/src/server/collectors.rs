@@ -1,0 +1,457 @@
+//! Scrape-time collectors: the metric families whose values are read when
+//! a scraper asks, rather than kept as counters.
+//!
+//! - /metrics/resource: the kubelet's stable resource metrics, exactly
+//!   named (node/pod/container CPU and working set, container start time,
+//!   `resource_scrape_error` and the deprecated `scrape_error`).
+//! - /metrics/cadvisor: the per-container subset of cAdvisor's metrics that
+//!   users rely on, with cAdvisor's labels (container, id, image, name,
+//!   namespace, pod).
+//! - process_* for the agent itself, and the eBPF programs' run time.
+
+use std::{fmt, sync::Arc};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
+    registry::Registry,
+};
+
+use super::stats::{CgroupSample, StatsSnapshot, unix_seconds};
+use crate::signals::ebpf::EbpfSource;
+
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// Writes one family: `rows` of (labels, value).
+fn family<L: EncodeLabelSet>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    rows: impl IntoIterator<Item = (L, f64)>,
+) -> fmt::Result {
+    let mut me = enc.encode_descriptor(name, help, None, kind)?;
+    for (labels, v) in rows {
+        let fe = me.encode_family(&labels)?;
+        match kind {
+            MetricType::Counter => ConstCounter::new(v).encode(fe)?,
+            _ => ConstGauge::new(v).encode(fe)?,
+        }
+    }
+    Ok(())
+}
+
+/// Writes one family with a single unlabelled sample.
+fn single(enc: &mut DescriptorEncoder, name: &str, help: &str, kind: MetricType, value: Option<f64>) -> fmt::Result {
+    let me = enc.encode_descriptor(name, help, None, kind)?;
+    match (value, kind) {
+        (None, _) => Ok(()),
+        (Some(v), MetricType::Counter) => ConstCounter::new(v).encode(me),
+        (Some(v), _) => ConstGauge::new(v).encode(me),
+    }
+}
+
+/// The kubelet's /metrics/resource families.
+#[derive(Debug)]
+pub struct ResourceCollector(pub Arc<StatsSnapshot>);
+
+impl Collector for ResourceCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        let s = &self.0;
+        let container_rows = |f: fn(&CgroupSample) -> Option<f64>| {
+            s.pods.iter().flat_map(move |p| {
+                p.containers.iter().filter_map(move |c| {
+                    f(&c.cgroup).map(|v| {
+                        (
+                            [
+                                ("container", c.name.as_str()),
+                                ("namespace", p.namespace.as_str()),
+                                ("pod", p.name.as_str()),
+                            ],
+                            v,
+                        )
+                    })
+                })
+            })
+        };
+        let pod_rows = |f: fn(&CgroupSample) -> Option<f64>| {
+            s.pods.iter().filter_map(move |p| {
+                p.cgroup
+                    .as_ref()
+                    .and_then(f)
+                    .map(|v| ([("namespace", p.namespace.as_str()), ("pod", p.name.as_str())], v))
+            })
+        };
+        let cpu = |c: &CgroupSample| c.cpu_usage_ns.map(secs);
+        let ws = |c: &CgroupSample| c.working_set.map(|v| v as f64);
+        family(
+            &mut enc,
+            "container_cpu_usage_seconds",
+            "[STABLE] Cumulative cpu time consumed by the container in core-seconds",
+            MetricType::Counter,
+            container_rows(cpu),
+        )?;
+        family(
+            &mut enc,
+            "container_memory_working_set_bytes",
+            "[STABLE] Current working set of the container in bytes",
+            MetricType::Gauge,
+            container_rows(ws),
+        )?;
+        family(
+            &mut enc,
+            "container_start_time_seconds",
+            "[STABLE] Start time of the container since unix epoch in seconds",
+            MetricType::Gauge,
+            s.pods.iter().flat_map(|p| {
+                p.containers.iter().map(move |c| {
+                    (
+                        [("container", c.name.as_str()), ("namespace", p.namespace.as_str()), ("pod", p.name.as_str())],
+                        unix_seconds(c.start_time),
+                    )
+                })
+            }),
+        )?;
+        single(
+            &mut enc,
+            "node_cpu_usage_seconds",
+            "[STABLE] Cumulative cpu time consumed by the node in core-seconds",
+            MetricType::Counter,
+            cpu(&s.node.root),
+        )?;
+        single(
+            &mut enc,
+            "node_memory_working_set_bytes",
+            "[STABLE] Current working set of the node in bytes",
+            MetricType::Gauge,
+            ws(&s.node.root),
+        )?;
+        family(
+            &mut enc,
+            "pod_cpu_usage_seconds",
+            "[STABLE] Cumulative cpu time consumed by the pod in core-seconds",
+            MetricType::Counter,
+            pod_rows(cpu),
+        )?;
+        family(
+            &mut enc,
+            "pod_memory_working_set_bytes",
+            "[STABLE] Current working set of the pod in bytes",
+            MetricType::Gauge,
+            pod_rows(ws),
+        )?;
+        let error = if s.errors.is_empty() { 0.0 } else { 1.0 };
+        single(
+            &mut enc,
+            "resource_scrape_error",
+            "[STABLE] 1 if there was an error while getting container metrics, 0 otherwise",
+            MetricType::Gauge,
+            Some(error),
+        )?;
+        single(
+            &mut enc,
+            "scrape_error",
+            "[ALPHA] (Deprecated since 1.29.0) 1 if there was an error while getting container metrics, 0 otherwise",
+            MetricType::Gauge,
+            Some(error),
+        )
+    }
+}
+
+/// cAdvisor's per-container metrics, for the root cgroup, each pod's and
+/// each container's.
+#[derive(Debug)]
+pub struct CadvisorCollector(pub Arc<StatsSnapshot>);
+
+struct Row<'a> {
+    container: &'a str,
+    id: String,
+    image: &'a str,
+    name: &'a str,
+    namespace: &'a str,
+    pod: &'a str,
+    cgroup: &'a CgroupSample,
+    start: Option<f64>,
+    fs_usage: Option<u64>,
+}
+
+impl Row<'_> {
+    fn labels(&self) -> [(&str, &str); 6] {
+        [
+            ("container", self.container),
+            ("id", self.id.as_str()),
+            ("image", self.image),
+            ("name", self.name),
+            ("namespace", self.namespace),
+            ("pod", self.pod),
+        ]
+    }
+}
+
+impl Collector for CadvisorCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        let s = &self.0;
+        let id = |path: &str| format!("/{}", path.trim_matches('/'));
+        let mut rows = vec![Row {
+            container: "",
+            id: "/".into(),
+            image: "",
+            name: "",
+            namespace: "",
+            pod: "",
+            cgroup: &s.node.root,
+            start: Some(unix_seconds(s.node.start_time)),
+            fs_usage: None,
+        }];
+        for p in &s.pods {
+            if let Some(c) = &p.cgroup {
+                rows.push(Row {
+                    container: "",
+                    id: id(&c.path),
+                    image: "",
+                    name: "",
+                    namespace: &p.namespace,
+                    pod: &p.name,
+                    cgroup: c,
+                    start: Some(unix_seconds(p.start_time)),
+                    fs_usage: None,
+                });
+            }
+            for c in &p.containers {
+                if c.cgroup.path.is_empty() {
+                    continue;
+                }
+                rows.push(Row {
+                    container: &c.name,
+                    id: id(&c.cgroup.path),
+                    image: &c.image,
+                    name: &c.id,
+                    namespace: &p.namespace,
+                    pod: &p.name,
+                    cgroup: &c.cgroup,
+                    start: Some(unix_seconds(c.start_time)),
+                    fs_usage: c.rootfs.and_then(|f| f.used),
+                });
+            }
+        }
+        let series = |f: &dyn Fn(&Row) -> Option<f64>| -> Vec<([(&str, &str); 6], f64)> {
+            rows.iter().filter_map(|r| f(r).map(|v| (r.labels(), v))).collect()
+        };
+        let cpu: Vec<_> = rows
+            .iter()
+            .filter_map(|r| {
+                r.cgroup.cpu_usage_ns.map(|v| {
+                    let l = r.labels();
+                    ([l[0], ("cpu", "total"), l[1], l[2], l[3], l[4], l[5]], secs(v))
+                })
+            })
+            .collect();
+        family(
+            &mut enc,
+            "container_cpu_usage_seconds",
+            "Cumulative cpu time consumed in seconds.",
+            MetricType::Counter,
+            cpu,
+        )?;
+        family(
+            &mut enc,
+            "container_memory_working_set_bytes",
+            "Current working set in bytes.",
+            MetricType::Gauge,
+            series(&|r| r.cgroup.working_set.map(|v| v as f64)),
+        )?;
+        family(
+            &mut enc,
+            "container_memory_rss",
+            "Size of RSS in bytes.",
+            MetricType::Gauge,
+            series(&|r| r.cgroup.rss.map(|v| v as f64)),
+        )?;
+        family(
+            &mut enc,
+            "container_memory_usage_bytes",
+            "Current memory usage in bytes, including all memory regardless of when it was accessed.",
+            MetricType::Gauge,
+            series(&|r| r.cgroup.memory_usage.map(|v| v as f64)),
+        )?;
+        family(
+            &mut enc,
+            "container_spec_memory_limit_bytes",
+            "Memory limit for the container.",
+            MetricType::Gauge,
+            series(&|r| Some(r.cgroup.memory_limit.unwrap_or(0) as f64).filter(|_| r.cgroup.working_set.is_some())),
+        )?;
+        family(
+            &mut enc,
+            "container_fs_usage_bytes",
+            "Number of bytes that are consumed by the container on this filesystem.",
+            MetricType::Gauge,
+            series(&|r| r.fs_usage.map(|v| v as f64)),
+        )?;
+        family(
+            &mut enc,
+            "container_processes",
+            "Number of processes running inside the container.",
+            MetricType::Gauge,
+            series(&|r| r.cgroup.processes.map(|v| v as f64)),
+        )?;
+        family(
+            &mut enc,
+            "container_oom_events",
+            "Count of out of memory events observed for the container.",
+            MetricType::Counter,
+            series(&|r| r.cgroup.oom_kills.map(|v| v as f64)),
+        )?;
+        family(
+            &mut enc,
+            "container_start_time_seconds",
+            "Start time of the container since unix epoch in seconds.",
+            MetricType::Gauge,
+            series(&|r| r.start),
+        )
+    }
+}
+
+/// A registry holding one collector (built per scrape: cheap).
+pub fn registry_with(collector: impl Collector) -> Registry {
+    let mut r = Registry::default();
+    r.register_collector(Box::new(collector));
+    r
+}
+
+/// process_* for the agent: CPU, memory, file descriptors, start time.
+#[derive(Debug, Default)]
+pub struct ProcessCollector;
+
+/// (utime + stime ticks, start ticks since boot, vsize, rss pages) from
+/// /proc/self/stat.
+fn parse_self_stat(s: &str) -> Option<(u64, u64, u64, u64)> {
+    // The command may hold spaces and parentheses: fields start after the last ')'.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state): utime is field 14 → index 11.
+    let n = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok());
+    Some((n(11)? + n(12)?, n(19)?, n(20)?, n(21)?))
+}
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        // SAFETY: sysconf has no preconditions.
+        let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        let page = crate::signals::page_size() as f64;
+        if let Some((cpu, start, vsize, rss)) =
+            std::fs::read_to_string("/proc/self/stat").ok().as_deref().and_then(parse_self_stat)
+        {
+            single(
+                &mut enc,
+                "process_cpu_seconds",
+                "Total user and system CPU time spent in seconds.",
+                MetricType::Counter,
+                Some(cpu as f64 / tick),
+            )?;
+            single(
+                &mut enc,
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes.",
+                MetricType::Gauge,
+                Some(rss as f64 * page),
+            )?;
+            single(
+                &mut enc,
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes.",
+                MetricType::Gauge,
+                Some(vsize as f64),
+            )?;
+            let btime = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
+                s.lines().find_map(|l| l.strip_prefix("btime ").and_then(|v| v.trim().parse::<f64>().ok()))
+            });
+            if let Some(b) = btime {
+                single(
+                    &mut enc,
+                    "process_start_time_seconds",
+                    "Start time of the process since unix epoch in seconds.",
+                    MetricType::Gauge,
+                    Some(b + start as f64 / tick),
+                )?;
+            }
+        }
+        if let Ok(rd) = std::fs::read_dir("/proc/self/fd") {
+            single(
+                &mut enc,
+                "process_open_fds",
+                "Number of open file descriptors.",
+                MetricType::Gauge,
+                Some(rd.count() as f64),
+            )?;
+        }
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: lim is a valid out-parameter.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+            single(
+                &mut enc,
+                "process_max_fds",
+                "Maximum number of open file descriptors.",
+                MetricType::Gauge,
+                Some(lim.rlim_cur as f64),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Run counts and run time of the kernel programs (counted while
+/// `kernel.bpf_stats_enabled` is 1).
+pub struct EbpfProgramCollector(pub Arc<EbpfSource>);
+
+impl Collector for EbpfProgramCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        let stats = self.0.program_stats();
+        family(
+            &mut enc,
+            "swiftlet_ebpf_program_runs",
+            "Runs of each eBPF program (counted while kernel.bpf_stats_enabled=1)",
+            MetricType::Counter,
+            stats.iter().map(|(n, runs, _)| ([("program", n.as_str())], *runs as f64)),
+        )?;
+        family(
+            &mut enc,
+            "swiftlet_ebpf_program_run_seconds",
+            "Time spent in each eBPF program (counted while kernel.bpf_stats_enabled=1)",
+            MetricType::Counter,
+            stats.iter().map(|(n, _, ns)| ([("program", n.as_str())], secs(*ns))),
+        )?;
+        let enabled = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
+            .ok()
+            .and_then(|s| s.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        family(
+            &mut enc,
+            "swiftlet_ebpf_stats_enabled",
+            "1 while kernel.bpf_stats_enabled counts the eBPF programs' run time",
+            MetricType::Gauge,
+            [([("source", "sysctl")], enabled)],
+        )
+    }
+}
+
+impl std::fmt::Debug for EbpfProgramCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EbpfProgramCollector")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn self_stat() {
+        let s = "1234 (my (odd) name) S 1 2 3 4 5 6 7 8 9 10 150 50 0 0 20 0 4 0 9000 123456 789 18446744073709551615";
+        assert_eq!(parse_self_stat(s), Some((200, 9000, 123456, 789)));
+        assert_eq!(parse_self_stat("garbage"), None);
+    }
+}

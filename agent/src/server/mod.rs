@@ -1,0 +1,634 @@
+//! The kubelet's HTTP servers.
+//!
+//! - `:10248` (`healthzBindAddress:healthzPort`, loopback by default):
+//!   plain HTTP, `/healthz` only.
+//! - `:10250` (`address:port`): HTTPS (rustls; the serving certificate from
+//!   `--tls-cert-file` or self-signed in `--cert-dir`), every request
+//!   authenticated and authorized (`auth`, `webhook`), serving /pods,
+//!   /healthz, /configz, /stats/summary, /metrics, /metrics/resource,
+//!   /metrics/cadvisor, /metrics/probes, /containerLogs and /debug/events.
+//! - a unix socket in the root dir (`swiftlet/debug.sock`, root only) for
+//!   the node's own tools (`swiftlet events`): /debug/events and /healthz,
+//!   trusted by file permission as the eBPF programs are.
+
+pub mod agent;
+pub mod auth;
+pub mod collectors;
+pub mod events;
+pub mod exposition;
+pub mod health;
+pub mod http;
+pub mod logs;
+pub mod stats;
+pub mod summary;
+pub mod tls;
+pub mod webhook;
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use bytes::Bytes;
+use hyper::{
+    Method, Request, Response, StatusCode,
+    body::Incoming,
+    header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue},
+};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{family::Family, gauge::Gauge},
+    registry::Registry,
+};
+use thiserror::Error;
+use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
+use tokio_rustls::TlsAcceptor;
+use tracing::{info, warn};
+
+use self::{
+    auth::{Authenticator, Authorizer, Credentials, Outcome},
+    events::DebugEvents,
+    exposition::Format,
+    health::HealthChecks,
+    http::{Body, ConnInfo},
+    stats::StatsProvider,
+};
+use crate::{
+    config::{AuthorizationMode, Config},
+    cri::RuntimeService,
+    metrics::{Metrics, NameLabels},
+    pods::source::PodView,
+    signals::SignalSource,
+};
+
+#[derive(Debug, Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error("listen tcp {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("listen unix {path}: {source}")]
+    ListenUnix { path: PathBuf, source: std::io::Error },
+    #[error("API server client from the kubeconfig {0}")]
+    ApiClient(String),
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabels {
+    node: String,
+}
+
+/// A pod view with no pods, until the pod manager provides one.
+pub struct NoPods;
+
+impl PodView for NoPods {
+    fn pods(&self) -> Vec<k8s_openapi::api::core::v1::Pod> {
+        vec![]
+    }
+}
+
+/// What the handlers serve from.
+pub struct Server {
+    pub node_name: String,
+    pub config: Arc<Config>,
+    pub pods: Arc<dyn PodView>,
+    pub stats: Arc<StatsProvider>,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<HealthChecks>,
+    pub events: DebugEvents,
+    /// For the log path of a container whose file is not where the layout says.
+    pub runtime: Option<Arc<dyn RuntimeService>>,
+    /// For the signal source's counters on /metrics.
+    pub source: Option<Arc<dyn SignalSource>>,
+    pub authn: Arc<dyn Authenticator>,
+    pub authz: Arc<dyn Authorizer>,
+    /// KubeletFineGrainedAuthz.
+    pub fine_grained_authz: bool,
+    pub debugging_handlers: bool,
+    /// Families read at scrape time (process, eBPF programs, node name).
+    extra: Registry,
+    /// /metrics/probes (prober_probe_total, fed by the prober).
+    probes: Registry,
+    /// Bodies encoded from the latest stats pass, by endpoint and variant:
+    /// a pass is encoded once, however many scrapers ask.
+    encoded: std::sync::Mutex<EncodedBodies>,
+}
+
+/// Encoded bodies by (endpoint, variant), with the stats pass they encode.
+type EncodedBodies = std::collections::HashMap<(&'static str, u8), (k8s_openapi::jiff::Timestamp, Bytes)>;
+
+/// The authenticator and authorizer of the :10250 server.
+pub type AuthPair = (Arc<dyn Authenticator>, Arc<dyn Authorizer>);
+
+/// The pieces a [`Server`] is built from.
+pub struct ServerParts {
+    pub node_name: String,
+    pub config: Arc<Config>,
+    pub pods: Arc<dyn PodView>,
+    pub stats: Arc<StatsProvider>,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<HealthChecks>,
+    pub events: DebugEvents,
+    pub runtime: Option<Arc<dyn RuntimeService>>,
+    pub source: Option<Arc<dyn SignalSource>>,
+    pub ebpf: Option<Arc<crate::signals::ebpf::EbpfSource>>,
+    pub authn: Arc<dyn Authenticator>,
+    pub authz: Arc<dyn Authorizer>,
+    /// The prober's registry for /metrics/probes.
+    pub probes: Registry,
+}
+
+impl Server {
+    pub fn new(p: ServerParts) -> Server {
+        let mut extra = Registry::default();
+        extra.register_collector(Box::new(collectors::ProcessCollector));
+        if let Some(e) = p.ebpf {
+            extra.register_collector(Box::new(collectors::EbpfProgramCollector(e)));
+        }
+        let node: Family<NodeLabels, Gauge> = Family::default();
+        node.get_or_create(&NodeLabels { node: p.node_name.clone() }).set(1);
+        extra.register("kubelet_node_name", "[ALPHA] The node's name. The count is always 1", node);
+        let k = &p.config.kubelet;
+        Server {
+            fine_grained_authz: k.feature_gates.get("KubeletFineGrainedAuthz").copied().unwrap_or(true),
+            debugging_handlers: k.enable_debugging_handlers,
+            node_name: p.node_name,
+            config: p.config,
+            pods: p.pods,
+            stats: p.stats,
+            metrics: p.metrics,
+            health: p.health,
+            events: p.events,
+            runtime: p.runtime,
+            source: p.source,
+            authn: p.authn,
+            authz: p.authz,
+            extra,
+            probes: p.probes,
+            encoded: Default::default(),
+        }
+    }
+
+    /// The secure port's handler: authenticate, authorize, route.
+    pub async fn handle_secure(self: Arc<Self>, req: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
+        let path = req.uri().path().to_owned();
+        let token = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let creds =
+            Credentials { client_certs: &conn.client_certs, bearer_token: auth::bearer_token(token.as_deref()) };
+        let outcome = auth::check(
+            self.authn.as_ref(),
+            self.authz.as_ref(),
+            &creds,
+            req.method(),
+            &path,
+            &self.node_name,
+            self.fine_grained_authz,
+        )
+        .await;
+        match outcome {
+            Outcome::Allowed(_) => self.route(req).await,
+            Outcome::Unauthorized => http::text(StatusCode::UNAUTHORIZED, "Unauthorized"),
+            Outcome::Forbidden(msg) => http::text(StatusCode::FORBIDDEN, msg),
+            Outcome::Error(msg) => http::text(StatusCode::INTERNAL_SERVER_ERROR, msg),
+        }
+    }
+
+    /// The unix socket's handler (no authentication: file permissions).
+    pub async fn handle_local(self: Arc<Self>, req: Request<Incoming>, _conn: ConnInfo) -> Response<Body> {
+        let path = req.uri().path();
+        if req.method() != Method::GET {
+            return method_not_allowed();
+        }
+        if path == "/debug/events" {
+            return self.debug_events();
+        }
+        if auth::subresources(path, true).first() == Some(&"healthz") {
+            return self.healthz(&req);
+        }
+        http::not_found()
+    }
+
+    fn healthz(&self, req: &Request<Incoming>) -> Response<Body> {
+        let (status, body) = self.health.answer(req.uri().path(), &http::query_pairs(req.uri().query()));
+        let mut r = http::text(status, body);
+        r.headers_mut().insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+        r
+    }
+
+    async fn route(&self, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path().to_owned();
+        if req.method() != Method::GET && req.method() != Method::HEAD {
+            return method_not_allowed();
+        }
+        let query = http::query_pairs(req.uri().query());
+        let accept = req.headers().get(ACCEPT).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        match path.as_str() {
+            "/pods" | "/pods/" => self.pod_list(),
+            "/configz" => http::json(StatusCode::OK, &self.config.configz()),
+            "/stats/summary" | "/stats/summary/" => self.summary(&query).await,
+            "/metrics" => self.metrics_page(accept.as_deref()),
+            "/metrics/resource" | "/metrics/cadvisor" => {
+                let snap = self.stats.latest().await;
+                let format = exposition::negotiate(accept.as_deref());
+                let key = if path == "/metrics/resource" { "resource" } else { "cadvisor" };
+                let body = self.encoded(key, format as u8, &snap, || {
+                    let r = if key == "resource" {
+                        collectors::registry_with(collectors::ResourceCollector(snap.clone()))
+                    } else {
+                        collectors::registry_with(collectors::CadvisorCollector(snap.clone()))
+                    };
+                    exposition::encode(&[&r], format).into_bytes()
+                });
+                http::respond(StatusCode::OK, format.content_type(), body)
+            }
+            "/metrics/probes" => metrics_response(&self.probes, accept.as_deref()),
+            "/debug/events" if self.debugging_handlers => self.debug_events(),
+            p if p.starts_with("/healthz") && auth::subresources(p, true).first() == Some(&"healthz") => {
+                self.healthz(&req)
+            }
+            p if p.starts_with("/containerLogs/") => {
+                if !self.debugging_handlers {
+                    return debug_disabled();
+                }
+                self.container_logs(p, &query).await
+            }
+            "/debug/events" => debug_disabled(),
+            _ => http::not_found(),
+        }
+    }
+
+    fn pod_list(&self) -> Response<Body> {
+        let list = serde_json::json!({
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {},
+            "items": self.pods.pods(),
+        });
+        http::json(StatusCode::OK, &list)
+    }
+
+    /// The body for `key`/`variant` from this stats pass, encoding it the
+    /// first time it is asked for.
+    fn encoded(
+        &self,
+        key: &'static str,
+        variant: u8,
+        snap: &stats::StatsSnapshot,
+        encode: impl FnOnce() -> Vec<u8>,
+    ) -> Bytes {
+        let lock = || self.encoded.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((t, b)) = lock().get(&(key, variant))
+            && *t == snap.time
+        {
+            return b.clone();
+        }
+        // Encoded outside the lock: a scrape racing the warm-up encodes
+        // twice rather than waiting.
+        let body = Bytes::from(encode());
+        let mut cache = lock();
+        if cache.get(&(key, variant)).is_none_or(|(t, _)| *t <= snap.time) {
+            cache.insert((key, variant), (snap.time, body.clone()));
+        }
+        body
+    }
+
+    /// Encodes each new stats pass for the usual scrapes (resource metrics
+    /// and the full summary, in the text format) as soon as it is taken,
+    /// so no request pays for the encoding.
+    async fn warm(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut passes = self.stats.subscribe();
+        loop {
+            tokio::select! {
+                r = passes.changed() => if r.is_err() { break },
+                _ = http::stopped(&mut shutdown) => break,
+            }
+            let Some(snap) = passes.borrow_and_update().clone() else { continue };
+            let me = self.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                me.encoded("resource", Format::Text as u8, &snap, || {
+                    let r = collectors::registry_with(collectors::ResourceCollector(snap.clone()));
+                    exposition::encode(&[&r], Format::Text).into_bytes()
+                });
+                me.encoded("summary", 0, &snap, || serde_json::to_vec(&summary_body(&snap, false)).unwrap_or_default());
+            })
+            .await;
+        }
+    }
+
+    async fn summary(&self, query: &[(String, String)]) -> Response<Body> {
+        let snap = self.stats.latest().await;
+        // metrics-server's older query: only CPU and memory.
+        let only = query.iter().any(|(k, v)| k == "only_cpu_and_memory" && v == "true");
+        let body = self.encoded("summary", u8::from(only), &snap, || {
+            serde_json::to_vec(&summary_body(&snap, only)).unwrap_or_default()
+        });
+        http::respond(StatusCode::OK, "application/json", body)
+    }
+}
+
+/// The Summary of a stats pass, optionally only CPU and memory.
+fn summary_body(snap: &stats::StatsSnapshot, only_cpu_and_memory: bool) -> summary::Summary {
+    let mut s = stats::summary(snap);
+    if only_cpu_and_memory {
+        s.node.network = None;
+        s.node.fs = None;
+        s.node.runtime = None;
+        s.node.rlimit = None;
+        for p in &mut s.pods {
+            p.network = None;
+            p.volume_stats.clear();
+            p.ephemeral_storage = None;
+            p.process_stats = None;
+            for c in &mut p.containers {
+                c.rootfs = None;
+                c.logs = None;
+            }
+        }
+    }
+    s
+}
+
+impl Server {
+    fn metrics_page(&self, accept: Option<&str>) -> Response<Body> {
+        if let Some(src) = &self.source {
+            for (name, v) in src.counters() {
+                self.metrics.signal_counters.get_or_create(&NameLabels { name: name.into() }).set(v as i64);
+            }
+        }
+        let format = exposition::negotiate(accept);
+        let body = exposition::encode(&[&self.metrics.registry, &self.extra], format);
+        http::respond(StatusCode::OK, format.content_type(), body)
+    }
+
+    async fn container_logs(&self, path: &str, query: &[(String, String)]) -> Response<Body> {
+        let parts: Vec<&str> = path.trim_start_matches("/containerLogs/").split('/').collect();
+        let get = |i: usize| parts.get(i).map(|s| http::percent_decode(s)).filter(|s| !s.is_empty());
+        let (ns, pod_name, container) = match (get(0), get(1), get(2)) {
+            (Some(n), Some(p), Some(c)) if parts.len() == 3 => (n, p, c),
+            (None, ..) => return http::text(StatusCode::BAD_REQUEST, r#"{"message": "Missing podNamespace."}"#),
+            (_, None, _) => return http::text(StatusCode::BAD_REQUEST, r#"{"message": "Missing podID."}"#),
+            _ => return http::text(StatusCode::BAD_REQUEST, r#"{"message": "Missing container name."}"#),
+        };
+        let opts = match logs::parse_options(query, k8s_openapi::jiff::Timestamp::now()) {
+            Ok(o) => o,
+            Err((status, body)) => return http::text(status, body),
+        };
+        let find = {
+            let pods = self.pods.clone();
+            let (ns, pod_name) = (ns.clone(), pod_name.clone());
+            move || {
+                pods.pods().into_iter().find(|p| {
+                    p.metadata.namespace.as_deref().unwrap_or("default") == ns
+                        && p.metadata.name.as_deref() == Some(pod_name.as_str())
+                })
+            }
+        };
+        let Some(pod) = find() else {
+            return http::text(StatusCode::NOT_FOUND, format!("pod {pod_name:?} does not exist"));
+        };
+        let loc = match logs::locate(&pod, &container, opts.previous, &self.config.kubelet.pod_logs_dir) {
+            Ok(l) => l,
+            Err((status, body)) => return http::text(status, body),
+        };
+        let mut file = loc.path.clone();
+        if !file.exists()
+            && let (Some(rt), Some(id)) = (&self.runtime, &loc.container_id)
+            && let Ok(st) = rt.container_status(id).await
+            && !st.log_path.is_empty()
+        {
+            file = PathBuf::from(st.log_path);
+        }
+        if let Err(e) = std::fs::metadata(&file) {
+            return http::text(
+                StatusCode::BAD_REQUEST,
+                format!("failed to open log file {:?}: {e}", file.display().to_string()),
+            );
+        }
+        let (tx, body) = http::channel(64);
+        let container_id = loc.container_id.clone();
+        let running = move || {
+            // Still running while the pod still lists this container
+            // attempt as running.
+            find().and_then(|p| p.status).is_some_and(|s| {
+                s.container_statuses.iter().flatten().chain(s.init_container_statuses.iter().flatten()).any(|cs| {
+                    cs.name == container
+                        && cs.state.as_ref().is_some_and(|st| st.running.is_some())
+                        && cs.container_id.as_deref().map(|i| i.split_once("://").map(|(_, x)| x).unwrap_or(i))
+                            == container_id.as_deref()
+                })
+            })
+        };
+        let follow_running = loc.running;
+        tokio::task::spawn_blocking(move || {
+            let mut out = |b: &[u8]| {
+                if b.is_empty() {
+                    return !tx.is_closed();
+                }
+                tx.blocking_send(Bytes::copy_from_slice(b)).is_ok()
+            };
+            let still = || follow_running && running();
+            if let Err(e) = logs::read_logs(&file, &opts, &still, &mut out) {
+                let _ = tx.blocking_send(Bytes::from(format!("error reading {}: {e}\n", file.display())));
+            }
+        });
+        let mut r = Response::new(body);
+        r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        r
+    }
+
+    fn debug_events(&self) -> Response<Body> {
+        let mut rx = self.events.subscribe();
+        let (tx, body) = http::channel(256);
+        tokio::spawn(async move {
+            loop {
+                let line = match rx.recv().await {
+                    Ok(e) => match serde_json::to_vec(&*e) {
+                        Ok(mut v) => {
+                            v.push(b'\n');
+                            v
+                        }
+                        Err(_) => continue,
+                    },
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        format!("{{\"type\":\"lagged\",\"missed\":{n}}}\n").into_bytes()
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                };
+                if tx.send(Bytes::from(line)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut r = Response::new(body);
+        r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/jsonl"));
+        r
+    }
+}
+
+fn method_not_allowed() -> Response<Body> {
+    http::text(StatusCode::METHOD_NOT_ALLOWED, "405: Method Not Allowed")
+}
+
+fn debug_disabled() -> Response<Body> {
+    http::text(StatusCode::METHOD_NOT_ALLOWED, "Debug endpoints are disabled.")
+}
+
+fn metrics_response(registry: &Registry, accept: Option<&str>) -> Response<Body> {
+    let format: Format = exposition::negotiate(accept);
+    http::respond(StatusCode::OK, format.content_type(), exposition::encode(&[registry], format))
+}
+
+/// The authenticator and authorizer the configuration asks for. `client`
+/// is the API server connection (None in standalone mode: webhook
+/// authentication then rejects tokens, webhook authorization allows
+/// nothing, and both say so in the log).
+pub fn auth_from_config(config: &Config, client: Option<kube::Client>) -> Result<AuthPair, ServerError> {
+    let a = &config.kubelet.authentication;
+    let x509: Option<Arc<dyn Authenticator>> = match &a.client_ca_file {
+        Some(path) => {
+            let roots = tls::client_ca(path)?;
+            Some(Arc::new(auth::X509Authenticator::new(tls::client_chain_verifier(roots)?)))
+        }
+        None => None,
+    };
+    let token: Option<Arc<dyn Authenticator>> = match (&client, a.webhook_enabled) {
+        (Some(c), true) => Some(Arc::new(webhook::TokenReviewAuthenticator::new(c.clone(), a.webhook_cache_ttl))),
+        (None, true) => {
+            warn!("authentication.webhook.enabled but no API server (standalone): bearer tokens are rejected");
+            None
+        }
+        _ => None,
+    };
+    let authn: Arc<dyn Authenticator> =
+        Arc::new(auth::KubeletAuthenticator { x509, token, anonymous: a.anonymous_enabled });
+    let z = &config.kubelet.authorization;
+    let authz: Arc<dyn Authorizer> = match (z.mode, client) {
+        (AuthorizationMode::AlwaysAllow, _) => Arc::new(auth::AlwaysAllow),
+        (AuthorizationMode::Webhook, Some(c)) => Arc::new(webhook::SubjectAccessReviewAuthorizer::new(
+            c,
+            z.webhook_cache_authorized_ttl,
+            z.webhook_cache_unauthorized_ttl,
+        )),
+        (AuthorizationMode::Webhook, None) => {
+            warn!(
+                "authorization.mode is Webhook but there is no API server (standalone): every request to :{} is refused with 403; use --authorization-mode=AlwaysAllow for a standalone node",
+                config.kubelet.port
+            );
+            Arc::new(auth::Unavailable("no API server to ask (standalone mode)".into()))
+        }
+    };
+    Ok((authn, authz))
+}
+
+/// The unix socket of `swiftlet events` under the root dir.
+pub fn debug_socket_path(root_dir: &Path) -> PathBuf {
+    root_dir.join("swiftlet").join("debug.sock")
+}
+
+/// The running servers.
+pub struct Servers {
+    pub healthz: Option<SocketAddr>,
+    pub secure: Option<SocketAddr>,
+    pub debug_socket: Option<PathBuf>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Servers {
+    /// Waits for the servers to stop (after shutdown turned true).
+    pub async fn join(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        if let Some(p) = &self.debug_socket {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+async fn bind(ip: IpAddr, port: u16) -> Result<TcpListener, ServerError> {
+    let addr = SocketAddr::new(ip, port);
+    TcpListener::bind(addr).await.map_err(|source| ServerError::Listen { addr, source })
+}
+
+/// Starts :10248, :10250 (unless `enableServer` is false) and the debug
+/// socket, and the stats sampling loop. All stop when `shutdown` turns true.
+pub async fn start(server: Arc<Server>, shutdown: watch::Receiver<bool>) -> Result<Servers, ServerError> {
+    let k = &server.config.kubelet;
+    let mut tasks = vec![];
+    tasks.push(tokio::spawn(server.stats.clone().run(shutdown.clone())));
+    tasks.push(tokio::spawn(server.clone().warm(shutdown.clone())));
+    let mut healthz = None;
+    if k.healthz_port != 0 {
+        let l = bind(k.healthz_bind_address, k.healthz_port).await?;
+        healthz = l.local_addr().ok();
+        let health = server.health.clone();
+        let handler = move |req: Request<Incoming>, _conn: ConnInfo| {
+            let health = health.clone();
+            async move {
+                let path = req.uri().path();
+                if req.method() != Method::GET && req.method() != Method::HEAD {
+                    return method_not_allowed();
+                }
+                if path != "/healthz" && !path.starts_with("/healthz/") {
+                    return http::not_found();
+                }
+                let (status, body) = health.answer(path, &http::query_pairs(req.uri().query()));
+                http::text(status, body)
+            }
+        };
+        tasks.push(tokio::spawn(http::serve_tcp(l, handler, shutdown.clone())));
+        info!("healthz listening on http://{}/healthz", healthz.map(|a| a.to_string()).unwrap_or_default());
+    }
+    let mut secure = None;
+    if k.enable_server {
+        let cert = tls::serving_cert(
+            k.tls_cert_file.as_deref(),
+            k.tls_private_key_file.as_deref(),
+            &server.config.flags.cert_dir,
+            &server.node_name,
+        )?;
+        info!("serving certificate: {}", cert.source);
+        let roots = match &k.authentication.client_ca_file {
+            Some(p) => Some(tls::client_ca(p)?),
+            None => None,
+        };
+        let cfg = tls::server_config(cert, roots.as_deref(), &k.tls_cipher_suites, k.tls_min_version.as_deref())?;
+        let l = bind(k.address, k.port).await?;
+        secure = l.local_addr().ok();
+        let s = server.clone();
+        let handler = move |req, conn| s.clone().handle_secure(req, conn);
+        tasks.push(tokio::spawn(http::serve_tls(l, TlsAcceptor::from(cfg), handler, shutdown.clone())));
+        info!("kubelet API listening on https://{}", secure.map(|a| a.to_string()).unwrap_or_default());
+    }
+    let sock = debug_socket_path(&server.config.flags.root_dir);
+    let mut debug_socket = None;
+    match bind_unix(&sock) {
+        Ok(l) => {
+            let s = server.clone();
+            let handler = move |req, conn| s.clone().handle_local(req, conn);
+            tasks.push(tokio::spawn(http::serve_unix(l, handler, shutdown.clone())));
+            debug_socket = Some(sock);
+        }
+        // The node's tools then attach by themselves; the agent runs on.
+        Err(e) => warn!("{e}"),
+    }
+    Ok(Servers { healthz, secure, debug_socket, tasks })
+}
+
+fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, ServerError> {
+    let err = |source| ServerError::ListenUnix { path: path.to_owned(), source };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
+    }
+    // A socket left by an earlier run: nobody listens on it any more
+    // (connecting fails), so it can go.
+    if path.exists() && std::os::unix::net::UnixStream::connect(path).is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    let l = tokio::net::UnixListener::bind(path).map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    Ok(l)
+}
