@@ -393,7 +393,9 @@ impl Agent {
             "swiftlet started"
         );
         // ---- server (issue 8): :10248, :10250 and the debug socket ----
-        tasks.push(self.debug_events.forward(self.eviction.events()));
+        // The forwarder ends only when the eviction manager's sender is
+        // dropped, which this Agent outlives: it is aborted at shutdown.
+        let debug_forwarder = self.debug_events.forward(self.eviction.events());
         let servers = crate::server::agent::serve(&self, self.shutdown.clone()).await?;
         // ---- end server ----
         let mut shutdown = self.shutdown.clone();
@@ -423,6 +425,7 @@ impl Agent {
         if tokio::time::timeout(Duration::from_secs(5), servers.join()).await.is_err() {
             warn!("the kubelet API servers did not stop within 5s; leaving them");
         }
+        debug_forwarder.abort();
         // ---- end server ----
         for t in tasks {
             let _ = t.await;
