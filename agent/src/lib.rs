@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod cgroups;
+pub mod cloudprovider;
 pub mod cm;
 pub mod config;
 pub mod cri;
@@ -15,4 +16,7 @@ pub mod logs;
 pub mod metrics;
 pub mod pods;
 pub mod quantity;
+pub mod reload;
+pub mod shutdown;
 pub mod signals;
+pub mod volumes;
