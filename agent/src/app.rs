@@ -25,7 +25,7 @@ use crate::{
         hierarchy::{CmError, PodCgroups, kubepods_limits},
     },
     config::Config,
-    cri::{CriClient, CriError, RuntimeService},
+    cri::{CriClient, CriError, ImageService, RuntimeService},
     events::{EventRecorder, LogRecorder},
     eviction::{
         core::EvictionConfig,
@@ -35,6 +35,7 @@ use crate::{
     gc::{ContainerGc, DiskReclaimer, GcPolicy},
     host,
     images::{ImageGc, ImageGcPolicy, ImageManager, ImageManagerConfig, ImageMetrics},
+    kubeapi::{ApiAgent, ApiError, pod_watch::TeeSink, recorder::TeeRecorder},
     logs::{ContainerLogManager, LogPolicy},
     metrics::Metrics,
     pods::{
@@ -69,6 +70,8 @@ pub enum StartError {
     Logs(#[from] crate::logs::LogError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error("API server: {0}")]
+    Api(#[from] ApiError),
 }
 
 /// How often the runtime is relisted (the kubelet's PLEG period).
@@ -102,6 +105,11 @@ pub struct Agent {
     log_level: Mutex<Option<LogLevelHook>>,
     eviction_loop: Mutex<Option<EvictionLoop>>,
     shutdown: watch::Receiver<bool>,
+    // ---- API server (issue 7) ----
+    /// Node, Lease, API pods, pod statuses, mirror pods and events; None in
+    /// standalone mode.
+    pub api: Option<Arc<ApiAgent>>,
+    // ---- end API server ----
 }
 
 /// Sets the log verbosity (`--v`) of the running agent.
@@ -182,6 +190,15 @@ impl Agent {
                 "containerd".into()
             }
         };
+
+        // ---- API server (issue 7) ----
+        // Not standalone: events also go to the API server.
+        let api = (!config.standalone()).then(|| Arc::new(ApiAgent::new(&config, &node_name, &allocatable)));
+        let recorder: Arc<dyn EventRecorder> = match &api {
+            Some(api) => Arc::new(TeeRecorder(vec![recorder, api.event_recorder()])),
+            None => recorder,
+        };
+        // ---- end API server ----
 
         let mut metrics = Metrics::new();
         let pod_metrics = PodMetrics::default();
@@ -324,6 +341,15 @@ impl Agent {
             Some(reclaimer),
             metrics.clone(),
         );
+        // ---- API server (issue 7) ----
+        // Pod statuses to the API, API pods to the pod manager, pressure
+        // conditions to node status.
+        if let Some(api) = &api {
+            pods.set_reporter(api.status_reporter());
+            api.connect_pods(Arc::new(pods.clone()));
+            api.connect_pressure(eviction.conditions());
+        }
+        // ---- end API server ----
         let shutdown_pods: Arc<dyn ShutdownPods> = Arc::new(pods.clone());
         let node_shutdown = Arc::new(NodeShutdownManager::new(
             k.shutdown_grace_period,
@@ -333,11 +359,15 @@ impl Agent {
             recorder.clone(),
             node_ref.clone(),
         ));
+        if let Some(api) = &api {
+            api.connect_shutdown(node_shutdown.shutting_down());
+        }
         Ok(Agent {
             node_shutdown,
             running: Mutex::new(config.clone()),
             live: watch::channel(LiveSettings::of(&config)).0,
             log_level: Mutex::new(None),
+            api,
             node_name,
             metrics,
             pod_metrics,
@@ -384,8 +414,39 @@ impl Agent {
             };
             tasks.push(tokio::spawn(monitor.run(self.shutdown.clone())));
         }
+        // ---- API server (issue 7) ----
+        let mut api_task = self.api.clone().map(|api| {
+            let runtime: Arc<dyn RuntimeService> = self.cri.clone();
+            let images: Arc<dyn ImageService> = self.cri.clone();
+            tokio::spawn(api.run(runtime, images, self.shutdown.clone()))
+        });
+        // ConfigMaps, Secrets and service account tokens for volumes and
+        // environments come from the API server once connected.
+        if let Some(api) = self.api.clone() {
+            let volumes = self.volumes.clone();
+            let mut stop = self.shutdown.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    if let Some(client) = api.client() {
+                        volumes.set_objects(Arc::new(crate::volumes::kube::KubeObjects::new(client)));
+                        return;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+            }));
+        }
+        // ---- end API server ----
         if let Some(dir) = &k.static_pod_path {
-            let sink: Arc<dyn PodSink> = Arc::new(self.pods.clone());
+            let mut sink: Arc<dyn PodSink> = Arc::new(self.pods.clone());
+            // ---- API server (issue 7) ----
+            // Static pods also get their mirror pods.
+            if let Some(api) = &self.api {
+                sink = Arc::new(TeeSink(vec![sink, api.mirror_sink()]));
+            }
+            // ---- end API server ----
             let source = FileSource::new(
                 dir.clone(),
                 self.node_name.clone(),
@@ -404,9 +465,24 @@ impl Agent {
         );
         let mut shutdown = self.shutdown.clone();
         while !*shutdown.borrow() {
-            if shutdown.changed().await.is_err() {
-                break;
+            tokio::select! {
+                // ---- API server (issue 7) ----
+                // It ends early only on a fatal error (a bad kubeconfig, a
+                // refused bootstrap): the agent stops, as the kubelet exits.
+                r = async { api_task.as_mut().expect("guarded").await }, if api_task.is_some() => {
+                    api_task = None;
+                    match r {
+                        Ok(Err(e)) => return Err(e.into()),
+                        Err(e) => return Err(StartError::Io(std::io::Error::other(format!("API loops: {e}")))),
+                        Ok(Ok(())) => {}
+                    }
+                }
+                // ---- end API server ----
+                changed = shutdown.changed() => if changed.is_err() { break },
             }
+        }
+        if let Some(t) = api_task {
+            let _ = t.await;
         }
         for t in tasks {
             let _ = t.await;

@@ -53,6 +53,12 @@ fn level(verbosity: u32) -> &'static str {
     }
 }
 
+/// kube-rs logs every failed request as an error; the API loops say once
+/// what failed and that they retry.
+fn default_filter(verbosity: u32) -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::new(format!("{},kube_client::client::builder=off", level(verbosity)))
+}
+
 /// RUST_LOG if set, else the kubelet's `--v` mapped onto levels; in the
 /// latter case a reload can change the verbosity (the returned hook).
 fn init_logging(config: &Config) -> Option<LogLevelHook> {
@@ -61,10 +67,10 @@ fn init_logging(config: &Config) -> Option<LogLevelHook> {
         tracing_subscriber::fmt().with_env_filter(filter).init();
         return None;
     }
-    let (filter, handle) = reload::Layer::new(EnvFilter::new(level(config.kubelet.logging.verbosity)));
+    let (filter, handle) = reload::Layer::new(default_filter(config.kubelet.logging.verbosity));
     tracing_subscriber::registry().with(filter).with(tracing_subscriber::fmt::layer()).init();
     Some(Box::new(move |v| {
-        if let Err(e) = handle.modify(|f| *f = EnvFilter::new(level(v))) {
+        if let Err(e) = handle.modify(|f| *f = default_filter(v)) {
             warn!("cannot change the log level: {e}");
         }
     }))

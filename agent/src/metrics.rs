@@ -51,6 +51,14 @@ pub struct NameLabels {
     pub name: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StrategyLabels {
+    /// memory, processes, inodes, oom or kill.
+    pub signal: String,
+    /// The hooks in use, e.g. `tp_btf:mod_memcg_lruvec_state`.
+    pub strategy: String,
+}
+
 /// Every metric the agent exports, registered once.
 pub struct Metrics {
     pub registry: Registry,
@@ -71,6 +79,8 @@ pub struct Metrics {
     pub signal_source: Family<ModeLabels, Gauge>,
     /// Signal-source internals (ring drops, vanished cgroups, ...).
     pub signal_counters: Family<NameLabels, Gauge<i64>>,
+    /// 1 for the strategy each signal is obtained with (feature probes).
+    pub signal_strategy: Family<StrategyLabels, Gauge>,
     /// Kernel OOM kills seen (oom:mark_victim).
     pub oom_kills: Counter,
     /// Evictions that found nothing evictable.
@@ -129,6 +139,12 @@ impl Metrics {
         );
         let signal_counters = Family::default();
         registry.register("swiftlet_signal_source_counter", "Signal source internals", signal_counters.clone());
+        let signal_strategy = Family::default();
+        registry.register(
+            "swiftlet_signal_strategy",
+            "How each eviction signal is obtained, as chosen by the kernel feature probes (1 for the strategy in use)",
+            signal_strategy.clone(),
+        );
         let oom_kills = Counter::default();
         registry.register("swiftlet_kernel_oom_kills", "Kernel OOM kills seen (oom:mark_victim)", oom_kills.clone());
         let evictions_without_victim = Counter::default();
@@ -147,8 +163,18 @@ impl Metrics {
             crossing_to_kill,
             signal_source,
             signal_counters,
+            signal_strategy,
             oom_kills,
             evictions_without_victim,
+        }
+    }
+
+    /// Records the signal source's strategies ([`crate::signals::SignalSource::strategies`]).
+    pub fn set_signal_strategies(&self, pairs: &[(&'static str, String)]) {
+        for (signal, strategy) in pairs {
+            self.signal_strategy
+                .get_or_create(&StrategyLabels { signal: (*signal).to_owned(), strategy: strategy.clone() })
+                .set(1);
         }
     }
 

@@ -45,10 +45,15 @@ pub fn command(workspace_root: &Path, host_arch: &str) -> Command {
         "-Cdebuginfo=2".to_owned(),
         "-Clink-arg=--btf".to_owned(),
         "-Ctarget-cpu=v3".to_owned(),
-        // Keep the kill path's global functions global (not internalized by
-        // LTO): the verifier checks global functions once, on their own.
+        // Keep the global functions global (not internalized by LTO): the
+        // verifier checks global functions once, on their own, rather than
+        // in every state of every caller.
         "-Clink-arg=--export=swiftlet_execute_plan".to_owned(),
         "-Clink-arg=--export=swiftlet_kill_pass".to_owned(),
+        "-Clink-arg=--export=swiftlet_resolve".to_owned(),
+        "-Clink-arg=--export=swiftlet_evaluate".to_owned(),
+        "-Clink-arg=--export=swiftlet_count_slot".to_owned(),
+        "-Clink-arg=--export=swiftlet_memory_slot".to_owned(),
         // clippy never sees the BPF build, so warnings fail it here.
         "-Dwarnings".to_owned(),
     ];

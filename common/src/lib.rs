@@ -24,15 +24,16 @@ pub mod build;
 /// node, kubepods and QoS cgroups, with room to spare for churn.
 pub const MAX_SLOTS: u32 = 2048;
 
+/// How many slots one run of the refresh program covers (the agent runs it
+/// once per batch up to the highest slot in use).
+pub const REFRESH_BATCH: u32 = 64;
+
 /// The slot that holds node-wide figures.
 pub const NODE_SLOT: u32 = 0;
 
-/// How many registered ancestors (including itself) one cgroup may have.
-/// kubepods → QoS → pod → container is four; nested cgroups inside a
-/// container take the rest.
-pub const MAX_CHAIN: usize = 8;
-
-/// How many parent links the kernel follows when it resolves a cgroup.
+/// How deep below the root the kernel looks for registered ancestors of a
+/// cgroup (itself included): kubepods → QoS → pod → container is four,
+/// below a cgroup root of a few levels, with room for nesting.
 pub const MAX_WALK: usize = 16;
 
 /// Ring-buffer size in bytes (a power of two, multiple of the page size).
@@ -165,17 +166,22 @@ impl CgroupSlot {
 }
 
 /// Which registered slots a memory cgroup counts towards, cached by the kernel
-/// per memcg. `memcg` holds the kernel address of each ancestor's
-/// `struct mem_cgroup`, so the kernel can read its page counter directly.
+/// per memcg: entry `i` is its `i`-th ancestor (0 = itself), used when bit
+/// `i` of `present` is set. `memcg` holds the kernel address of each
+/// ancestor's `struct mem_cgroup`, so the kernel can read its page counter
+/// directly. (Positions by depth rather than a packed list: a packed list's
+/// length would be a different exact value on every path through the walk,
+/// which older verifiers explore one by one.)
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Resolution {
     /// [`Control::generation`] when this was computed; stale when different.
     pub generation: u64,
-    pub len: u32,
+    /// Bit per depth: the ancestor there is registered.
+    pub present: u32,
     pub _pad: u32,
-    pub slots: [u32; MAX_CHAIN],
-    pub memcg: [u64; MAX_CHAIN],
+    pub slots: [u32; MAX_WALK],
+    pub memcg: [u64; MAX_WALK],
 }
 
 /// Global state shared by agent and kernel: array map of one element.
@@ -187,7 +193,7 @@ pub struct Control {
     pub generation: u64,
     /// Events the ring buffer had no room for.
     pub ring_drops: u64,
-    /// Resolutions that found more registered ancestors than [`MAX_CHAIN`].
+    /// Unused (resolutions no longer have a length limit); kept for the layout.
     pub chain_overflows: u64,
     /// Process-table entries that could not be inserted (map full).
     pub proc_table_full: u64,
@@ -203,7 +209,19 @@ pub struct Control {
     pub doomed_memcg: u64,
     /// The doomed victim's slot.
     pub doomed_slot: u32,
-    pub _pad: u32,
+    /// How the attached programs keep memory ([`memory_strategy`]), set by
+    /// the agent after attaching; the refresh program reads the node's
+    /// figures accordingly.
+    pub memory_strategy: u32,
+}
+
+/// Values of [`Control::memory_strategy`].
+pub mod memory_strategy {
+    /// The memcg statistics tracepoint: node figures kept from its deltas.
+    pub const STAT_EVENTS: u32 = 1;
+    /// Page-counter charge/uncharge hooks: node figures read from the
+    /// kernel's global `vm_node_stat` counters.
+    pub const PAGE_COUNTER: u32 = 2;
 }
 
 /// How many victim plans there can be: one per kernel line (node memory,
@@ -335,16 +353,32 @@ pub struct KernelLayout {
     /// 1 when the layout was filled in (a zeroed layout disables the programs
     /// that need it).
     pub valid: u32,
-    pub _pad: u32,
+    /// `struct mem_cgroup` → `memory` (the page counter itself; the charge
+    /// hooks get its address).
+    pub memcg_memory: u32,
+    /// `struct page_counter` → `parent`.
+    pub pc_parent: u32,
+    /// `struct mem_cgroup_per_node` → `lruvec` and → `memcg`: a lruvec's
+    /// memory cgroup.
+    pub mz_lruvec: u32,
+    pub mz_memcg: u32,
+    /// `enum lru_list` value of LRU_INACTIVE_FILE.
+    pub lru_inactive_file: u32,
+    /// 1 when the page-counter fields above were found (the charge hooks do
+    /// nothing otherwise).
+    pub charge_valid: u32,
+    /// Kernel address of `vm_node_stat` (the node's global statistics,
+    /// from /proc/kallsyms); 0 when unknown.
+    pub vm_node_stat: u64,
 }
 
 // Layout checks: the kernel side and the agent compile these types separately.
 const _: () = assert!(core::mem::size_of::<CgroupSlot>() == 128);
-const _: () = assert!(core::mem::size_of::<Resolution>() == 112);
+const _: () = assert!(core::mem::size_of::<Resolution>() == 208);
 const _: () = assert!(core::mem::size_of::<Control>() == 64);
 const _: () = assert!(core::mem::size_of::<VictimPlan>() == 40);
 const _: () = assert!(core::mem::size_of::<Event>() == 56);
-const _: () = assert!(core::mem::size_of::<KernelLayout>() == 64);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 96);
 
 #[cfg(feature = "user")]
 mod user {

@@ -19,8 +19,8 @@ fn count_current(delta: i64) {
     let task = kernel::current_task();
     let Some(memcg) = kernel::task_memcg(task) else { return };
     let Some(r) = resolve(memcg) else { return };
-    if r.len > 0 {
-        apply_count(&r, Signal::Inodes, delta, kernel::task_pid(task).unwrap_or(0), false);
+    if r.present != 0 {
+        apply_count(r, Signal::Inodes, delta, kernel::task_pid(task).unwrap_or(0), false);
     }
 }
 

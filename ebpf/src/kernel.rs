@@ -8,7 +8,7 @@ use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
 use crate::maps::LAYOUT;
 
 #[inline(always)]
-fn read_u64(addr: u64) -> Option<u64> {
+pub fn read_u64(addr: u64) -> Option<u64> {
     // SAFETY: probe_read validates the address; a bad one returns an error.
     unsafe { bpf_probe_read_kernel(addr as *const u64).ok() }
 }
@@ -23,6 +23,16 @@ fn read_u32(addr: u64) -> Option<u32> {
 pub fn read_i64(addr: u64) -> Option<i64> {
     // SAFETY: as above.
     unsafe { bpf_probe_read_kernel(addr as *const i64).ok() }
+}
+
+/// A typed kernel pointer (a tp_btf or fentry argument) as a plain number.
+/// The verifier keeps the pointer type through moves and arithmetic, and
+/// global functions take scalars only; a read through the helper yields an
+/// untyped copy. The programs never dereference these pointers directly.
+#[inline(always)]
+pub fn scalar(ptr: u64) -> u64 {
+    let v = ptr;
+    read_u64(&v as *const u64 as u64).unwrap_or(0)
 }
 
 /// The cgroup id (kernfs node id) of a css: `css->cgroup->kn->id`.
@@ -70,4 +80,38 @@ pub fn task_pid(task: u64) -> Option<u32> {
 #[inline(always)]
 pub fn task_tgid(task: u64) -> Option<u32> {
     read_u32(task + LAYOUT.load().task_tgid as u64)
+}
+
+/// The memory cgroup whose `memory` page counter is at `counter`, or None
+/// when `counter` is some other page counter (swap, v1 kmem/tcp/memsw, a
+/// hugetlb cgroup's): the charge functions serve them all. The check is
+/// structural: a memcg's counter has the parent memcg's counter as parent.
+#[inline(always)]
+pub fn memcg_of_counter(counter: u64) -> Option<u64> {
+    let l = LAYOUT.load();
+    let memcg = counter.wrapping_sub(l.memcg_memory as u64);
+    let parent_counter = read_u64(counter + l.pc_parent as u64)?;
+    let parent = css_parent(memcg);
+    let expected = if parent == 0 { 0 } else { parent + l.memcg_memory as u64 };
+    if parent_counter == expected { Some(memcg) } else { None }
+}
+
+/// The memory cgroup a lruvec belongs to: `container_of(lruvec, struct
+/// mem_cgroup_per_node, lruvec)->memcg`.
+#[inline(always)]
+pub fn lruvec_memcg(lruvec: u64) -> Option<u64> {
+    let l = LAYOUT.load();
+    let memcg = read_u64(lruvec.wrapping_sub(l.mz_lruvec as u64) + l.mz_memcg as u64)?;
+    if memcg == 0 { None } else { Some(memcg) }
+}
+
+/// One of the node's global statistics (`vm_node_stat[item]`), in pages;
+/// behind by at most the per-CPU deltas the kernel batches.
+#[inline(always)]
+pub fn node_stat(item: u32) -> Option<i64> {
+    let base = LAYOUT.load().vm_node_stat;
+    if base == 0 {
+        return None;
+    }
+    read_i64(base + 8 * item as u64)
 }

@@ -20,7 +20,7 @@
 use core::{ffi::c_void, mem::MaybeUninit, ptr::null_mut};
 
 use aya_ebpf::helpers::{bpf_ktime_get_ns, bpf_send_signal};
-use swiftlet_common::{Event, EventKind, MAX_PLANS, Signal, slot_flags};
+use swiftlet_common::{EventKind, MAX_PLANS, Signal, slot_flags};
 
 use crate::{
     kernel,
@@ -215,19 +215,19 @@ fn kill_victim(
     }
     let pid = kill_current_if_member(memcg);
     swiftlet_kill_pass(memcg);
-    emit(&Event {
-        kind: EventKind::KernelKill as u32,
-        signal: signal as u32,
+    emit(
+        EventKind::KernelKill,
+        signal as u32,
         // SAFETY: no preconditions.
-        ts_ns: unsafe { bpf_ktime_get_ns() },
-        cgroup_id: victim_id,
-        slot: victim_slot,
-        direction: trigger,
-        value: crossing_ns,
-        threshold: crossing_value,
+        unsafe { bpf_ktime_get_ns() },
+        victim_id,
+        victim_slot,
+        trigger,
+        crossing_ns,
+        crossing_value,
         pid,
-        aux: generation,
-    });
+        generation,
+    );
     generation
 }
 

@@ -5,11 +5,11 @@ use aya_ebpf::{
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
-use swiftlet_common::{Event, EventKind, slot_flags};
+use swiftlet_common::{EventKind, slot_flags};
 
 use crate::{
     kernel,
-    maps::{CGROUP_SLOT, LAYOUT, control, slot},
+    maps::{CGROUP_SLOT, LAYOUT, MARK_VICTIM_PID_ONLY, PROCS, control, slot},
     threshold::{bump, emit},
 };
 
@@ -49,42 +49,29 @@ pub fn cgroup_rmdir(ctx: TracePointContext) -> u32 {
         // SAFETY: `s` points into the slot array.
         unsafe { (*s).flags |= slot_flags::REMOVED };
     }
-    emit(&Event {
-        kind: EventKind::CgroupRemoved as u32,
-        signal: 0,
-        // SAFETY: no preconditions.
-        ts_ns: unsafe { bpf_ktime_get_ns() },
-        cgroup_id: id,
-        slot: index,
-        direction: 0,
-        value: 0,
-        threshold: 0,
-        pid: 0,
-        aux: 0,
-    });
+    aya_log_ebpf::debug!(&ctx, "registered cgroup {} (slot {}) removed", id, index);
+    // SAFETY: no preconditions.
+    emit(EventKind::CgroupRemoved, 0, unsafe { bpf_ktime_get_ns() }, id, index, 0, 0, 0, 0, 0);
     0
 }
 
-/// mark_victim(struct task_struct *task, uid_t uid)
+/// mark_victim(struct task_struct *task, uid_t uid), or mark_victim(int pid)
+/// on older kernels, where the victim's memory cgroup comes from the table of
+/// processes counted in registered cgroups (victims elsewhere report none).
 #[btf_tracepoint(function = "mark_victim")]
 pub fn oom_mark_victim(ctx: BtfTracePointContext) -> i32 {
-    let task = ctx.arg::<u64>(0);
-    let memcg = kernel::task_memcg(task).unwrap_or(0);
+    let (memcg, pid) = if MARK_VICTIM_PID_ONLY.load() != 0 {
+        let pid = ctx.arg::<u64>(0) as u32;
+        // SAFETY: read-only lookup of a u64 value.
+        (unsafe { PROCS.get(&pid) }.copied().unwrap_or(0), pid)
+    } else {
+        let task = ctx.arg::<u64>(0);
+        (kernel::task_memcg(task).unwrap_or(0), kernel::task_pid(task).unwrap_or(0))
+    };
     let cgroup_id = if memcg != 0 { kernel::css_cgroup_id(memcg).unwrap_or(0) } else { 0 };
     // SAFETY: read-only lookup of a u32 value.
     let index = unsafe { CGROUP_SLOT.get(&cgroup_id) }.copied().unwrap_or(u32::MAX);
-    emit(&Event {
-        kind: EventKind::OomVictim as u32,
-        signal: 0,
-        // SAFETY: no preconditions.
-        ts_ns: unsafe { bpf_ktime_get_ns() },
-        cgroup_id,
-        slot: index,
-        direction: 0,
-        value: 0,
-        threshold: 0,
-        pid: kernel::task_pid(task).unwrap_or(0),
-        aux: 0,
-    });
+    // SAFETY: no preconditions.
+    emit(EventKind::OomVictim, 0, unsafe { bpf_ktime_get_ns() }, cgroup_id, index, 0, 0, 0, pid, 0);
     0
 }

@@ -2,21 +2,27 @@
 //! cgroup current in BPF maps and reports threshold crossings over a ring
 //! buffer the moment they happen.
 //!
-//! Programs (all tracepoints or BTF tracepoints: kprobes and fentry are not
-//! available everywhere we run):
-//! - `memcg_lruvec_state` (tp_btf memcg/mod_memcg_lruvec_state): memory.
+//! Programs (the agent probes the kernel and attaches, per signal, the most
+//! exact set it supports; kprobes are not available everywhere we run):
+//! - `memcg_lruvec_state` (tp_btf memcg/mod_memcg_lruvec_state): memory, on
+//!   kernels with the memcg tracepoints.
+//! - `memcg_try_charge`, `memcg_charge`, `memcg_uncharge` (fexit on the page
+//!   counter) with `lru_size` or `lruvec_state` (fentry): memory, on kernels
+//!   without them (see `charge.rs`).
 //! - `process_fork`, `process_exit`, `cgroup_attach` (tp_btf): processes.
 //! - `inode_alloc`, `inode_free` (ext4 tracepoints): inodes.
 //! - `cgroup_mkdir`, `cgroup_rmdir` (tracepoints): cgroup lifecycle.
 //! - `oom_mark_victim` (tp_btf oom/mark_victim): kernel OOM kills.
-//! - `refresh` (syscalls/sys_enter_getppid, from the agent only): re-reads
-//!   every slot's page counter before the agent takes a snapshot.
+//! - `refresh` (syscalls/sys_enter_getpgid, from the agent only): re-reads
+//!   the slots' page counters before the agent takes a snapshot.
 
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
+#[cfg(target_arch = "bpf")]
+mod charge;
 #[cfg(target_arch = "bpf")]
 mod inodes;
 #[cfg(target_arch = "bpf")]

@@ -26,7 +26,13 @@ pub static LAYOUT: Global<KernelLayout> = Global::new(KernelLayout {
     memory_hierarchy_id: 0,
     task_flags: 0,
     valid: 0,
-    _pad: 0,
+    memcg_memory: 0,
+    pc_parent: 0,
+    mz_lruvec: 0,
+    mz_memcg: 0,
+    lru_inactive_file: 0,
+    charge_valid: 0,
+    vm_node_stat: 0,
 });
 
 /// 1 when the kernel has the kfuncs for the kill pass (iterate every task,
@@ -39,6 +45,11 @@ pub static KFUNC_KILL: Global<u32> = Global::new(0);
 /// 1 when `sched_process_exit` passes `group_dead` (kernel 6.13 and later).
 #[unsafe(no_mangle)]
 pub static EXIT_HAS_GROUP_DEAD: Global<u32> = Global::new(0);
+
+/// 1 when `mark_victim` passes only the victim's pid (kernels before the
+/// tracepoint took the task itself, such as 6.1 and 6.12).
+#[unsafe(no_mangle)]
+pub static MARK_VICTIM_PID_ONLY: Global<u32> = Global::new(0);
 
 /// The agent's tgid: only its own trigger syscalls run the refresh.
 #[unsafe(no_mangle)]

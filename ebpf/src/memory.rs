@@ -9,12 +9,12 @@
 //! kernel memory included; inactive_file is kept from the deltas.
 
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::btf_tracepoint, programs::BtfTracePointContext};
-use swiftlet_common::{MAX_CHAIN, NODE_SLOT, Signal};
+use swiftlet_common::{MAX_WALK, NODE_SLOT, Resolution, Signal};
 
 use crate::{
     kernel, kill,
     maps::{LAYOUT, slot},
-    threshold::{atomic_add, evaluate, resolve},
+    threshold::{atomic_add, evaluate, resolve, swiftlet_evaluate},
 };
 
 #[btf_tracepoint(function = "mod_memcg_lruvec_state")]
@@ -33,7 +33,7 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
         kill::kill_current_if_member(doomed);
     }
     let delta = ctx.arg::<u64>(2) as i32 as i64;
-    let memcg = ctx.arg::<u64>(0);
+    let memcg = kernel::scalar(ctx.arg::<u64>(0));
     // SAFETY: no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let pid = kernel::task_pid(kernel::current_task()).unwrap_or(0);
@@ -42,41 +42,59 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
     // memory.usage_in_bytes counts them, minus inactive file pages.
     if let Some(node) = slot(NODE_SLOT) {
         // SAFETY: `node` points into the slot array.
-        unsafe {
+        let ws = unsafe {
             if inactive_file {
                 atomic_add(&mut (*node).inactive_file_pages, delta);
             } else {
                 atomic_add(&mut (*node).usage_pages, delta);
             }
             core::ptr::write_volatile(&mut (*node).updated_ns, now);
-            let ws = (*node).working_set_pages();
-            evaluate(NODE_SLOT, node, Signal::MemoryWorkingSet, ws, now, pid, true);
-        }
+            (*node).working_set_pages()
+        };
+        evaluate(NODE_SLOT, Signal::MemoryWorkingSet, ws, pid, true);
     }
 
     let Some(r) = resolve(memcg) else { return 0 };
+    update_chain(r, if inactive_file { delta } else { 0 }, pid);
+    0
+}
+
+/// Brings one registered slot up to date: its page counter read directly
+/// (what `memory.current` / `memory.usage_in_bytes` report), `inactive_delta`
+/// added to its inactive file pages, and its memory threshold evaluated.
+/// Shared by every memory strategy; a global function, verified once (see
+/// `swiftlet_resolve`).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn swiftlet_memory_slot(index: u32, memcg: u64, inactive_delta: i64, pid: u32) -> u32 {
+    let Some(s) = slot(index) else { return 0 };
+    // SAFETY: `s` points into the slot array; no preconditions for the helper.
+    let ws = unsafe {
+        if inactive_delta != 0 {
+            atomic_add(&mut (*s).inactive_file_pages, inactive_delta);
+        }
+        if let Some(usage) = kernel::memcg_usage_pages(memcg) {
+            core::ptr::write_volatile(&mut (*s).usage_pages, usage);
+        }
+        core::ptr::write_volatile(&mut (*s).memcg, memcg);
+        core::ptr::write_volatile(&mut (*s).updated_ns, bpf_ktime_get_ns());
+        (*s).working_set_pages()
+    };
+    swiftlet_evaluate(index, Signal::MemoryWorkingSet as u32, ws, pid, 1)
+}
+
+/// [`swiftlet_memory_slot`] for every registered slot of a resolution.
+#[inline(always)]
+pub fn update_chain(r: &Resolution, inactive_delta: i64, pid: u32) {
+    let present = r.present;
     let mut i = 0;
-    while i < MAX_CHAIN {
-        if i >= r.len as usize {
+    while i < MAX_WALK {
+        if present >> i == 0 {
             break;
         }
-        let index = r.slots[i];
-        if let Some(s) = slot(index) {
-            // SAFETY: `s` points into the slot array.
-            unsafe {
-                if inactive_file {
-                    atomic_add(&mut (*s).inactive_file_pages, delta);
-                }
-                if let Some(usage) = kernel::memcg_usage_pages(r.memcg[i]) {
-                    core::ptr::write_volatile(&mut (*s).usage_pages, usage);
-                }
-                core::ptr::write_volatile(&mut (*s).memcg, r.memcg[i]);
-                core::ptr::write_volatile(&mut (*s).updated_ns, now);
-                let ws = (*s).working_set_pages();
-                evaluate(index, s, Signal::MemoryWorkingSet, ws, now, pid, true);
-            }
+        if present & (1 << i) != 0 {
+            swiftlet_memory_slot(r.slots[i], r.memcg[i], inactive_delta, pid);
         }
         i += 1;
     }
-    0
 }

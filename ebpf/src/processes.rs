@@ -7,7 +7,7 @@
 //! what `sysinfo().procs` (the kubelet's pid.available input) reports.
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
-use swiftlet_common::{Event, EventKind, NODE_SLOT, Resolution, Signal};
+use swiftlet_common::{EventKind, NODE_SLOT, Resolution, Signal};
 
 use crate::{
     kernel,
@@ -19,18 +19,17 @@ use crate::{
 fn count_node_task(delta: i64, pid: u32) {
     if let Some(node) = slot(NODE_SLOT) {
         // SAFETY: `node` points into the slot array.
-        unsafe {
+        let value = unsafe {
             atomic_add(&mut (*node).processes, delta);
-            let value = core::ptr::read_volatile(&(*node).processes).max(0) as u64;
-            let now = aya_ebpf::helpers::bpf_ktime_get_ns();
-            evaluate(NODE_SLOT, node, Signal::Processes, value, now, pid, true);
-        }
+            core::ptr::read_volatile(&(*node).processes).max(0) as u64
+        };
+        evaluate(NODE_SLOT, Signal::Processes, value, pid, true);
     }
 }
 
 #[inline(always)]
 fn remember(tgid: u32, memcg: u64, r: &Resolution) {
-    if r.len == 0 {
+    if r.present == 0 {
         let _ = PROCS.remove(&tgid);
     } else if PROCS.insert(&tgid, &memcg, 0).is_err() {
         if let Some(ctl) = control() {
@@ -56,9 +55,9 @@ pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
     }
     let Some(memcg) = kernel::task_memcg(child) else { return 0 };
     let Some(r) = resolve(memcg) else { return 0 };
-    if r.len > 0 {
-        apply_count(&r, Signal::Processes, 1, pid, true);
-        remember(tgid, memcg, &r);
+    if r.present != 0 {
+        apply_count(r, Signal::Processes, 1, pid, true);
+        remember(tgid, memcg, r);
     }
     0
 }
@@ -89,19 +88,9 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
     // SAFETY: read-only lookup.
     if unsafe { WATCH_EXIT.get(&tgid) }.is_some() {
         let _ = WATCH_EXIT.remove(&tgid);
-        emit(&Event {
-            kind: EventKind::ProcessExit as u32,
-            signal: 0,
-            // SAFETY: no preconditions.
-            ts_ns: unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() },
-            cgroup_id: 0,
-            slot: u32::MAX,
-            direction: 0,
-            value: 0,
-            threshold: 0,
-            pid: tgid,
-            aux: 0,
-        });
+        // SAFETY: no preconditions.
+        let now = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() };
+        emit(EventKind::ProcessExit, 0, now, 0, u32::MAX, 0, 0, 0, tgid, 0);
     }
     // SAFETY: read-only lookup of a u64 value.
     let memcg = match unsafe { PROCS.get(&tgid) } {
@@ -113,7 +102,7 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
     };
     let _ = PROCS.remove(&tgid);
     if let Some(r) = resolve(memcg) {
-        apply_count(&r, Signal::Processes, -1, pid, true);
+        apply_count(r, Signal::Processes, -1, pid, true);
     }
     0
 }
@@ -143,14 +132,14 @@ pub fn cgroup_attach(ctx: BtfTracePointContext) -> i32 {
     }
     if let Some(old) = old {
         if let Some(r) = resolve(old) {
-            apply_count(&r, Signal::Processes, -1, pid, true);
+            apply_count(r, Signal::Processes, -1, pid, true);
         }
     }
     if let Some(r) = resolve(new) {
-        if r.len > 0 {
-            apply_count(&r, Signal::Processes, 1, pid, true);
+        if r.present != 0 {
+            apply_count(r, Signal::Processes, 1, pid, true);
         }
-        remember(tgid, new, &r);
+        remember(tgid, new, r);
     }
     0
 }

@@ -1,18 +1,20 @@
-//! Re-reads every registered cgroup's page counter on the agent's request.
+//! Re-reads registered cgroups' page counters on the agent's request.
 //!
 //! Freed memory is uncharged after the last statistics event of the free
 //! (the TLB flush batches it), so a cgroup that shrinks and then goes quiet
-//! would keep its old usage. The agent calls getppid(2) before it reads the
-//! slots; this program, filtered to the agent's own tgid, brings every slot
-//! up to date and re-evaluates its memory threshold. One syscall refreshes
-//! all pods.
+//! would keep its old usage. Before it reads the slots, the agent calls
+//! getpgid(2) with the first slot of a batch as argument; this program,
+//! filtered to the agent's own tgid, brings those [`REFRESH_BATCH`] slots up
+//! to date and re-evaluates their memory thresholds. One syscall refreshes
+//! 64 cgroups: a loop short enough for the verifiers of older kernels (6.1
+//! gives up on long jump sequences) and cheap to verify on slow CPUs.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::tracepoint,
     programs::TracePointContext,
 };
-use swiftlet_common::{MAX_SLOTS, Signal, slot_flags};
+use swiftlet_common::{REFRESH_BATCH, Signal, memory_strategy, slot_flags};
 
 use crate::{
     kernel,
@@ -20,18 +22,34 @@ use crate::{
     threshold::evaluate,
 };
 
+/// Offset of the first argument in a `syscalls/sys_enter_*` record.
+const SYS_ENTER_ARG0: usize = 16;
+
 #[tracepoint]
-pub fn refresh(_ctx: TracePointContext) -> u32 {
+pub fn refresh(ctx: TracePointContext) -> u32 {
     if (bpf_get_current_pid_tgid() >> 32) as u32 != AGENT_TGID.load() {
         return 0;
     }
     let Some(ctl) = control() else { return 0 };
+    // SAFETY: an offset within the tracepoint record.
+    let start = unsafe { ctx.read_at::<u64>(SYS_ENTER_ARG0) }.unwrap_or(0) as u32;
     // SAFETY: ctl points at the control map's single element.
     let high = unsafe { core::ptr::read_volatile(&(*ctl).slot_high_water) };
-    // SAFETY: no preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
-    let mut i: u32 = 1;
-    while i < MAX_SLOTS {
+    if start == 0 {
+        // SAFETY: as above.
+        if unsafe { core::ptr::read_volatile(&(*ctl).memory_strategy) } == memory_strategy::PAGE_COUNTER {
+            // SAFETY: no preconditions.
+            crate::charge::node_from_vmstat(unsafe { bpf_ktime_get_ns() }, 0, false);
+        }
+    }
+    let mut n: u32 = 0;
+    while n < REFRESH_BATCH {
+        // Slot 0 is the node, refreshed above.
+        let i = start + n;
+        n += 1;
+        if i == 0 {
+            continue;
+        }
         if i >= high {
             break;
         }
@@ -40,16 +58,15 @@ pub fn refresh(_ctx: TracePointContext) -> u32 {
             unsafe {
                 let flags = core::ptr::read_volatile(&(*s).flags);
                 let memcg = core::ptr::read_volatile(&(*s).memcg);
-                if flags & slot_flags::ACTIVE != 0 && flags & slot_flags::REMOVED == 0 && memcg != 0 {
+                if flags & (slot_flags::ACTIVE | slot_flags::REMOVED) == slot_flags::ACTIVE && memcg != 0 {
                     if let Some(usage) = kernel::memcg_usage_pages(memcg) {
                         core::ptr::write_volatile(&mut (*s).usage_pages, usage);
                         let ws = (*s).working_set_pages();
-                        evaluate(i, s, Signal::MemoryWorkingSet, ws, now, 0, false);
+                        evaluate(i, Signal::MemoryWorkingSet, ws, 0, false);
                     }
                 }
             }
         }
-        i += 1;
     }
     0
 }

@@ -4,24 +4,12 @@
 use core::intrinsics::{AtomicOrdering::Relaxed, atomic_cxchg, atomic_xadd};
 
 use aya_ebpf::{bindings::BPF_RB_FORCE_WAKEUP, helpers::bpf_ktime_get_ns};
-use swiftlet_common::{
-    CgroupSlot, DIRECTION_DOWN, DIRECTION_UP, Event, EventKind, MAX_CHAIN, MAX_WALK, Resolution, Signal,
-};
+use swiftlet_common::{DIRECTION_DOWN, DIRECTION_UP, Event, EventKind, MAX_WALK, Resolution, Signal};
 
 use crate::{
     kernel,
     maps::{CGROUP_SLOT, EVENTS, RESOLVE, control, slot},
 };
-
-/// aya-log needs a context only for the program it reports from; the
-/// records carry no per-program data here.
-pub struct LogCtx;
-impl aya_ebpf::EbpfContext for LogCtx {
-    fn as_ptr(&self) -> *mut core::ffi::c_void {
-        core::ptr::null_mut()
-    }
-}
-pub static LOG_CTX: LogCtx = LogCtx;
 
 /// Adds `delta` to a counter another CPU may be updating at the same time.
 #[inline(always)]
@@ -46,21 +34,38 @@ pub fn atomic_cas_u64(ptr: *mut u64, current: u64, new: u64) -> bool {
     unsafe { atomic_cxchg::<u64, { Relaxed }, { Relaxed }>(ptr, current, new) }.1
 }
 
-/// The registered slots that `memcg` counts towards, leaf first, cached per
-/// memcg and recomputed when the control generation moved on.
-#[inline(always)]
-pub fn resolve(memcg: u64) -> Option<Resolution> {
-    let ctl = control()?;
+/// What a resolution starts from before the walk fills it in.
+static EMPTY_RESOLUTION: Resolution =
+    Resolution { generation: 0, present: 0, _pad: 0, slots: [0; MAX_WALK], memcg: [0; MAX_WALK] };
+
+/// Makes sure `RESOLVE` holds a current resolution of `memcg`: the
+/// registered slots it counts towards, by depth, recomputed when the
+/// control generation moved on. Returns 1 when it does.
+///
+/// A global function (external linkage, scalar arguments): the verifier
+/// checks it once, not in every state of every caller, which keeps the
+/// programs cheap to verify on older kernels and on emulated CPUs. The walk
+/// writes straight into the map value (stack contents would be tracked per
+/// path, and every found/not-found choice would double the paths), and
+/// stores the generation last, so a reader never takes a half-built entry
+/// for a current one. Two CPUs building the same entry write the same.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn swiftlet_resolve(memcg: u64) -> u32 {
+    let Some(ctl) = control() else { return 0 };
     // SAFETY: ctl points at the control map's single element.
     let generation = unsafe { core::ptr::read_volatile(&(*ctl).generation) };
-    // SAFETY: the value is only read, and a concurrent recompute writes a
-    // whole new value (map update), never a partial one we could observe.
+    // SAFETY: a read-only lookup.
     if let Some(r) = unsafe { RESOLVE.get(&memcg) } {
         if r.generation == generation {
-            return Some(*r);
+            return 1;
         }
     }
-    let mut r = Resolution { generation, len: 0, _pad: 0, slots: [0; MAX_CHAIN], memcg: [0; MAX_CHAIN] };
+    if RESOLVE.insert(&memcg, &EMPTY_RESOLUTION, 0).is_err() {
+        return 0;
+    }
+    let Some(r) = RESOLVE.get_ptr_mut(&memcg) else { return 0 };
+    let mut present: u32 = 0;
     let mut css = memcg;
     let mut i = 0;
     while i < MAX_WALK {
@@ -70,53 +75,104 @@ pub fn resolve(memcg: u64) -> Option<Resolution> {
         if let Some(id) = kernel::css_cgroup_id(css) {
             // SAFETY: read-only lookup of a u32 value.
             if let Some(s) = unsafe { CGROUP_SLOT.get(&id) } {
-                let len = r.len as usize;
-                if len < MAX_CHAIN {
-                    r.slots[len] = *s;
-                    r.memcg[len] = css;
-                    r.len += 1;
-                } else {
-                    // SAFETY: ctl is valid (see above).
-                    bump(unsafe { &mut (*ctl).chain_overflows });
-                    aya_log_ebpf::warn!(&LOG_CTX, "cgroup {} has more than {} registered ancestors", id, MAX_CHAIN);
+                // SAFETY: `r` points at the map value; `i` < MAX_WALK.
+                unsafe {
+                    (*r).slots[i] = *s;
+                    (*r).memcg[i] = css;
                 }
+                present |= 1 << i;
             }
         }
         css = kernel::css_parent(css);
         i += 1;
     }
-    let _ = RESOLVE.insert(&memcg, &r, 0);
-    Some(r)
+    // SAFETY: as above.
+    unsafe {
+        core::ptr::write_volatile(&mut (*r).present, present);
+        core::ptr::write_volatile(&mut (*r).generation, generation);
+    }
+    1
 }
 
-/// Sends one record; counts a drop when the ring is full.
+/// The registered slots that `memcg` counts towards: a pointer into the
+/// `RESOLVE` map (no copy on the stack, which older verifiers limit to 512
+/// bytes across calls). Taken again once if another CPU replaced the entry
+/// between the check and the lookup.
 #[inline(always)]
-pub fn emit(ev: &Event) {
-    if EVENTS.output::<Event>(ev, BPF_RB_FORCE_WAKEUP as u64).is_err() {
-        if let Some(ctl) = control() {
-            // SAFETY: ctl points at the control map's single element.
-            bump(unsafe { &mut (*ctl).ring_drops });
+pub fn resolve(memcg: u64) -> Option<&'static Resolution> {
+    let generation = control().map(|c| unsafe { core::ptr::read_volatile(&(*c).generation) })?;
+    if swiftlet_resolve(memcg) == 0 {
+        return None;
+    }
+    // SAFETY: read-only; a concurrent rebuild replaces the whole element.
+    let r = unsafe { RESOLVE.get(&memcg) }?;
+    if r.generation == generation {
+        return Some(r);
+    }
+    if swiftlet_resolve(memcg) == 0 {
+        return None;
+    }
+    // SAFETY: as above.
+    unsafe { RESOLVE.get(&memcg) }
+}
+
+/// Sends one record, written straight into the ring buffer; counts a drop
+/// when the ring is full.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn emit(
+    kind: EventKind,
+    signal: u32,
+    ts_ns: u64,
+    cgroup_id: u64,
+    slot_index: u32,
+    direction: u32,
+    value: u64,
+    threshold: u64,
+    pid: u32,
+    aux: u32,
+) {
+    match EVENTS.reserve::<Event>(0) {
+        Some(mut entry) => {
+            let e = entry.as_mut_ptr();
+            // SAFETY: `e` points at the reserved record, all of which is
+            // written before it is submitted.
+            unsafe {
+                (*e).kind = kind as u32;
+                (*e).signal = signal;
+                (*e).ts_ns = ts_ns;
+                (*e).cgroup_id = cgroup_id;
+                (*e).slot = slot_index;
+                (*e).direction = direction;
+                (*e).value = value;
+                (*e).threshold = threshold;
+                (*e).pid = pid;
+                (*e).aux = aux;
+            }
+            entry.submit(BPF_RB_FORCE_WAKEUP as u64);
+        }
+        None => {
+            if let Some(ctl) = control() {
+                // SAFETY: ctl points at the control map's single element.
+                bump(unsafe { &mut (*ctl).ring_drops });
+            }
         }
     }
 }
 
-/// Compares `value` with the slot's threshold for `signal` and, on a change
-/// of side, flips the slot's `above` bit with compare-and-swap so that
-/// exactly one CPU reports the crossing. Returns true on an upward crossing.
-#[inline(always)]
+/// Compares `value` with slot `index`'s threshold for `signal` and, on a
+/// change of side, flips the slot's `above` bit with compare-and-swap so
+/// that exactly one CPU reports the crossing. Returns 1 on an upward
+/// crossing.
 ///
 /// With `may_kill`, an upward crossing executes the agent's victim plan for
 /// this slot and signal, if any (programs of tracepoint type, which cannot
-/// use the kill kfuncs, pass false).
-pub fn evaluate(
-    index: u32,
-    s: *mut CgroupSlot,
-    signal: Signal,
-    value: u64,
-    now: u64,
-    pid: u32,
-    may_kill: bool,
-) -> bool {
+/// use the kill kfuncs, pass 0). A global function, as `swiftlet_resolve`.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn swiftlet_evaluate(index: u32, signal: u32, value: u64, pid: u32, may_kill: u32) -> u32 {
+    let Some(signal) = Signal::from_u32(signal) else { return 0 };
+    let Some(s) = slot(index) else { return 0 };
     // SAFETY: `s` points into the slot array; fields are read individually
     // and may be changed concurrently by the agent, which is harmless.
     let (trigger, rearm, cgroup_id) = unsafe {
@@ -128,7 +184,7 @@ pub fn evaluate(
         )
     };
     if trigger == 0 {
-        return false;
+        return 0;
     }
     let bit = signal.bit();
     // SAFETY: `above` is an aligned u32 field of a map value.
@@ -141,59 +197,58 @@ pub fn evaluate(
     } else if value < rearm && current & bit != 0 {
         (current & !bit, DIRECTION_DOWN)
     } else {
-        return false;
+        return 0;
     };
     // SAFETY: as above.
     if !unsafe { atomic_cxchg::<u32, { Relaxed }, { Relaxed }>(above, current, new) }.1 {
         // Another CPU flipped a bit of this slot first; it reports its own
         // crossing, and ours is re-evaluated on the next update.
-        return false;
+        return 0;
     }
-    let generation = if may_kill && direction == DIRECTION_UP {
+    // SAFETY: no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let generation = if may_kill != 0 && direction == DIRECTION_UP {
         crate::kill::swiftlet_execute_plan(index, signal as u32, now, value)
     } else {
         0
     };
-    emit(&Event {
-        kind: EventKind::Crossing as u32,
-        signal: signal as u32,
-        ts_ns: now,
-        cgroup_id,
-        slot: index,
-        direction,
-        value,
-        threshold: trigger,
-        pid,
-        aux: generation,
-    });
-    direction == DIRECTION_UP
+    emit(EventKind::Crossing, signal as u32, now, cgroup_id, index, direction, value, trigger, pid, generation);
+    u32::from(direction == DIRECTION_UP)
 }
 
-/// Applies a process or inode delta to every slot of a resolution and to
-/// their thresholds.
+#[inline(always)]
+pub fn evaluate(index: u32, signal: Signal, value: u64, pid: u32, may_kill: bool) -> bool {
+    swiftlet_evaluate(index, signal as u32, value, pid, u32::from(may_kill)) == 1
+}
+
+/// Applies a process or inode delta to slot `index` and evaluates its
+/// threshold. A global function, as `swiftlet_resolve`.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn swiftlet_count_slot(index: u32, signal: u32, delta: i64, pid: u32, may_kill: u32) -> u32 {
+    let Some(s) = slot(index) else { return 0 };
+    // SAFETY: `s` points into the slot array.
+    let counter =
+        unsafe { if signal == Signal::Processes as u32 { &raw mut (*s).processes } else { &raw mut (*s).inodes } };
+    atomic_add(counter, delta);
+    // SAFETY: as above.
+    let value = unsafe { core::ptr::read_volatile(counter) }.max(0) as u64;
+    // SAFETY: as above; no preconditions for the helper.
+    unsafe { core::ptr::write_volatile(&mut (*s).updated_ns, bpf_ktime_get_ns()) };
+    swiftlet_evaluate(index, signal, value, pid, may_kill)
+}
+
+/// Applies a process or inode delta to every slot of a resolution.
 #[inline(always)]
 pub fn apply_count(r: &Resolution, signal: Signal, delta: i64, pid: u32, may_kill: bool) {
-    // SAFETY: the helper has no preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let present = r.present;
     let mut i = 0;
-    while i < MAX_CHAIN {
-        if i >= r.len as usize {
+    while i < MAX_WALK {
+        if present >> i == 0 {
             break;
         }
-        let index = r.slots[i];
-        if let Some(s) = slot(index) {
-            // SAFETY: `s` points into the slot array.
-            let counter = unsafe {
-                match signal {
-                    Signal::Processes => &mut (*s).processes,
-                    _ => &mut (*s).inodes,
-                }
-            };
-            atomic_add(counter, delta);
-            // SAFETY: as above.
-            let value = unsafe { core::ptr::read_volatile(counter) }.max(0) as u64;
-            unsafe { core::ptr::write_volatile(&mut (*s).updated_ns, now) };
-            evaluate(index, s, signal, value, now, pid, may_kill);
+        if present & (1 << i) != 0 {
+            swiftlet_count_slot(r.slots[i], signal as u32, delta, pid, u32::from(may_kill));
         }
         i += 1;
     }

@@ -128,14 +128,21 @@ impl AgentSetup {
         let cgroup_root = format!("swiftlet-test-{}-agent{n}", std::process::id());
         let config_file = dir.path().join("kubelet.yaml");
         // The disk these tests run on is shared and often fuller than the
-        // default nodefs/imagefs thresholds allow: unless a test is about
-        // them, only memory evicts.
-        let eviction =
-            if kubelet_config.contains("evictionHard") { "" } else { "evictionHard:\n  memory.available: 100Mi\n" };
+        // default nodefs/imagefs thresholds and image GC's 85% allow: unless
+        // a test is about them, only memory evicts, and image GC (which
+        // would delete the locally built test images, never to be pulled
+        // again) stays off, as imageGCHighThresholdPercent 100 means.
+        let mut defaults = String::new();
+        if !kubelet_config.contains("evictionHard") {
+            defaults.push_str("evictionHard:\n  memory.available: 100Mi\n");
+        }
+        if !kubelet_config.contains("imageGCHighThresholdPercent") {
+            defaults.push_str("imageGCHighThresholdPercent: 100\n");
+        }
         std::fs::write(
             &config_file,
             format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\n{eviction}{kubelet_config}\n",
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\n{defaults}{kubelet_config}\n",
                 dir.path().join("logs").display()
             ),
         )

@@ -6,8 +6,11 @@
 //! behind, and never touches a cgroup, process or mount it did not create.
 
 pub mod agent;
+pub mod apiserver;
 pub mod bench;
 pub mod cgroup;
+pub mod kubectl;
+pub mod node_process;
 pub mod pods;
 pub mod prereq;
 pub mod recorder;

@@ -208,3 +208,17 @@ fn besteffort_hog_is_evicted_before_the_oom_killer_cgroupfs_100ms() {
 fn the_kernel_kills_the_planned_victim_at_the_crossing() {
     race(SourceChoice::Ebpf, Duration::from_secs(10), true, 3);
 }
+
+/// Issue 12: without eBPF, on cgroup v2, the memory.high tripwire and
+/// memory.events wake the cgroupfs source, so even with the kubelet's 10 s
+/// poll the hog is evicted before the OOM killer.
+#[test]
+#[ignore = "cgroup v2 only: runs in the kernel matrix (cargo xtask vmtest)"]
+fn besteffort_hog_is_evicted_before_the_oom_killer_cgroupfs_v2_events() {
+    let version = swiftlet::cgroups::CgroupFs::detect().map(|c| c.version());
+    assert!(
+        matches!(version, Ok(swiftlet::cgroups::Version::V2)),
+        "this test needs cgroup v2 ({version:?}); run it in the kernel matrix (cargo xtask vmtest)"
+    );
+    race(SourceChoice::Cgroupfs, Duration::from_secs(10), false, 2);
+}

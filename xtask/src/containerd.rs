@@ -27,6 +27,8 @@ pub struct Containerd {
     pub run_dir: PathBuf,
     pub socket: PathBuf,
     pub log: PathBuf,
+    /// The bridge of its CNI network, removed on drop.
+    pub bridge: Option<String>,
 }
 
 impl Containerd {
@@ -47,6 +49,7 @@ impl Containerd {
         for d in [&disk_dir, &run_dir, &cni_dir] {
             fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
         }
+        let bridge = write_cni_config(&cni_dir, &run_dir)?;
         let snapshotter = if overlay_supported() { "overlayfs" } else { "native" };
         let config = format!(
             r#"version = 2
@@ -104,7 +107,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             .stderr(fs::File::create(&log)?.try_clone()?)
             .spawn()
             .context("cannot start containerd (package containerd; `cargo xtask setup` installs it)")?;
-        let mut c = Containerd { child: Some(child), disk_dir, run_dir, socket, log };
+        let mut c = Containerd { child: Some(child), disk_dir, run_dir, socket, log, bridge };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !c.socket.exists() {
             if let Some(status) = c.child.as_mut().and_then(|ch| ch.try_wait().ok().flatten()) {
@@ -119,6 +122,45 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         note(format!("imported {}", images.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")));
         Ok(c)
     }
+}
+
+/// A pod network, so the runtime reports NetworkReady (a node is Ready
+/// only then, as with the kubelet) and pods without hostNetwork get an
+/// address: the bridge plugin on a bridge and a /24 of our own (named and
+/// numbered after our PID, so concurrent runs do not meet), addresses from
+/// host-local kept under our run dir. No iptables rules (no masquerade, no
+/// portmap). Returns the bridge's name; None when the CNI plugins are not
+/// installed (package containernetworking-plugins).
+fn write_cni_config(cni_dir: &Path, run_dir: &Path) -> Result<Option<String>> {
+    if !Path::new("/usr/lib/cni/bridge").exists() {
+        note("no CNI plugins in /usr/lib/cni (containernetworking-plugins): the runtime's network will not be ready");
+        return Ok(None);
+    }
+    let pid = std::process::id();
+    let bridge = format!("swl{pid}");
+    let subnet = format!("10.{}.{}.0/24", 200 + (pid / 256) % 50, pid % 256);
+    let conf = format!(
+        r#"{{
+  "cniVersion": "1.0.0",
+  "name": "swiftlet-{pid}",
+  "plugins": [
+    {{
+      "type": "bridge",
+      "bridge": "{bridge}",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {{ "type": "host-local", "ranges": [[{{ "subnet": "{subnet}" }}]], "dataDir": "{ipam}" }}
+    }},
+    {{ "type": "loopback" }}
+  ]
+}}
+"#,
+        ipam = run_dir.join("cni-ipam").display(),
+    );
+    let path = cni_dir.join("10-swiftlet.conflist");
+    fs::write(&path, conf).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(Some(bridge))
 }
 
 /// overlayfs needs kernel support and an upper dir filesystem that allows it.
@@ -184,6 +226,12 @@ impl Drop for Containerd {
                     eprintln!("warning: cannot unmount {m}: {}", std::io::Error::last_os_error());
                 }
             }
+        }
+        // The CNI bridge outlives its last pod.
+        if let Some(b) = &self.bridge
+            && Path::new("/sys/class/net").join(b).exists()
+        {
+            let _ = Command::new("ip").args(["link", "delete", b]).status();
         }
         let _ = fs::remove_dir_all(&self.run_dir);
         // Keep the config and log for a post-mortem; the root (images,

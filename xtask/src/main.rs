@@ -8,6 +8,7 @@ mod images;
 mod run;
 mod setup;
 mod test;
+mod vm;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -33,6 +34,9 @@ enum Task {
     Bench(bench::Args),
     /// Start a project-local containerd and wait (for manual experiments).
     Containerd,
+    /// The kernel matrix: signal, eviction and kill tests on Debian's 6.1 and
+    /// 6.12 kernels in qemu, and on this host.
+    Vmtest(vm::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -56,6 +60,7 @@ fn run(task: Task) -> Result<()> {
         Task::Test(args) => test::run(args),
         Task::Run(args) => run::run(args),
         Task::Bench(args) => bench::run(args),
+        Task::Vmtest(args) => vm::run(args),
         Task::Containerd => {
             setup::all()?;
             let c = containerd::Containerd::start(cmd::workspace_root(), "manual")?;

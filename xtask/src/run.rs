@@ -118,7 +118,9 @@ pub fn run(args: Args) -> Result<()> {
 /// The demo's KubeletConfiguration: pods limited to 1.5 GiB of this
 /// machine's memory (everything else reserved for the system and enforced
 /// on the pods' cgroup), so the memory hog reaches the eviction threshold
-/// in seconds instead of filling the whole machine.
+/// in seconds instead of filling the whole machine. Image GC is off
+/// (imageGCHighThresholdPercent 100): the demo's images are built locally
+/// and could not be pulled back after a GC on a nearly full disk.
 fn demo_config(run_root: &std::path::Path) -> Result<std::path::PathBuf> {
     const PODS_MIB: u64 = 1536;
     let meminfo = std::fs::read_to_string("/proc/meminfo")?;
@@ -139,7 +141,8 @@ fn demo_config(run_root: &std::path::Path) -> Result<std::path::PathBuf> {
              enforceNodeAllocatable: [pods]\n\
              systemReserved:\n  memory: {reserved_mib}Mi\n\
              evictionHard:\n  memory.available: 768Mi\n\
-             evictionPressureTransitionPeriod: 30s\n",
+             evictionPressureTransitionPeriod: 30s\n\
+             imageGCHighThresholdPercent: 100\n",
             logs = run_root.join("logs").display()
         ),
     )?;

@@ -20,9 +20,14 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Debian packages, grouped by what needs them.
 pub const APT_BUILD: &[&str] = &["protobuf-compiler", "gcc", "libc6-dev"];
-pub const APT_RUNTIME: &[&str] = &["containerd", "runc", "busybox-static", "iproute2"];
+pub const APT_RUNTIME: &[&str] = &["containerd", "runc", "busybox-static", "iproute2", "containernetworking-plugins"];
+/// Debian's kubectl, which the API server tests drive (see `ensure_kubectl`).
+pub const KUBECTL_PACKAGE: &str = "kubernetes-client";
 /// The eviction race compares against earlyoom.
 pub const APT_BENCH: &[&str] = &["earlyoom"];
+/// The kernel matrix boots Debian's kernels under emulation (installed with
+/// --no-install-recommends, as every package here).
+pub const APT_VM: &[&str] = &["qemu-system-x86"];
 
 /// What the eBPF build needs on PATH.
 pub struct EbpfToolchain {
@@ -120,7 +125,8 @@ fn nightly_libllvm(sysroot: &Path) -> Result<PathBuf> {
     })
 }
 
-fn cache_dir() -> PathBuf {
+/// ~/.cache/swiftlet: what xtask downloads or builds once per machine.
+pub fn cache_dir() -> PathBuf {
     let home = env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
     home.join(".cache").join("swiftlet")
 }
@@ -191,8 +197,61 @@ pub fn all() -> Result<EbpfToolchain> {
     ensure_apt(APT_RUNTIME)?;
     let tc = ensure_ebpf_toolchain()?;
     ensure_tracefs()?;
+    ensure_kubectl()?;
     note(format!("prerequisites ready in {:.1}s", started.elapsed().as_secs_f64()));
     Ok(tc)
+}
+
+/// Debian's kubectl (package kubernetes-client), for the API server tests;
+/// returns its path. Installed with apt; when another package already owns
+/// /usr/bin/kubectl (Google Cloud SDK's `kubectl`, for one), the Debian
+/// package is unpacked under ~/.cache/swiftlet/kubernetes-client instead,
+/// so the machine's own kubectl is left alone.
+pub fn ensure_kubectl() -> Result<PathBuf> {
+    let system = PathBuf::from("/usr/bin/kubectl");
+    if apt_installed(KUBECTL_PACKAGE) {
+        return Ok(system);
+    }
+    let unpacked_root = cache_dir().join(KUBECTL_PACKAGE);
+    let unpacked = unpacked_root.join("usr/bin/kubectl");
+    if cmd::succeeds(&unpacked, &["version", "--client"]) {
+        return Ok(unpacked);
+    }
+    let owner = cmd::output(Command::new("dpkg-query").args(["-S", "/usr/bin/kubectl"])).ok();
+    if !system.exists() && owner.is_none() {
+        ensure_apt(&[KUBECTL_PACKAGE])?;
+        return Ok(system);
+    }
+    require_root("installing kubectl")?;
+    step(format!(
+        "unpacking Debian's {KUBECTL_PACKAGE} into {} (/usr/bin/kubectl belongs to {})",
+        unpacked_root.display(),
+        owner.as_deref().and_then(|o| o.split(':').next()).unwrap_or("another install")
+    ));
+    let download_dir = cache_dir().join("debs");
+    fs::create_dir_all(&download_dir).with_context(|| format!("cannot create {}", download_dir.display()))?;
+    let download =
+        || cmd::run(Command::new("apt-get").current_dir(&download_dir).args(["download", "-q", KUBECTL_PACKAGE]));
+    if download().is_err() {
+        note("apt-get download failed; refreshing package lists and retrying once");
+        cmd::run(Command::new("apt-get").args(["update", "-q"]))?;
+        download().context("cannot download kubernetes-client; check that the Debian mirror is reachable")?;
+    }
+    let deb = fs::read_dir(&download_dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("kubernetes-client_") && n.ends_with(".deb"))
+        })
+        .max()
+        .context("apt-get download left no kubernetes-client .deb")?;
+    let _ = fs::remove_dir_all(&unpacked_root);
+    cmd::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked_root))?;
+    if !cmd::succeeds(&unpacked, &["version", "--client"]) {
+        bail!("{} was unpacked but does not run", unpacked.display());
+    }
+    Ok(unpacked)
 }
 
 /// Tracepoint attachment reads event ids from tracefs.

@@ -9,7 +9,7 @@ use anyhow::{Result, bail};
 use crate::{
     cmd::{self, note, step},
     containerd::Containerd,
-    setup,
+    setup, vm,
 };
 
 #[derive(clap::Args)]
@@ -20,6 +20,13 @@ pub struct Args {
     /// Only unit tests (no root, no containerd).
     #[arg(long)]
     unit_only: bool,
+    /// The kernel matrix on every VM kernel too (`cargo xtask vmtest` also
+    /// runs the host column).
+    #[arg(long, conflicts_with = "no_vm")]
+    vm: bool,
+    /// Skip the kernel matrix (by default it runs on one VM kernel).
+    #[arg(long)]
+    no_vm: bool,
     /// Passed to the integration test harness (test name filters).
     filters: Vec<String>,
 }
@@ -69,6 +76,12 @@ pub fn run(args: Args) -> Result<()> {
                 let mut c = cargo(&["test", "-p", "swiftlet-tests", "--", "--test-threads=1"]);
                 c.args(&args.filters);
                 c.env("SWIFTLET_TEST_CRI_ENDPOINT", ctd.endpoint());
+                match setup::ensure_kubectl() {
+                    Ok(k) => {
+                        c.env("SWIFTLET_TEST_KUBECTL", k);
+                    }
+                    Err(e) => eprintln!("\x1b[1;31merror:\x1b[0m kubectl for the API server tests: {e:#}"),
+                }
                 stage("integration tests (root, real kernel, real containerd)", &mut c);
                 drop(ctd);
             }
@@ -77,6 +90,37 @@ pub fn run(args: Args) -> Result<()> {
                 results.push(("integration tests (containerd did not start)", false, 0.0));
             }
         }
+    }
+
+    // The kernel matrix in qemu: one kernel by default (it fits CI's budget),
+    // every kernel with --vm. Name filters narrow it as they narrow the
+    // integration tests.
+    let vm_checks_match =
+        args.filters.is_empty() || vm::CHECKS.iter().any(|c| args.filters.iter().any(|f| c.test.contains(f.as_str())));
+    if !args.unit_only && !args.no_vm && !vm_checks_match {
+        note("kernel matrix: no check matches the filters; skipped");
+    }
+    if !args.unit_only && !args.no_vm && vm_checks_match {
+        let kernels: Vec<String> = if args.vm {
+            vm::KERNELS.iter().map(|k| k.name.to_owned()).collect()
+        } else {
+            vec![vm::CI_KERNEL.to_owned()]
+        };
+        step(format!("kernel matrix in qemu: {}", kernels.join(", ")));
+        let t = Instant::now();
+        let ok = match vm::run_matrix(&tc, &kernels, &args.filters) {
+            Ok(columns) => {
+                vm::print_matrix(&columns, &args.filters);
+                !columns
+                    .iter()
+                    .any(|c| c.outcomes.values().any(|o| matches!(o, vm::Outcome::Fail(_) | vm::Outcome::NotRun)))
+            }
+            Err(e) => {
+                eprintln!("\x1b[1;31merror:\x1b[0m {e:#}");
+                false
+            }
+        };
+        results.push(("kernel matrix (qemu)", ok, t.elapsed().as_secs_f64()));
     }
 
     step("summary");

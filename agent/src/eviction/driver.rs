@@ -223,6 +223,7 @@ impl EvictionManager {
             .signal_source
             .get_or_create(&crate::metrics::ModeLabels { mode: inner.source.mode().as_str().into() })
             .set(1);
+        inner.metrics.set_signal_strategies(&inner.source.strategies());
         let sink: Arc<dyn EventSink> = Arc::new(Sink(Arc::downgrade(&inner)));
         inner.source.subscribe(sink);
         (EvictionManager { inner: inner.clone() }, EvictionLoop { inner, wake_rx })

@@ -5,7 +5,7 @@
 //! offsets the programs need in the running kernel's BTF and passes them in
 //! as load-time constants ([`swiftlet_common::KernelLayout`]).
 
-use std::{collections::HashMap, path::Path};
+use std::path::Path;
 
 use thiserror::Error;
 
@@ -74,7 +74,7 @@ impl Kind {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 struct Member {
     name: u32,
     ty: u32,
@@ -82,22 +82,28 @@ struct Member {
     bit_offset: u32,
 }
 
-#[derive(Debug, Clone)]
+/// A type's header; its members, enumerators or parameters are read from
+/// the type section when asked for. (Reading them all up front, and indexing
+/// every name, took seconds in a debug build and far longer on an emulated
+/// CPU; the agent asks for a few dozen names.)
+#[derive(Debug, Clone, Copy)]
 struct Type {
     name: u32,
     kind: Kind,
+    kind_flag: bool,
+    vlen: usize,
     /// Size for structs/unions/enums/ints; referenced type otherwise.
     size_or_type: u32,
-    members: Vec<Member>,
-    enum_values: Vec<(u32, i64)>,
-    params: usize,
+    /// Where the kind-specific data starts in the type section.
+    body: usize,
 }
 
 /// Parsed kernel BTF.
 pub struct Btf {
     types: Vec<Type>,
+    /// The type section.
+    section: Vec<u8>,
     strings: Vec<u8>,
-    by_name: HashMap<(String, u8), u32>,
 }
 
 fn u16_at(b: &[u8], off: usize) -> Result<u16, BtfError> {
@@ -106,6 +112,25 @@ fn u16_at(b: &[u8], off: usize) -> Result<u16, BtfError> {
 
 fn u32_at(b: &[u8], off: usize) -> Result<u32, BtfError> {
     b.get(off..off + 4).map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]])).ok_or(BtfError::Malformed("truncated"))
+}
+
+/// Bytes of kind-specific data after a type's 12-byte header.
+fn body_len(kind: Kind, vlen: usize) -> usize {
+    match kind {
+        Kind::Int | Kind::Var | Kind::DeclTag => 4,
+        Kind::Array => 12,
+        Kind::Struct | Kind::Union | Kind::Enum64 | Kind::Datasec => 12 * vlen,
+        Kind::Enum | Kind::FuncProto => 8 * vlen,
+        Kind::Ptr
+        | Kind::Fwd
+        | Kind::Typedef
+        | Kind::Volatile
+        | Kind::Const
+        | Kind::Restrict
+        | Kind::Func
+        | Kind::Float
+        | Kind::TypeTag => 0,
+    }
 }
 
 impl Btf {
@@ -134,87 +159,84 @@ impl Btf {
             .get(hdr_len + str_off..hdr_len + str_off + str_len)
             .ok_or(BtfError::Malformed("string section out of bounds"))?
             .to_vec();
-        let tb = data.get(types_start..types_end).ok_or(BtfError::Malformed("type section out of bounds"))?;
+        let section =
+            data.get(types_start..types_end).ok_or(BtfError::Malformed("type section out of bounds"))?.to_vec();
 
         // Type id 0 is void.
-        let mut types =
-            vec![Type { name: 0, kind: Kind::Int, size_or_type: 0, members: vec![], enum_values: vec![], params: 0 }];
+        let mut types = vec![Type { name: 0, kind: Kind::Int, kind_flag: false, vlen: 0, size_or_type: 0, body: 0 }];
         let mut off = 0;
-        while off < tb.len() {
-            let name = u32_at(tb, off)?;
-            let info = u32_at(tb, off + 4)?;
-            let size_or_type = u32_at(tb, off + 8)?;
-            off += 12;
+        while off < section.len() {
+            let name = u32_at(&section, off)?;
+            let info = u32_at(&section, off + 4)?;
+            let size_or_type = u32_at(&section, off + 8)?;
             let vlen = (info & 0xffff) as usize;
-            let kind_flag = info >> 31 == 1;
             let kind = Kind::from_u32((info >> 24) & 0x1f).ok_or(BtfError::Malformed("unknown kind"))?;
-            let mut t = Type { name, kind, size_or_type, members: vec![], enum_values: vec![], params: 0 };
-            match kind {
-                Kind::Int | Kind::Var | Kind::DeclTag => off += 4,
-                Kind::Array => off += 12,
-                Kind::Struct | Kind::Union => {
-                    for _ in 0..vlen {
-                        let m_off = u32_at(tb, off + 8)?;
-                        t.members.push(Member {
-                            name: u32_at(tb, off)?,
-                            ty: u32_at(tb, off + 4)?,
-                            bit_offset: if kind_flag { m_off & 0xff_ffff } else { m_off },
-                        });
-                        off += 12;
-                    }
-                }
-                Kind::Enum => {
-                    for _ in 0..vlen {
-                        t.enum_values.push((u32_at(tb, off)?, u32_at(tb, off + 4)? as i32 as i64));
-                        off += 8;
-                    }
-                }
-                Kind::Enum64 => {
-                    for _ in 0..vlen {
-                        let lo = u32_at(tb, off + 4)? as u64;
-                        let hi = u32_at(tb, off + 8)? as u64;
-                        t.enum_values.push((u32_at(tb, off)?, ((hi << 32) | lo) as i64));
-                        off += 12;
-                    }
-                }
-                Kind::FuncProto => {
-                    t.params = vlen;
-                    off += 8 * vlen;
-                }
-                Kind::Datasec => off += 12 * vlen,
-                Kind::Ptr
-                | Kind::Fwd
-                | Kind::Typedef
-                | Kind::Volatile
-                | Kind::Const
-                | Kind::Restrict
-                | Kind::Func
-                | Kind::Float
-                | Kind::TypeTag => {}
+            let body = off + 12;
+            off = body + body_len(kind, vlen);
+            if off > section.len() {
+                return Err(BtfError::Malformed("truncated"));
             }
-            types.push(t);
+            types.push(Type { name, kind, kind_flag: info >> 31 == 1, vlen, size_or_type, body });
         }
-        let mut btf = Btf { types, strings, by_name: HashMap::new() };
-        for id in 1..btf.types.len() {
-            let t = &btf.types[id];
-            if t.name != 0 {
-                let name = btf.str(t.name).to_owned();
-                // The first definition wins: a forward declaration comes
-                // later than, or instead of, the full one.
-                btf.by_name.entry((name, t.kind as u8)).or_insert(id as u32);
-            }
-        }
-        Ok(btf)
+        Ok(Btf { types, section, strings })
     }
 
-    fn str(&self, off: u32) -> &str {
-        let rest = self.strings.get(off as usize..).unwrap_or(&[]);
-        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
-        std::str::from_utf8(&rest[..end]).unwrap_or("")
+    /// True when the string at `off` is `name`.
+    fn name_is(&self, off: u32, name: &str) -> bool {
+        let off = off as usize;
+        let end = off + name.len();
+        self.strings.get(off..end) == Some(name.as_bytes()) && self.strings.get(end) == Some(&0)
     }
 
+    /// The first type of that name and kind: a forward declaration comes
+    /// later than, or instead of, the full definition.
     fn find(&self, name: &str, kind: Kind) -> Option<u32> {
-        self.by_name.get(&(name.to_owned(), kind as u8)).copied()
+        let first = *name.as_bytes().first()?;
+        self.types
+            .iter()
+            .position(|t| {
+                t.kind == kind
+                    && t.name != 0
+                    && self.strings.get(t.name as usize) == Some(&first)
+                    && self.name_is(t.name, name)
+            })
+            .map(|i| i as u32)
+    }
+
+    fn members(&self, t: &Type) -> impl Iterator<Item = Member> + '_ {
+        let (body, flag) = (t.body, t.kind_flag);
+        let n = if matches!(t.kind, Kind::Struct | Kind::Union) { t.vlen } else { 0 };
+        (0..n).filter_map(move |i| {
+            let o = body + 12 * i;
+            let m_off = u32_at(&self.section, o + 8).ok()?;
+            Some(Member {
+                name: u32_at(&self.section, o).ok()?,
+                ty: u32_at(&self.section, o + 4).ok()?,
+                bit_offset: if flag { m_off & 0xff_ffff } else { m_off },
+            })
+        })
+    }
+
+    fn enum_values(&self, t: &Type) -> impl Iterator<Item = (u32, i64)> + '_ {
+        let (body, kind) = (t.body, t.kind);
+        let n = if matches!(kind, Kind::Enum | Kind::Enum64) { t.vlen } else { 0 };
+        (0..n).filter_map(move |i| match kind {
+            Kind::Enum => {
+                let o = body + 8 * i;
+                Some((u32_at(&self.section, o).ok()?, u32_at(&self.section, o + 4).ok()? as i32 as i64))
+            }
+            _ => {
+                let o = body + 12 * i;
+                let lo = u32_at(&self.section, o + 4).ok()? as u64;
+                let hi = u32_at(&self.section, o + 8).ok()? as u64;
+                Some((u32_at(&self.section, o).ok()?, ((hi << 32) | lo) as i64))
+            }
+        })
+    }
+
+    /// The type of parameter `i` of a function prototype.
+    fn param_type(&self, t: &Type, i: usize) -> Option<u32> {
+        (t.kind == Kind::FuncProto && i < t.vlen).then(|| u32_at(&self.section, t.body + 8 * i + 4).ok()).flatten()
     }
 
     /// Follows typedefs and qualifiers to the underlying type.
@@ -235,7 +257,7 @@ impl Btf {
     /// cannot recurse forever). Returns (bit offset, member type).
     fn member(&self, container: u32, name: &str, depth: u32) -> Option<(u32, u32)> {
         let t = self.types.get(container as usize)?;
-        for m in &t.members {
+        for m in self.members(t) {
             if m.name == 0 {
                 if depth >= 8 {
                     continue;
@@ -244,7 +266,7 @@ impl Btf {
                 if let Some((off, ty)) = self.member(inner, name, depth + 1) {
                     return Some((m.bit_offset.checked_add(off)?, ty));
                 }
-            } else if self.str(m.name) == name {
+            } else if self.name_is(m.name, name) {
                 return Some((m.bit_offset, m.ty));
             }
         }
@@ -278,12 +300,8 @@ impl Btf {
         let not_found = || BtfError::NotFound { kind: "enumerator", name: format!("{enum_name}::{variant}") };
         let id =
             self.find(enum_name, Kind::Enum).or_else(|| self.find(enum_name, Kind::Enum64)).ok_or_else(not_found)?;
-        self.types[id as usize]
-            .enum_values
-            .iter()
-            .find(|(n, _)| self.str(*n) == variant)
-            .map(|(_, v)| *v)
-            .ok_or_else(not_found)
+        let t = self.types[id as usize];
+        self.enum_values(&t).find(|(n, _)| self.name_is(*n, variant)).map(|(_, v)| v).ok_or_else(not_found)
     }
 
     /// Number of arguments a BTF tracepoint passes to programs, or None when
@@ -297,7 +315,22 @@ impl Btf {
         }
         let f = self.types.get(self.resolve(proto.size_or_type) as usize)?;
         // The first parameter is the tracepoint's private `void *data`.
-        (f.kind == Kind::FuncProto).then(|| f.params.saturating_sub(1))
+        (f.kind == Kind::FuncProto).then(|| f.vlen.saturating_sub(1))
+    }
+
+    /// Whether argument `index` of a BTF tracepoint (counting from 0, after
+    /// the private `void *data`) is a pointer; None when there is no such
+    /// tracepoint or argument. Tracepoints change their arguments between
+    /// kernels (`mark_victim` took a pid before it took the task).
+    pub fn tracepoint_arg_is_pointer(&self, name: &str, index: usize) -> Option<bool> {
+        let td = self.find(&format!("btf_trace_{name}"), Kind::Typedef)?;
+        let ptr = self.types.get(self.resolve(td) as usize)?;
+        if ptr.kind != Kind::Ptr {
+            return None;
+        }
+        let f = self.types.get(self.resolve(ptr.size_or_type) as usize)?;
+        let ty = self.param_type(f, index + 1)?;
+        Some(self.types.get(self.resolve(ty) as usize)?.kind == Kind::Ptr)
     }
 
     /// True when the kernel has a function (e.g. a kfunc) of that name.
@@ -318,9 +351,10 @@ mod tests {
 
     /// Builds a tiny BTF blob: `struct inner { long usage; }`,
     /// `struct outer { int a; union { struct inner memory; }; }`,
-    /// `enum e { A = 0, B = 7 }`, and a `btf_trace_x` typedef.
+    /// `enum e { A = 0, B = 7 }`, and `btf_trace_x` (two ints) and
+    /// `btf_trace_z` (a pointer) typedefs.
     fn sample() -> Vec<u8> {
-        let mut strings = b"\0inner\0usage\0outer\0a\0memory\0e\0A\0B\0long\0int\0btf_trace_x\0".to_vec();
+        let mut strings = b"\0inner\0usage\0outer\0a\0memory\0e\0A\0B\0long\0int\0btf_trace_x\0btf_trace_z\0".to_vec();
         let s = |name: &str, strings: &Vec<u8>| -> u32 {
             let needle = format!("\0{name}\0");
             strings.windows(needle.len()).position(|w| w == needle.as_bytes()).map(|p| p as u32 + 1).unwrap()
@@ -345,6 +379,12 @@ mod tests {
         t.extend([0, info(2, 0), 7]);
         // 9: typedef btf_trace_x -> 8
         t.extend([s("btf_trace_x", &strings), info(8, 0), 8]);
+        // 10: ptr to struct inner; 11: func proto (void *, struct inner *);
+        // 12: ptr to 11; 13: typedef btf_trace_z -> 12
+        t.extend([0, info(2, 0), 3]);
+        t.extend([0, info(13, 2), 0, 0, 1, 0, 10]);
+        t.extend([0, info(2, 0), 11]);
+        t.extend([s("btf_trace_z", &strings), info(8, 0), 12]);
         let types: Vec<u8> = t.iter().flat_map(|v| v.to_le_bytes()).collect();
         let mut out = vec![];
         out.extend(MAGIC.to_le_bytes());
@@ -376,6 +416,13 @@ mod tests {
         assert!(btf.enum_value("e", "C").is_err());
         assert_eq!(btf.tracepoint_args("x"), Some(2));
         assert_eq!(btf.tracepoint_args("y"), None);
+        // btf_trace_x(void *data, int, int): the arguments are not pointers.
+        assert_eq!(btf.tracepoint_arg_is_pointer("x", 0), Some(false));
+        assert_eq!(btf.tracepoint_arg_is_pointer("x", 1), Some(false));
+        assert_eq!(btf.tracepoint_arg_is_pointer("x", 2), None);
+        assert_eq!(btf.tracepoint_arg_is_pointer("y", 0), None);
+        assert_eq!(btf.tracepoint_arg_is_pointer("z", 0), Some(true));
+        assert_eq!(btf.tracepoint_args("z"), Some(1));
     }
 
     #[test]

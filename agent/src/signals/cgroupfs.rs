@@ -1,84 +1,240 @@
-//! The fallback signal source: reads cgroupfs (v1 or v2) and procfs on a
-//! timer, as the kubelet does, and reports crossings with the same
-//! hysteresis rule as the kernel programs.
+//! The fallback signal source: reads cgroupfs (v1 or v2) and procfs, and
+//! reports crossings with the same hysteresis rule as the kernel programs.
+//!
+//! It reads on a timer, as the kubelet does, and also the moment the kernel
+//! says memory changed ([`super::notify`]: `memory.events`, a `memory.high`
+//! tripwire at each cgroup line and PSI triggers on cgroup v2; the node's
+//! PSI on v1), so a crossing does not wait for the next period.
 
 use std::{
     collections::{HashMap, HashSet},
+    os::fd::OwnedFd,
+    path::PathBuf,
     sync::{
         Arc, Mutex, RwLock,
-        atomic::{AtomicU64, Ordering},
-        mpsc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     thread::JoinHandle,
     time::{Duration, Instant},
 };
 
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{
     CgroupKind, CgroupUsage, EventSink, NodeUsage, Signal, SignalError, SignalEvent, SignalSource, Snapshot,
     SourceMode, Target, Threshold, hysteresis, monotonic_ns, node,
+    notify::{self, Watch, WatchSpec, Woken},
 };
 use crate::cgroups::CgroupFs;
 
 struct State {
     registered: HashSet<String>,
     thresholds: HashMap<(Target, Signal), (Threshold, bool)>,
+    /// Cgroups whose memory.high we set as a tripwire.
+    tripwires: HashSet<String>,
 }
 
 struct Shared {
     cgroupfs: CgroupFs,
     state: Mutex<State>,
     sink: RwLock<Option<Arc<dyn EventSink>>>,
+    /// What the waiter thread polls on; replaced whole when lines change.
+    watches: Mutex<Arc<Vec<Watch>>>,
+    /// Written to stop the waiter (`stopping` set) or to make it pick up new
+    /// watches.
+    control: OwnedFd,
+    stopping: AtomicBool,
+    psi: bool,
     vanished_reads: AtomicU64,
     polls: AtomicU64,
+    wakeups: AtomicU64,
+    watch_errors: AtomicU64,
 }
 
 pub struct CgroupfsSource {
     shared: Arc<Shared>,
-    stop: Mutex<Option<mpsc::Sender<()>>>,
-    poller: Option<JoinHandle<()>>,
+    strategy: String,
+    waiter: Option<JoinHandle<()>>,
 }
 
 impl CgroupfsSource {
-    /// Starts the poller; `interval` is the kubelet's housekeeping period
-    /// (10 s upstream).
+    /// Starts the waiter; `interval` is the kubelet's housekeeping period
+    /// (10 s upstream), the longest a crossing waits when no kernel
+    /// notification covers it.
     pub fn start(cgroupfs: CgroupFs, interval: Duration) -> CgroupfsSource {
+        let psi = notify::psi_available();
+        let strategy = notify::strategy_name(cgroupfs.version(), psi, interval);
+        let control = match notify::eventfd() {
+            Ok(fd) => fd,
+            // Without an eventfd (fd exhaustion) the source still answers
+            // snapshots; poll(2) on a closed-on-drop pipe would do as well,
+            // but this is not worth more than a clear line.
+            Err(e) => panic!("cannot create an eventfd for the cgroupfs source: {e}"),
+        };
         let shared = Arc::new(Shared {
             cgroupfs,
-            state: Mutex::new(State { registered: HashSet::new(), thresholds: HashMap::new() }),
+            state: Mutex::new(State {
+                registered: HashSet::new(),
+                thresholds: HashMap::new(),
+                tripwires: HashSet::new(),
+            }),
             sink: RwLock::new(None),
+            watches: Mutex::new(Arc::new(vec![])),
+            control,
+            stopping: AtomicBool::new(false),
+            psi,
             vanished_reads: AtomicU64::new(0),
             polls: AtomicU64::new(0),
+            wakeups: AtomicU64::new(0),
+            watch_errors: AtomicU64::new(0),
         });
-        let (tx, rx) = mpsc::channel::<()>();
         let s = shared.clone();
-        let poller = std::thread::Builder::new()
-            .name("swiftlet-cgpoll".into())
-            .spawn(move || {
-                // recv_timeout is both the sleep and the stop signal.
-                while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(interval) {
-                    poll_once(&s);
-                }
-            })
-            .ok();
-        if poller.is_none() {
+        let waiter =
+            std::thread::Builder::new().name("swiftlet-cgpoll".into()).spawn(move || wait_loop(&s, interval)).ok();
+        if waiter.is_none() {
             warn!("cannot start the cgroupfs poller thread; crossings are seen only on snapshots");
         }
-        CgroupfsSource { shared, stop: Mutex::new(Some(tx)), poller }
+        info!(strategy, "cgroupfs signal source started");
+        CgroupfsSource { shared, strategy, waiter }
     }
 
     /// Polls now (tests and the periodic safety net).
     pub fn poll_now(&self) {
         poll_once(&self.shared);
     }
+
+    /// How crossings are noticed (also in [`SignalSource::strategies`]).
+    pub fn strategy(&self) -> &str {
+        &self.strategy
+    }
+}
+
+/// Polls every `interval`, and at once whenever a watch fires.
+fn wait_loop(shared: &Shared, interval: Duration) {
+    let mut next_poll = Instant::now() + interval;
+    loop {
+        let watches = shared.watches.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let timeout = next_poll.saturating_duration_since(Instant::now());
+        match notify::wait(&watches, &shared.control, timeout) {
+            Ok(Woken::Control) => {
+                if shared.stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+            }
+            Ok(Woken::Fired(which)) => {
+                for i in which {
+                    watches[i].rearm();
+                }
+                shared.wakeups.fetch_add(1, Ordering::Relaxed);
+                poll_once(shared);
+            }
+            Ok(Woken::Timeout) => {
+                poll_once(shared);
+                next_poll = Instant::now() + interval;
+            }
+            Err(e) => {
+                warn!("waiting on cgroupfs notifications failed, polling only: {e}");
+                std::thread::sleep(timeout);
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Rebuilds the watches (and tripwires) from the current memory lines.
+    fn rewatch(&self) {
+        struct Line {
+            cgroup: Option<String>,
+            dir: Option<PathBuf>,
+            trigger: u64,
+            high: Option<String>,
+            ours: bool,
+        }
+        let fs = &self.cgroupfs;
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let lines: Vec<Line> = state
+            .thresholds
+            .iter()
+            .filter(|((_, signal), _)| *signal == Signal::MemoryWorkingSet)
+            .map(|((target, _), (t, _))| match target {
+                Target::Node => Line { cgroup: None, dir: None, trigger: t.trigger, high: None, ours: false },
+                Target::Cgroup(c) => {
+                    let dir = fs.memory_dir(c);
+                    Line {
+                        high: std::fs::read_to_string(dir.join("memory.high")).ok(),
+                        ours: state.tripwires.contains(c),
+                        cgroup: Some(c.clone()),
+                        dir: Some(dir),
+                        trigger: t.trigger,
+                    }
+                }
+            })
+            .collect();
+        let specs = notify::plan(
+            fs.version(),
+            fs.root(),
+            self.psi,
+            &lines
+                .iter()
+                .map(|l| notify::Line {
+                    cgroup_dir: l.dir.as_deref(),
+                    trigger_bytes: l.trigger,
+                    current_high: l.high.as_deref(),
+                    tripwire_is_ours: l.ours,
+                })
+                .collect::<Vec<_>>(),
+        );
+        // The cgroup each tripwire file belongs to.
+        let tripwire_owner = |path: &PathBuf| {
+            lines
+                .iter()
+                .find(|l| l.dir.as_ref().is_some_and(|d| d.join("memory.high") == *path))
+                .and_then(|l| l.cgroup.clone())
+        };
+        let wanted: HashSet<String> = specs
+            .iter()
+            .filter_map(|w| match w {
+                WatchSpec::Tripwire(p, _) => tripwire_owner(p),
+                _ => None,
+            })
+            .collect();
+        // Tripwires no longer wanted go back to `max`.
+        for gone in state.tripwires.difference(&wanted).cloned().collect::<Vec<_>>() {
+            let _ = std::fs::write(fs.memory_dir(&gone).join("memory.high"), "max");
+            state.tripwires.remove(&gone);
+        }
+        let mut watches = vec![];
+        for spec in specs {
+            let r = match &spec {
+                WatchSpec::Psi(p) => Watch::psi(p).map(|w| watches.push(w)),
+                WatchSpec::Events(p) => Watch::events(p).map(|w| watches.push(w)),
+                WatchSpec::Tripwire(p, bytes) => std::fs::write(p, bytes.to_string()).map(|()| {
+                    if let Some(c) = tripwire_owner(p) {
+                        state.tripwires.insert(c);
+                    }
+                }),
+            };
+            if let Err(e) = r {
+                self.watch_errors.fetch_add(1, Ordering::Relaxed);
+                debug!("cannot watch {spec:?}: {e}");
+            }
+        }
+        drop(state);
+        *self.watches.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(watches);
+        notify::signal(&self.control);
+    }
 }
 
 impl Drop for CgroupfsSource {
     fn drop(&mut self) {
-        self.stop.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(p) = self.poller.take() {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        notify::signal(&self.shared.control);
+        if let Some(p) = self.waiter.take() {
             let _ = p.join();
+        }
+        let state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        for c in &state.tripwires {
+            let _ = std::fs::write(self.shared.cgroupfs.memory_dir(c).join("memory.high"), "max");
         }
     }
 }
@@ -203,7 +359,13 @@ impl SignalSource for CgroupfsSource {
         let cgroup = cgroup.trim_matches('/');
         let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
         state.registered.remove(cgroup);
+        let before = state.thresholds.len();
         state.thresholds.retain(|(t, _), _| !matches!(t, Target::Cgroup(c) if c == cgroup));
+        let changed = state.thresholds.len() != before;
+        drop(state);
+        if changed {
+            self.shared.rewatch();
+        }
     }
 
     fn set_threshold(&self, target: &Target, signal: Signal, threshold: Option<Threshold>) -> Result<(), SignalError> {
@@ -221,6 +383,10 @@ impl SignalSource for CgroupfsSource {
                 state.thresholds.remove(&(target.clone(), signal));
             }
         }
+        drop(state);
+        if signal == Signal::MemoryWorkingSet {
+            self.shared.rewatch();
+        }
         Ok(())
     }
 
@@ -236,6 +402,18 @@ impl SignalSource for CgroupfsSource {
         vec![
             ("vanished_reads", self.shared.vanished_reads.load(Ordering::Relaxed)),
             ("polls", self.shared.polls.load(Ordering::Relaxed)),
+            ("wakeups", self.shared.wakeups.load(Ordering::Relaxed)),
+            ("watch_errors", self.shared.watch_errors.load(Ordering::Relaxed)),
+        ]
+    }
+
+    fn strategies(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("memory", self.strategy.clone()),
+            ("processes", "cgroupfs:cgroup.procs".to_owned()),
+            ("inodes", super::probe::NONE.to_owned()),
+            ("oom", super::probe::NONE.to_owned()),
+            ("kill", super::probe::NONE.to_owned()),
         ]
     }
 }

@@ -20,14 +20,17 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap as BpfHashMap, MapData, RingBuf},
-    programs::{BtfTracePoint, TracePoint},
+    programs::{BtfTracePoint, FEntry, FExit, TracePoint},
 };
 use swiftlet_common::{CgroupSlot, Control, EventKind, MAX_SLOTS, NODE_SLOT, VictimPlan, slot_flags};
 use tracing::{debug, info, warn};
 
 use super::{
     CgroupKind, CgroupUsage, Direction, EventSink, NodeUsage, Signal, SignalError, SignalEvent, SignalSource, Snapshot,
-    SourceMode, Target, Threshold, btf::Btf, layout, monotonic_ns, node, page_size,
+    SourceMode, Target, Threshold,
+    btf::Btf,
+    layout, monotonic_ns, node, page_size,
+    probe::{self, InactiveHook, KernelFeatures, MarkVictim, MemoryStrategy},
 };
 use crate::cgroups::CgroupFs;
 
@@ -40,13 +43,31 @@ pub fn object() -> &'static [u8] {
 }
 
 /// How each signal is tracked in the kernel, for the log line and metric.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Strategies {
-    pub memory: &'static str,
+    pub memory: MemoryStrategy,
     pub processes: &'static str,
     pub inodes: &'static str,
+    /// How kernel OOM kills are attributed to cgroups.
+    pub oom: &'static str,
     /// How the kernel kills a planned victim at a crossing.
     pub kill: &'static str,
+    /// Strategies more exact than the ones in use, and why they are not:
+    /// refused by the probes, or failed to load or attach.
+    pub passed_over: Vec<String>,
+}
+
+impl Strategies {
+    /// (signal, strategy) pairs, for the metric.
+    pub fn pairs(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("memory", self.memory.name().to_owned()),
+            ("processes", self.processes.to_owned()),
+            ("inodes", self.inodes.to_owned()),
+            ("oom", self.oom.to_owned()),
+            ("kill", self.kill.to_owned()),
+        ]
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -59,6 +80,9 @@ pub struct EbpfOptions {
     pub force_load_failure: bool,
     /// Let the kernel kill planned victims at a crossing (`--kernel-eviction`).
     pub kernel_eviction: bool,
+    /// Use this memory strategy or fail, instead of the most exact one this
+    /// kernel supports (tests and benchmarks compare them).
+    pub memory_strategy: Option<MemoryStrategy>,
 }
 
 /// A shared mapping of a BPF array map created with BPF_F_MMAPABLE.
@@ -165,7 +189,7 @@ impl EbpfSource {
             return Err(SignalError::Ebpf("load failure forced by --ebpf-force-failure".into()));
         }
         let btf = Btf::from_sys_fs().map_err(|e| err("kernel BTF", e))?;
-        let layout = layout::kernel_layout(&btf).map_err(|e| err("kernel layout", e))?;
+        let mut layout = layout::kernel_layout(&btf).map_err(|e| err("kernel layout", e))?;
         let aya_btf = aya::Btf::from_sys_fs().map_err(|e| err("kernel BTF (aya)", e))?;
         // sched_process_exit gained `group_dead` in 6.13.
         let exit_has_group_dead: u32 = u32::from(btf.tracepoint_args("sched_process_exit").unwrap_or(1) >= 2);
@@ -177,14 +201,37 @@ impl EbpfSource {
         };
         let patched = super::kfunc::patch(&mut object, &btf).map_err(|e| err("patching kfunc calls", e))?;
         let kfunc_kill = u32::from(patched.all_resolved());
-        let missing: Vec<&str> = patched.calls.iter().filter(|(_, id)| id.is_none()).map(|(n, _)| n.as_str()).collect();
-        if !missing.is_empty() {
-            info!("the kernel lacks kfuncs {missing:?}: the in-kernel kill signals only the allocating task");
+        let mut missing: Vec<&str> =
+            patched.calls.iter().filter(|(_, id)| id.is_none()).map(|(n, _)| n.as_str()).collect();
+        missing.sort_unstable();
+        missing.dedup();
+
+        // Feature probes: what this kernel offers, and from that the
+        // strategies to try per signal, most exact first.
+        let mut features = KernelFeatures::from_btf(&btf, layout.charge_valid == 1);
+        features.kill_kfuncs = kfunc_kill == 1;
+        if let Some(addr) = layout::kernel_symbol("vm_node_stat") {
+            layout.vm_node_stat = addr;
+            features.vm_node_stat = true;
         }
+        let (memory_candidates, refused) = probe::memory_candidates(&features, opts.memory_strategy);
+        let mut passed_over: Vec<String> = refused.iter().map(|(s, why)| format!("{s}: {why}")).collect();
+        if memory_candidates.is_empty() {
+            return Err(err("memory", format!("no eBPF strategy works on this kernel: {}", passed_over.join("; "))));
+        }
+        if !features.process_tracepoints {
+            return Err(err("processes", "no BTF tracepoints sched_process_fork/exit and cgroup_attach_task"));
+        }
+        let Some(oom) = probe::oom_strategy(&features) else {
+            return Err(err("OOM kills", "no BTF tracepoint oom/mark_victim"));
+        };
+        let mark_victim_pid_only = u32::from(features.mark_victim == Some(MarkVictim::Pid));
+
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&aya_btf))
             .override_global("LAYOUT", &layout, true)
             .override_global("EXIT_HAS_GROUP_DEAD", &exit_has_group_dead, true)
+            .override_global("MARK_VICTIM_PID_ONLY", &mark_victim_pid_only, true)
             .override_global("AYA_LOG_LEVEL", &log_level, false)
             .override_global("AGENT_TGID", &std::process::id(), true)
             .override_global("KFUNC_KILL", &kfunc_kill, true)
@@ -203,59 +250,62 @@ impl EbpfSource {
         };
 
         let mut program_names = Vec::new();
-        let mut attach_btf = |ebpf: &mut Ebpf, prog: &str, tp: &str| -> Result<(), SignalError> {
-            let p: &mut BtfTracePoint = ebpf
-                .program_mut(prog)
-                .ok_or_else(|| err(prog, "missing from the object"))?
-                .try_into()
-                .map_err(|e| err(prog, e))?;
-            p.load(tp, &aya_btf).map_err(|e| err(&format!("{prog} (tp_btf/{tp})"), e))?;
-            p.attach().map_err(|e| err(&format!("attaching {prog}"), e))?;
-            program_names.push(prog.to_owned());
-            Ok(())
-        };
         // Memory is the signal the fast path exists for: without it the
         // eBPF source is not worth having.
-        attach_btf(&mut ebpf, "memcg_lruvec_state", "mod_memcg_lruvec_state")?;
-        attach_btf(&mut ebpf, "process_fork", "sched_process_fork")?;
-        attach_btf(&mut ebpf, "process_exit", "sched_process_exit")?;
-        attach_btf(&mut ebpf, "cgroup_attach", "cgroup_attach_task")?;
-        attach_btf(&mut ebpf, "oom_mark_victim", "mark_victim")?;
-        let attach_tp = |ebpf: &mut Ebpf, prog: &str, category: &str, name: &str| -> Result<(), SignalError> {
-            let p: &mut TracePoint = ebpf
-                .program_mut(prog)
-                .ok_or_else(|| err(prog, "missing from the object"))?
-                .try_into()
-                .map_err(|e| err(prog, e))?;
-            p.load().map_err(|e| err(prog, e))?;
-            p.attach(category, name).map_err(|e| err(&format!("attaching {prog} to {category}/{name}"), e))?;
-            Ok(())
+        let mut memory = None;
+        for candidate in memory_candidates {
+            match attach_memory(&mut ebpf, candidate, &aya_btf) {
+                Ok(names) => {
+                    program_names.extend(names.iter().map(|n| n.to_string()));
+                    memory = Some(candidate);
+                    break;
+                }
+                Err(e) => passed_over.push(format!("{candidate}: {e}")),
+            }
+        }
+        let Some(memory) = memory else {
+            return Err(err("memory", format!("no strategy attaches: {}", passed_over.join("; "))));
         };
+        for (prog, tp) in [
+            ("process_fork", "sched_process_fork"),
+            ("process_exit", "sched_process_exit"),
+            ("cgroup_attach", "cgroup_attach_task"),
+            ("oom_mark_victim", "mark_victim"),
+        ] {
+            attach_btf_tracepoint(&mut ebpf, prog, tp, &aya_btf)?;
+            program_names.push(prog.to_owned());
+        }
         attach_tp(&mut ebpf, "cgroup_mkdir", "cgroup", "cgroup_mkdir")?;
         attach_tp(&mut ebpf, "cgroup_rmdir", "cgroup", "cgroup_rmdir")?;
-        attach_tp(&mut ebpf, "refresh", "syscalls", "sys_enter_getppid")?;
+        attach_tp(&mut ebpf, "refresh", "syscalls", "sys_enter_getpgid")?;
         program_names.extend(["cgroup_mkdir", "cgroup_rmdir", "refresh"].map(String::from));
-        let inodes = match attach_tp(&mut ebpf, "inode_alloc", "ext4", "ext4_allocate_inode")
-            .and_then(|()| attach_tp(&mut ebpf, "inode_free", "ext4", "ext4_free_inode"))
-        {
-            Ok(()) => {
-                program_names.extend(["inode_alloc".to_owned(), "inode_free".to_owned()]);
-                "tracepoint:ext4"
-            }
-            Err(e) => {
-                warn!("inode tracking unavailable (no ext4 tracepoints): {e}");
-                "none"
+        let inodes = if !features.ext4_tracepoints {
+            passed_over.push(format!("inodes {}: no ext4 tracepoints", probe::INODES_EXT4));
+            probe::NONE
+        } else {
+            match attach_tp(&mut ebpf, "inode_alloc", "ext4", "ext4_allocate_inode")
+                .and_then(|()| attach_tp(&mut ebpf, "inode_free", "ext4", "ext4_free_inode"))
+            {
+                Ok(()) => {
+                    program_names.extend(["inode_alloc".to_owned(), "inode_free".to_owned()]);
+                    probe::INODES_EXT4
+                }
+                Err(e) => {
+                    passed_over.push(format!("inodes {}: {e}", probe::INODES_EXT4));
+                    probe::NONE
+                }
             }
         };
+        if !missing.is_empty() {
+            passed_over.push(format!("kill {}: the kernel lacks kfuncs {missing:?}", probe::KILL_KFUNCS));
+        }
         let strategies = Strategies {
-            memory: "tp_btf:mod_memcg_lruvec_state+page_counter",
-            processes: "tp_btf:sched_process_fork/exit+cgroup_attach_task",
+            memory,
+            processes: probe::PROCESSES,
             inodes,
-            kill: if kfunc_kill == 1 {
-                "kfunc:bpf_iter_task+bpf_send_signal_task (+current task, doomed drain at exit)"
-            } else {
-                "helper:bpf_send_signal (current task; doomed tasks on their next charge)"
-            },
+            oom,
+            kill: if kfunc_kill == 1 { probe::KILL_KFUNCS } else { probe::KILL_HELPER },
+            passed_over,
         };
 
         let take = |ebpf: &mut Ebpf, name: &str| ebpf.take_map(name).ok_or_else(|| err(name, "map missing"));
@@ -287,11 +337,17 @@ impl EbpfSource {
             unknown_cgroup_events: AtomicU64::new(0),
         });
         let page = page_size();
-        seed_node(&shared, &cgroupfs, page);
+        let memory_strategy = match memory {
+            MemoryStrategy::StatTracepoint => swiftlet_common::memory_strategy::STAT_EVENTS,
+            MemoryStrategy::PageCounter(_) => swiftlet_common::memory_strategy::PAGE_COUNTER,
+        };
         // SAFETY: the control block is mapped for the source's lifetime.
         unsafe {
-            std::ptr::write_volatile(&mut (*shared.control.at(0)).kernel_eviction, u32::from(opts.kernel_eviction));
+            let c = shared.control.at(0);
+            std::ptr::write_volatile(&mut (*c).kernel_eviction, u32::from(opts.kernel_eviction));
+            std::ptr::write_volatile(&mut (*c).memory_strategy, memory_strategy);
         }
+        seed_node(&shared, &cgroupfs, page, memory);
 
         // SAFETY: eventfd has no preconditions; the fd is owned below.
         let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -318,10 +374,12 @@ impl EbpfSource {
         };
 
         info!(
-            memory = strategies.memory,
+            memory = %strategies.memory,
             processes = strategies.processes,
             inodes = strategies.inodes,
+            oom = strategies.oom,
             kill = strategies.kill,
+            passed_over = ?strategies.passed_over,
             "eBPF signal source attached"
         );
         Ok(EbpfSource {
@@ -358,6 +416,17 @@ impl EbpfSource {
             .collect()
     }
 
+    /// (program name, instructions the verifier processed) for every
+    /// attached program (kernel 5.16 and later report it): what loading
+    /// costs, which matters on slow or emulated CPUs.
+    pub fn verified_instructions(&self) -> Vec<(String, u32)> {
+        let ebpf = self.ebpf.lock().unwrap_or_else(|p| p.into_inner());
+        self.program_names
+            .iter()
+            .filter_map(|n| Some((n.clone(), ebpf.program(n)?.info().ok()?.verified_instruction_count()?)))
+            .collect()
+    }
+
     /// Reports the exit of process `pid` as [`SignalEvent::ProcessExit`],
     /// timestamped by the kernel.
     pub fn watch_exit(&self, pid: u32) -> Result<(), SignalError> {
@@ -374,6 +443,48 @@ impl EbpfSource {
         self.shared.registry.read().ok()?.by_path.get(cgroup).map(|e| e.cgroup_id)
     }
 
+    /// Turns the in-kernel kill on or off (`--kernel-eviction`); plans stay.
+    pub fn set_kernel_eviction(&self, on: bool) {
+        // SAFETY: mapped control block; the kernel reads this field only.
+        unsafe { std::ptr::write_volatile(&mut (*self.shared.control.at(0)).kernel_eviction, u32::from(on)) };
+    }
+
+    /// Withdraws the victim plans of lines on a cgroup that is going away
+    /// and frees their plan slots.
+    fn drop_plan_lines(&self, cgroup: &str) {
+        let mut lines = self.plan_lines.lock().unwrap_or_else(|p| p.into_inner());
+        let gone: Vec<(Target, Signal)> =
+            lines.keys().filter(|(t, _)| matches!(t, Target::Cgroup(c) if c == cgroup)).cloned().collect();
+        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        for key in gone {
+            if let Some((index, _)) = lines.remove(&key)
+                && let Ok(current) = plans.get(&index, 0)
+            {
+                let _ = plans.set(
+                    index,
+                    VictimPlan {
+                        generation: current.generation.max(current.executed_generation),
+                        executed_generation: current.generation.max(current.executed_generation),
+                        ..VictimPlan::default()
+                    },
+                    0,
+                );
+            }
+        }
+    }
+
+    /// Runs the in-kernel refresh of every registered slot (what a snapshot
+    /// does first).
+    pub fn refresh(&self) {
+        refresh_kernel_side(self.high_water());
+    }
+
+    /// One past the highest slot in use.
+    fn high_water(&self) -> u32 {
+        // SAFETY: mapped control block; a plain read of a u32.
+        unsafe { std::ptr::read_volatile(&(*self.shared.control.at(0)).slot_high_water) }
+    }
+
     fn bump_generation(&self) {
         // SAFETY: mapped control block; the kernel bumps it atomically too.
         unsafe { AtomicU64::from_ptr(&mut (*self.shared.control.at(0)).generation) }.fetch_add(1, Ordering::SeqCst);
@@ -387,21 +498,111 @@ impl EbpfSource {
     }
 }
 
-/// Seeds the node slot from cgroupfs and procfs. The programs are already
-/// attached, so deltas since the reading are counted on top of it.
-fn seed_node(shared: &Shared, cgroupfs: &CgroupFs, page: u64) {
+/// Seeds the node slot. The programs are already attached, so deltas since
+/// the reading are counted on top of it. With the page-counter strategy the
+/// kernel reads the node's memory itself (the refresh program, run here).
+fn seed_node(shared: &Shared, cgroupfs: &CgroupFs, page: u64, memory: MemoryStrategy) {
     let s = shared.slots.at(NODE_SLOT);
-    let usage = cgroupfs.memory_stat("").map(|st| st.anon + st.file).unwrap_or(0);
-    let inactive = cgroupfs.memory_stat("").map(|st| st.inactive_file).unwrap_or(0);
     let tasks = node::tasks().unwrap_or(0);
     // SAFETY: mapped slot; counters are updated atomically by the kernel.
     unsafe {
         (*s).cgroup_id = cgroupfs.cgroup_id("").unwrap_or(0);
         (*s).flags = slot_flags::ACTIVE | slot_flags::NODE;
-        AtomicI64::from_ptr(&mut (*s).usage_pages).fetch_add((usage / page) as i64, Ordering::SeqCst);
-        AtomicI64::from_ptr(&mut (*s).inactive_file_pages).fetch_add((inactive / page) as i64, Ordering::SeqCst);
         AtomicI64::from_ptr(&mut (*s).processes).fetch_add(tasks as i64, Ordering::SeqCst);
     }
+    match memory {
+        MemoryStrategy::StatTracepoint => {
+            let stat = cgroupfs.memory_stat("").unwrap_or_default();
+            // SAFETY: as above.
+            unsafe {
+                AtomicI64::from_ptr(&mut (*s).usage_pages)
+                    .fetch_add(((stat.anon + stat.file) / page) as i64, Ordering::SeqCst);
+                AtomicI64::from_ptr(&mut (*s).inactive_file_pages)
+                    .fetch_add((stat.inactive_file / page) as i64, Ordering::SeqCst);
+            }
+        }
+        MemoryStrategy::PageCounter(_) => refresh_kernel_side(1),
+    }
+}
+
+/// Loads and attaches the programs of one memory strategy, all or none.
+fn attach_memory(ebpf: &mut Ebpf, strategy: MemoryStrategy, btf: &aya::Btf) -> Result<Vec<&'static str>, SignalError> {
+    let programs: &[(&'static str, &'static str, bool)] = match strategy {
+        MemoryStrategy::StatTracepoint => {
+            attach_btf_tracepoint(ebpf, "memcg_lruvec_state", "mod_memcg_lruvec_state", btf)?;
+            return Ok(vec!["memcg_lruvec_state"]);
+        }
+        // (program, kernel function, fexit?)
+        MemoryStrategy::PageCounter(hook) => &[
+            ("memcg_try_charge", "page_counter_try_charge", true),
+            ("memcg_charge", "page_counter_charge", true),
+            ("memcg_uncharge", "page_counter_uncharge", true),
+            match hook {
+                InactiveHook::UpdateLruSize => ("lru_size", "mem_cgroup_update_lru_size", false),
+                InactiveHook::ModLruvecState => ("lruvec_state", "__mod_lruvec_state", false),
+            },
+        ],
+    };
+    let mut attached = vec![];
+    for &(prog, function, exit) in programs {
+        let r = if exit { attach_fexit(ebpf, prog, function, btf) } else { attach_fentry(ebpf, prog, function, btf) };
+        if let Err(e) = r {
+            // All or none: a half-attached strategy would count wrongly.
+            for done in attached {
+                unload(ebpf, done);
+            }
+            unload(ebpf, prog);
+            return Err(e);
+        }
+        attached.push(prog);
+    }
+    Ok(attached)
+}
+
+fn program<'a, T>(ebpf: &'a mut Ebpf, prog: &str) -> Result<&'a mut T, SignalError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    ebpf.program_mut(prog).ok_or_else(|| err(prog, "missing from the object"))?.try_into().map_err(|e| err(prog, e))
+}
+
+fn attach_btf_tracepoint(ebpf: &mut Ebpf, prog: &str, tp: &str, btf: &aya::Btf) -> Result<(), SignalError> {
+    let p: &mut BtfTracePoint = program(ebpf, prog)?;
+    p.load(tp, btf).map_err(|e| err(&format!("{prog} (tp_btf/{tp})"), e))?;
+    p.attach().map_err(|e| err(&format!("attaching {prog}"), e))?;
+    Ok(())
+}
+
+fn attach_fexit(ebpf: &mut Ebpf, prog: &str, function: &str, btf: &aya::Btf) -> Result<(), SignalError> {
+    let p: &mut FExit = program(ebpf, prog)?;
+    p.load(function, btf).map_err(|e| err(&format!("{prog} (fexit/{function})"), e))?;
+    p.attach().map_err(|e| err(&format!("attaching {prog} (fexit/{function})"), e))?;
+    Ok(())
+}
+
+fn attach_fentry(ebpf: &mut Ebpf, prog: &str, function: &str, btf: &aya::Btf) -> Result<(), SignalError> {
+    let p: &mut FEntry = program(ebpf, prog)?;
+    p.load(function, btf).map_err(|e| err(&format!("{prog} (fentry/{function})"), e))?;
+    p.attach().map_err(|e| err(&format!("attaching {prog} (fentry/{function})"), e))?;
+    Ok(())
+}
+
+fn attach_tp(ebpf: &mut Ebpf, prog: &str, category: &str, name: &str) -> Result<(), SignalError> {
+    let p: &mut TracePoint = program(ebpf, prog)?;
+    p.load().map_err(|e| err(prog, e))?;
+    p.attach(category, name).map_err(|e| err(&format!("attaching {prog} to {category}/{name}"), e))?;
+    Ok(())
+}
+
+/// Detaches and unloads a program, if it was loaded.
+fn unload(ebpf: &mut Ebpf, prog: &str) {
+    use aya::programs::Program;
+    let _ = match ebpf.program_mut(prog) {
+        Some(Program::FExit(p)) => p.unload(),
+        Some(Program::FEntry(p)) => p.unload(),
+        Some(Program::BtfTracePoint(p)) => p.unload(),
+        _ => Ok(()),
+    };
 }
 
 impl Drop for EbpfSource {
@@ -447,11 +648,20 @@ fn forward_kernel_log(mut logger: aya_log::EbpfLogger<&'static dyn log::Log>, st
     }
 }
 
-/// Runs the kernel's refresh program (attached to getppid's entry and
-/// filtered to our tgid); the raw syscall, because libc could cache it.
-pub fn refresh_kernel_side() {
-    // SAFETY: getppid has no arguments and cannot fail.
-    unsafe { libc::syscall(libc::SYS_getppid) };
+/// Runs the kernel's refresh program (attached to getpgid's entry and
+/// filtered to our tgid) for every batch of slots up to `high_water`: the
+/// raw syscall, with the batch's first slot as its argument (the call's
+/// answer, usually ESRCH, does not matter).
+pub fn refresh_kernel_side(high_water: u32) {
+    let mut start = 0;
+    loop {
+        // SAFETY: getpgid takes a pid and only reads.
+        unsafe { libc::syscall(libc::SYS_getpgid, start as libc::pid_t) };
+        start += swiftlet_common::REFRESH_BATCH;
+        if start >= high_water {
+            break;
+        }
+    }
 }
 
 fn read_slot(shared: &Shared, index: u32) -> CgroupSlot {
@@ -555,6 +765,7 @@ impl SignalSource for EbpfSource {
             std::ptr::write_volatile(s, CgroupSlot { epoch, ..CgroupSlot::EMPTY });
         }
         self.shared.registry.write().unwrap_or_else(|p| p.into_inner()).free.push(entry.index);
+        self.drop_plan_lines(cgroup);
     }
 
     fn set_threshold(&self, target: &Target, signal: Signal, threshold: Option<Threshold>) -> Result<(), SignalError> {
@@ -579,7 +790,7 @@ impl SignalSource for EbpfSource {
     }
 
     fn snapshot(&self) -> Result<Snapshot, SignalError> {
-        refresh_kernel_side();
+        refresh_kernel_side(self.high_water());
         let node = read_slot(&self.shared, NODE_SLOT);
         let has_inodes = self.strategies.inodes != "none";
         let reg = self.shared.registry.read().unwrap_or_else(|p| p.into_inner());
@@ -615,11 +826,14 @@ impl SignalSource for EbpfSource {
             None => None,
         };
         let mut lines = self.plan_lines.lock().unwrap_or_else(|p| p.into_inner());
-        let next_index = lines.len() as u32;
-        let (index, generation) = *lines.entry((target.clone(), signal)).or_insert((next_index, 0));
-        if index >= swiftlet_common::MAX_PLANS {
-            return Err(err("PLANS", "more kernel lines than plan slots"));
-        }
+        let index = match lines.get(&(target.clone(), signal)) {
+            Some(&(index, _)) => index,
+            // The lowest plan slot no line holds (lines of unregistered
+            // cgroups give theirs back).
+            None => (0..swiftlet_common::MAX_PLANS)
+                .find(|i| !lines.values().any(|(used, _)| used == i))
+                .ok_or_else(|| err("PLANS", "more kernel lines than plan slots"))?,
+        };
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         let current = plans.get(&index, 0).map_err(|e| err("PLANS", e))?;
         let wanted = victim.map(|(slot, id)| (trigger, signal as u32, slot, id));
@@ -632,9 +846,10 @@ impl SignalSource for EbpfSource {
         if wanted == have {
             return Ok(true);
         }
-        // A new generation for every change: the kernel executes each at
-        // most once, so a plan it used is never replayed.
-        let generation = generation + 1;
+        // A new generation for every change, above any this plan slot held
+        // before: the kernel executes each at most once, so a plan it used
+        // is never replayed, nor taken for executed.
+        let generation = current.generation.max(current.executed_generation) + 1;
         let plan = match victim {
             Some((victim_slot, victim_cgroup_id)) => VictimPlan {
                 generation,
@@ -661,12 +876,15 @@ impl SignalSource for EbpfSource {
         }
     }
 
+    fn strategies(&self) -> Vec<(&'static str, String)> {
+        self.strategies.pairs()
+    }
+
     fn counters(&self) -> Vec<(&'static str, u64)> {
         // SAFETY: mapped control block.
         let c = unsafe { std::ptr::read_volatile(self.shared.control.at(0)) };
         vec![
             ("ring_drops", c.ring_drops),
-            ("chain_overflows", c.chain_overflows),
             ("proc_table_full", c.proc_table_full),
             ("kernel_kills", c.kernel_kills),
             ("events_received", self.shared.events_received.load(Ordering::Relaxed)),

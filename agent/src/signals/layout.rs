@@ -1,7 +1,8 @@
 //! Finds, in the running kernel's BTF, the offsets and enum values the
-//! kernel programs need ([`KernelLayout`]), and which attach points exist.
+//! kernel programs need ([`KernelLayout`]), and the kernel symbols they read
+//! (from /proc/kallsyms).
 
-use std::fs;
+use std::{collections::HashMap, fs, sync::OnceLock};
 
 use swiftlet_common::KernelLayout;
 
@@ -34,8 +35,70 @@ pub fn kernel_layout(btf: &Btf) -> Result<KernelLayout, BtfError> {
         memory_hierarchy_id: memory_hierarchy_id().unwrap_or(0),
         task_flags: btf.member_offset("task_struct", "flags")?,
         valid: 1,
-        _pad: 0,
+        ..charge_layout(btf).unwrap_or_default()
     })
+}
+
+/// What the page-counter hooks need ([`KernelLayout::charge_valid`] set);
+/// an error names what this kernel lacks, and the hooks stay unused.
+/// `vm_node_stat` is filled in separately (it needs /proc/kallsyms).
+pub fn charge_layout(btf: &Btf) -> Result<KernelLayout, BtfError> {
+    let memcg_memory = btf.member_offset("mem_cgroup", "memory")?;
+    let pc_usage = btf.member_offset("page_counter", "usage")?;
+    if memcg_memory + pc_usage != btf.member_offset("mem_cgroup", "memory.usage")? {
+        return Err(BtfError::Malformed("mem_cgroup.memory.usage is not where its parts say"));
+    }
+    Ok(KernelLayout {
+        memcg_memory,
+        pc_parent: btf.member_offset("page_counter", "parent")?,
+        mz_lruvec: btf.member_offset("mem_cgroup_per_node", "lruvec")?,
+        mz_memcg: btf.member_offset("mem_cgroup_per_node", "memcg")?,
+        lru_inactive_file: btf.enum_value("lru_list", "LRU_INACTIVE_FILE")? as u32,
+        charge_valid: 1,
+        ..KernelLayout::default()
+    })
+}
+
+/// Addresses of kernel symbols from /proc/kallsyms (root sees them unless
+/// `kernel.kptr_restrict` is 2). Read once per process: on an emulated CPU
+/// the kernel takes seconds to produce the file.
+pub fn kernel_symbol(name: &str) -> Option<u64> {
+    static WANTED: OnceLock<HashMap<String, u64>> = OnceLock::new();
+    WANTED
+        .get_or_init(|| match fs::read_to_string("/proc/kallsyms") {
+            Ok(text) => parse_kallsyms(&text, KERNEL_SYMBOLS),
+            Err(_) => HashMap::new(),
+        })
+        .get(name)
+        .copied()
+}
+
+/// The symbols [`kernel_symbol`] can answer for.
+pub const KERNEL_SYMBOLS: &[&str] = &["vm_node_stat"];
+
+/// Finds `wanted` data or text symbols of the kernel proper (not modules,
+/// whose lines end in `[module]`); zero addresses (hidden by kptr_restrict)
+/// are left out. Searches the whole text for each name (std's substring
+/// search) rather than splitting 100k+ lines.
+pub fn parse_kallsyms(text: &str, wanted: &[&str]) -> HashMap<String, u64> {
+    let mut out = HashMap::new();
+    for name in wanted {
+        let needle = format!(" {name}\n");
+        let mut from = 0;
+        while let Some(at) = text[from..].find(&needle).map(|i| i + from) {
+            from = at + needle.len();
+            let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+            let mut it = text[line_start..at].split_whitespace();
+            let (Some(addr), Some(_kind), None) = (it.next(), it.next(), it.next()) else { continue };
+            if let Ok(a) = u64::from_str_radix(addr, 16)
+                && a != 0
+            {
+                out.insert((*name).to_owned(), a);
+                break;
+            }
+        }
+    }
+    out
 }
 
 /// The hierarchy id of the memory controller from /proc/cgroups.
@@ -63,6 +126,22 @@ mod tests {
         assert_eq!(parse_proc_cgroups("cpu 1 1 1\n"), None);
     }
 
+    #[test]
+    fn kallsyms() {
+        let text =
+            "ffffffff81000000 T _text\nffffffff8f4093c0 D vm_node_stat\nffffffffc0001000 t vm_node_stat\t[mod]\n";
+        let m = parse_kallsyms(text, &["vm_node_stat", "nope"]);
+        assert_eq!(m.get("vm_node_stat"), Some(&0xffffffff8f4093c0));
+        assert_eq!(m.len(), 1);
+        // Hidden by kptr_restrict: all zeros, which is no address at all.
+        let hidden = "0000000000000000 D vm_node_stat\n";
+        assert!(parse_kallsyms(hidden, &["vm_node_stat"]).is_empty());
+        assert!(parse_kallsyms("garbage\n\n", &["vm_node_stat"]).is_empty());
+        // The first line, and a module's symbol of the same name only.
+        assert_eq!(parse_kallsyms("ffffffff81000010 D vm_node_stat\n", &["vm_node_stat"]).len(), 1);
+        assert!(parse_kallsyms("ffffffffc0001000 t vm_node_stat\t[mod]\n", &["vm_node_stat"]).is_empty());
+    }
+
     /// The running kernel's BTF yields a complete layout (this reads
     /// /sys/kernel/btf/vmlinux, which every supported kernel has).
     #[test]
@@ -75,5 +154,8 @@ mod tests {
         assert_eq!(l.valid, 1);
         assert!(l.memcg_usage > 0 && l.task_cgroups > 0 && l.kn_id > 0);
         assert_ne!(l.nr_inactive_file, l.nr_anon_mapped);
+        // Every kernel we support has the page-counter layout too.
+        assert_eq!(l.charge_valid, 1, "{:?}", charge_layout(&btf).err());
+        assert!(l.memcg_memory > 0 && l.memcg_memory < l.memcg_usage + 1 && l.mz_memcg != l.mz_lruvec);
     }
 }

@@ -15,6 +15,8 @@ pub mod hysteresis;
 pub mod kfunc;
 pub mod layout;
 pub mod node;
+pub mod notify;
+pub mod probe;
 
 use std::{collections::HashMap, sync::Arc, time::Instant};
 
@@ -233,6 +235,12 @@ pub trait SignalSource: Send + Sync {
 
     /// Counters for the metrics endpoint: (name, value).
     fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
+
+    /// How each signal is obtained: (signal, strategy), for the log line and
+    /// the `swiftlet_signal_strategy` metric.
+    fn strategies(&self) -> Vec<(&'static str, String)> {
         Vec::new()
     }
 }

@@ -6,6 +6,7 @@
 //! this machine is shared and noisy, so absolute numbers drift between runs
 //! while ratios hold.
 
+pub mod kernels;
 pub mod pods;
 pub mod race;
 pub mod signals;
@@ -105,9 +106,23 @@ pub fn all() -> Vec<(&'static str, &'static str, BenchFn)> {
         ("snapshot-cost", "one snapshot of 110 pod cgroups: BPF maps vs cgroupfs", signals::snapshot_cost),
         ("program-cost", "per-program cost from kernel.bpf_stats_enabled", signals::program_cost),
         ("overhead", "workload slowdown with the programs attached vs detached", signals::overhead),
-        ("eviction-race", "memory hog vs eviction: crossing → victim dead, per mode and ramp rate", race::race),
+        (
+            "eviction-race",
+            "memory hog vs eviction on allocatable: crossing → victim dead, per mode and ramp rate",
+            race::race,
+        ),
+        (
+            "eviction-race-node",
+            "the same race on node memory.available with earlyoom (locks most of RAM: run it alone)",
+            race::race_node,
+        ),
         ("pod-start", "pod start latency vs the same CRI calls made directly", pods::pod_start),
         ("pods-110", "110 pause pods started, listed, deleted; agent RSS and idle CPU", pods::pods_110),
+        (
+            "kernel-matrix",
+            "per kernel: crossing → decision and → dead per signal mode, as ratios to cgroupfs polling",
+            kernels::kernels,
+        ),
     ]
 }
 

@@ -100,6 +100,9 @@ pub struct Run {
     pub rate: u64,
     /// From the line crossed to the hog's exit, both kernel timestamps.
     pub crossing_to_dead_ms: Option<f64>,
+    /// From the kernel's crossing timestamp to the agent's eviction
+    /// decision (the agent's own histogram, one observation per run).
+    pub crossing_to_decision_ms: Option<f64>,
     /// Peak usage above the line.
     pub overshoot_mib: f64,
     pub oom_killed: bool,
@@ -225,6 +228,7 @@ fn run_once(scenario: Scenario, mode: Mode, rate: u64) -> Result<Run> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut agent = None;
     let mut earlyoom = None;
+    let metrics = Arc::new(Metrics::new());
     match mode {
         Mode::NoAgent => {}
         Mode::Earlyoom => {
@@ -286,7 +290,7 @@ fn run_once(scenario: Scenario, mode: Mode, rate: u64) -> Result<Run> {
                 pods.clone(),
                 pods.clone(),
                 None,
-                Arc::new(Metrics::new()),
+                metrics.clone(),
             );
             let task = rt.spawn(event_loop.run(stop_rx));
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -341,7 +345,18 @@ fn run_once(scenario: Scenario, mode: Mode, rate: u64) -> Result<Run> {
         .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse::<u64>().ok()))
         .unwrap_or(0);
     let peak = trace.iter().map(|p| p.1).fold(0.0, f64::max);
+    let exposition = metrics.encode();
+    let metric =
+        |name: &str| exposition.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<f64>().ok()));
+    let decision = match (
+        metric("swiftlet_eviction_crossing_to_decision_seconds_sum "),
+        metric("swiftlet_eviction_crossing_to_decision_seconds_count "),
+    ) {
+        (Some(sum), Some(count)) if count >= 1.0 => Some(sum / count * 1e3),
+        _ => None,
+    };
     Ok(Run {
+        crossing_to_decision_ms: decision,
         scenario,
         mode,
         rate,
@@ -477,41 +492,66 @@ fn report(ctx: &Ctx, scenario: Scenario, runs: &[Run], runs_per_cell: usize, out
     Ok(())
 }
 
+/// The allocatable scenario (no balloon: it can run beside other work).
 pub fn race(ctx: &Ctx) -> Result<BenchResult> {
-    let runs_per_cell = ctx.pick(20, 2);
+    race_scenario(ctx, Scenario::Allocatable)
+}
+
+/// The node scenario: a balloon locks most of RAM, so run it alone.
+pub fn race_node(ctx: &Ctx) -> Result<BenchResult> {
+    race_scenario(ctx, Scenario::Node)
+}
+
+fn race_scenario(ctx: &Ctx, scenario: Scenario) -> Result<BenchResult> {
+    let runs_per_cell = ctx.pick(25, 2);
+    // The in-kernel kill runs twice per round: 100 runs over both rates.
+    let kernel_repeats = ctx.pick(2, 1);
     let mut out = BenchResult {
-        name: "eviction-race".into(),
-        title: format!(
-            "A BestEffort hog (oom_score_adj 1000) ramps past a hard threshold with a Guaranteed pod beside it. \
-             Crossing and death are kernel timestamps from an independent observer (its own programs: the line \
-             crossing event and the hog's sched_process_exit). Modes run interleaved, {runs_per_cell} runs per \
-             cell. Allocatable scenario: allocatableMemory.available<256Mi with kubepods limited to {} MiB (the \
-             kernel OOM-kills at the limit). Node scenario: memory.available with a threshold {} MiB below what \
-             was available at the start of each run; a balloon locks all but {} MiB of RAM; earlyoom runs with \
-             -M at the same point (shifted by MemAvailable − memory.available).",
-            ALLOCATABLE / MIB,
-            NODE_RAMP_TO_LINE / MIB,
-            NODE_HEADROOM / MIB
-        ),
+        name: match scenario {
+            Scenario::Allocatable => "eviction-race".into(),
+            Scenario::Node => "eviction-race-node".into(),
+        },
+        title: match scenario {
+            Scenario::Allocatable => format!(
+                "A BestEffort hog (oom_score_adj 1000) ramps past allocatableMemory.available<256Mi with kubepods \
+                 limited to {} MiB (the kernel OOM-kills at the limit) and a Guaranteed pod beside it. Crossing and \
+                 death are kernel timestamps from an independent observer (its own programs: the line crossing \
+                 event and the hog's sched_process_exit). Modes run interleaved, {runs_per_cell} runs per cell \
+                 ({} for the in-kernel kill).",
+                ALLOCATABLE / MIB,
+                runs_per_cell * kernel_repeats
+            ),
+            Scenario::Node => format!(
+                "The same race on the node-level memory.available, where earlyoom (which only watches \
+                 MemAvailable) competes: the threshold sits {} MiB below what was available at the start of each \
+                 run; a balloon locks all but {} MiB of RAM; earlyoom runs with -M at the same point (shifted by \
+                 MemAvailable − memory.available). Modes interleaved, {runs_per_cell} runs per cell ({} for the \
+                 in-kernel kill).",
+                NODE_RAMP_TO_LINE / MIB,
+                NODE_HEADROOM / MIB,
+                runs_per_cell * kernel_repeats
+            ),
+        },
         ..Default::default()
     };
-    for scenario in [Scenario::Allocatable, Scenario::Node] {
-        let _balloon = match scenario {
-            Scenario::Node => {
-                if earlyoom_running() {
-                    bail!(
-                        "an earlyoom not started by the bench is running; stop it first (it would kill during the node scenario)"
-                    );
-                }
-                Some(balloon()?)
+    let _balloon = match scenario {
+        Scenario::Node => {
+            if earlyoom_running() {
+                bail!(
+                    "an earlyoom not started by the bench is running; stop it first (it would kill during the node scenario)"
+                );
             }
-            Scenario::Allocatable => None,
-        };
-        let mut runs = vec![];
-        for rate in [256u64, 1024] {
-            for i in 0..runs_per_cell {
-                // Modes interleaved run by run, so drift hits them alike.
-                for mode in modes(scenario) {
+            Some(balloon()?)
+        }
+        Scenario::Allocatable => None,
+    };
+    let mut runs = vec![];
+    for rate in [256u64, 1024] {
+        for i in 0..runs_per_cell {
+            // Modes interleaved run by run, so drift hits them alike.
+            for mode in modes(scenario) {
+                let repeats = if mode == Mode::Kernel { kernel_repeats } else { 1 };
+                for _ in 0..repeats {
                     eprintln!(
                         "    race {}: {} at {rate} MiB/s, run {}/{runs_per_cell}",
                         scenario.label(),
@@ -522,7 +562,88 @@ pub fn race(ctx: &Ctx) -> Result<BenchResult> {
                 }
             }
         }
-        report(ctx, scenario, &runs, runs_per_cell, &mut out)?;
     }
+    report(ctx, scenario, &runs, runs_per_cell, &mut out)?;
+    summarize(scenario, &runs, &mut out);
     Ok(out)
+}
+
+/// Every run of a mode in a scenario, both rates: the headline figures and
+/// the project's targets next to them.
+fn summarize(scenario: Scenario, all: &[Run], out: &mut BenchResult) {
+    let label = scenario.label();
+    let dead = |mode: Mode| -> Vec<f64> {
+        all.iter().filter(|r| r.mode == mode).filter_map(|r| r.crossing_to_dead_ms).collect()
+    };
+    let decision = |mode: Mode| -> Vec<f64> {
+        all.iter().filter(|r| r.mode == mode).filter_map(|r| r.crossing_to_decision_ms).collect()
+    };
+    let ooms = |mode: Mode| all.iter().filter(|r| r.mode == mode && r.oom_killed).count();
+    let kernel = Figure::distribution(
+        format!("{label}, all runs: swiftlet in-kernel kill: crossing → dead"),
+        "ms",
+        &dead(Mode::Kernel),
+    );
+    let agent = Figure::distribution(
+        format!("{label}, all runs: swiftlet userspace kill: crossing → dead"),
+        "ms",
+        &dead(Mode::Ebpf),
+    );
+    let agent_decision = Figure::distribution(
+        format!("{label}, all runs: swiftlet userspace kill: crossing → decision"),
+        "ms",
+        &decision(Mode::Ebpf),
+    );
+    let kubelet = Figure::distribution(
+        format!("{label}, all runs: cgroupfs poll 10s (kubelet): crossing → dead"),
+        "ms",
+        &dead(Mode::Poll(Duration::from_secs(10))),
+    );
+    let ratio = |a: &Figure, b: &Figure| match (a.p50, b.p50) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.0}×", a / b),
+        _ => "-".into(),
+    };
+    let ms = |v: Option<f64>| v.map(|v| format!("{v:.3} ms")).unwrap_or_else(|| "-".into());
+    let mut rows = vec![
+        vec!["in-kernel kill: crossing → dead p99 ≤ 100 µs".into(), ms(kernel.p99), kernel.samples.to_string()],
+        vec!["userspace fast path: crossing → dead p99 ≤ 5 ms".into(), ms(agent.p99), agent.samples.to_string()],
+        vec![
+            "userspace fast path: crossing → decision p99".into(),
+            ms(agent_decision.p99),
+            agent_decision.samples.to_string(),
+        ],
+        vec![
+            "zero kernel OOM kills with the in-kernel kill".into(),
+            ooms(Mode::Kernel).to_string(),
+            kernel.samples.to_string(),
+        ],
+        vec![
+            "zero kernel OOM kills with the userspace kill".into(),
+            ooms(Mode::Ebpf).to_string(),
+            agent.samples.to_string(),
+        ],
+        vec![
+            "kubelet-style 10 s poll / userspace kill (p50) ≥ 100×".into(),
+            ratio(&kubelet, &agent),
+            kubelet.samples.to_string(),
+        ],
+    ];
+    let mut figures = vec![kernel, agent, agent_decision, kubelet];
+    if scenario == Scenario::Node {
+        let earlyoom =
+            Figure::distribution(format!("{label}, all runs: earlyoom: crossing → dead"), "ms", &dead(Mode::Earlyoom));
+        rows.push(vec![
+            "earlyoom / userspace kill (p50) ≥ 10×".into(),
+            ratio(&earlyoom, &figures[1]),
+            earlyoom.samples.to_string(),
+        ]);
+        rows.push(vec![
+            "earlyoom / in-kernel kill (p50) ≥ 1000×".into(),
+            ratio(&earlyoom, &figures[0]),
+            earlyoom.samples.to_string(),
+        ]);
+        figures.push(earlyoom);
+    }
+    out.tables.push(Table { header: ["target", "measured", "runs"].map(String::from).to_vec(), rows });
+    out.figures.extend(figures);
 }

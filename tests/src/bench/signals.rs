@@ -90,7 +90,7 @@ fn crossing_latencies(n: usize, loaded: bool) -> Result<Vec<f64>> {
         w.run("free-anon");
         // Freed pages are uncharged after the last statistics event; the
         // refresh brings the slot down below the re-arm level.
-        swiftlet::signals::ebpf::refresh_kernel_side();
+        src.refresh();
     }
     let v = lat.lock().unwrap().clone();
     if v.len() < n {
@@ -170,7 +170,7 @@ pub fn snapshot_cost(ctx: &Ctx) -> Result<BenchResult> {
     Ok(BenchResult {
         name: "snapshot-cost".into(),
         title: "One snapshot of 110 pod cgroups (memory usage, inactive_file, processes), taken alternately. \
-                eBPF: one getppid(2) runs the in-kernel refresh, then the mmap'd slots are read. \
+                eBPF: one getpgid(2) runs the in-kernel refresh, then the mmap'd slots are read. \
                 cgroupfs: memory.usage_in_bytes, memory.stat and cgroup.procs per pod, as the kubelet's poller."
             .into(),
         figures: vec![

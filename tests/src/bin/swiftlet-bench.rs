@@ -21,12 +21,24 @@ fn run() -> Result<()> {
     let mut quick = false;
     let mut names = vec![];
     let mut list = false;
+    let mut emit_json = false;
+    let mut imports: Vec<(String, PathBuf)> = vec![];
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--out" => out = PathBuf::from(args.next().context("--out needs a directory")?),
             "--quick" => quick = true,
             "--list" => list = true,
+            // This run's results as one line on stdout (for the kernel
+            // matrix, whose VMs have only a serial console).
+            "--emit-json" => emit_json = true,
+            // Results another run emitted (`<label>=<file>`), added under
+            // `<bench>@<label>`.
+            "--import" => {
+                let v = args.next().context("--import needs <label>=<file>")?;
+                let (label, file) = v.split_once('=').context("--import needs <label>=<file>")?;
+                imports.push((label.to_owned(), PathBuf::from(file)));
+            }
             s if s.starts_with('-') => bail!("unknown option {s}"),
             s => names.push(s.to_owned()),
         }
@@ -48,7 +60,21 @@ fn run() -> Result<()> {
     let mut results: Vec<BenchResult> = vec![];
     let mut failed = vec![];
     let started = Instant::now();
-    for (name, about, f) in all.iter().filter(|(n, _, _)| names.is_empty() || names.iter().any(|x| x == n)) {
+    for (label, file) in &imports {
+        let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{}: not the JSON of --emit-json", file.display()))?;
+        for b in v.as_array().context("--import: expected a JSON array of results")? {
+            let mut r =
+                from_json(b).with_context(|| format!("{}: a result without name, title or figures", file.display()))?;
+            r.name = format!("{}@{label}", r.name);
+            results.push(r);
+        }
+    }
+    let run_benches = imports.is_empty() || !names.is_empty();
+    for (name, about, f) in
+        all.iter().filter(|_| run_benches).filter(|(n, _, _)| names.is_empty() || names.iter().any(|x| x == n))
+    {
         eprintln!("==> bench {name}: {about}");
         let t = Instant::now();
         match f(&ctx) {
@@ -73,6 +99,9 @@ fn run() -> Result<()> {
                 failed.push(*name);
             }
         }
+    }
+    if emit_json {
+        println!("@@BENCH-JSON {}", serde_json::to_string(&results)?);
     }
     let date = std::process::Command::new("date")
         .arg("-u")

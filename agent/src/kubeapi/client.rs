@@ -1,0 +1,82 @@
+//! The API client: kube-rs from `--kubeconfig` (after a TLS bootstrap from
+//! `--bootstrap-kubeconfig` when the kubeconfig does not exist yet, as the
+//! kubelet), every request paced by kubeAPIQPS/kubeAPIBurst.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use super::{
+    ApiError, bootstrap,
+    ratelimit::{RateLimitLayer, RateLimiter},
+};
+use crate::config::Config;
+
+/// Where the client comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClientSettings {
+    pub kubeconfig: Option<PathBuf>,
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    pub cert_dir: PathBuf,
+    pub node_name: String,
+    pub qps: u32,
+    pub burst: u32,
+}
+
+impl ClientSettings {
+    pub fn from_config(config: &Config, node_name: &str) -> ClientSettings {
+        ClientSettings {
+            kubeconfig: config.flags.kubeconfig.clone(),
+            bootstrap_kubeconfig: config.flags.bootstrap_kubeconfig.clone(),
+            cert_dir: config.flags.cert_dir.clone(),
+            node_name: node_name.into(),
+            qps: config.kubelet.kube_api_qps,
+            burst: config.kubelet.kube_api_burst,
+        }
+    }
+}
+
+/// Reads a kubeconfig into kube's Config; errors name the file.
+pub async fn load_kubeconfig(path: &Path) -> Result<kube::Config, ApiError> {
+    let kc = Kubeconfig::read_from(path)
+        .map_err(|e| ApiError::Kubeconfig { path: path.to_owned(), message: e.to_string() })?;
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| ApiError::Kubeconfig { path: path.to_owned(), message: e.to_string() })?;
+    cfg.connect_timeout = Some(Duration::from_secs(10));
+    Ok(cfg)
+}
+
+/// A client from a kube Config, paced by `qps`/`burst` (0 qps: unlimited).
+pub fn client_from(cfg: kube::Config, qps: u32, burst: u32) -> Result<kube::Client, ApiError> {
+    let limiter = Arc::new(RateLimiter::new(f64::from(qps), burst));
+    let builder = kube::client::ClientBuilder::try_from(cfg).map_err(|e| ApiError::Client(e.to_string()))?;
+    Ok(builder.with_layer(&RateLimitLayer(limiter)).build())
+}
+
+/// The client the kubelet would have: the kubeconfig, bootstrapped first
+/// when it is missing and a bootstrap kubeconfig is given.
+pub async fn connect(settings: &ClientSettings) -> Result<kube::Client, ApiError> {
+    let Some(kubeconfig) = &settings.kubeconfig else {
+        return Err(ApiError::Kubeconfig {
+            path: PathBuf::new(),
+            message: "no --kubeconfig: the path for the client kubeconfig is required".into(),
+        });
+    };
+    if !kubeconfig.exists() {
+        match &settings.bootstrap_kubeconfig {
+            Some(b) => bootstrap::bootstrap(b, kubeconfig, &settings.cert_dir, &settings.node_name).await?,
+            None => {
+                return Err(ApiError::Kubeconfig {
+                    path: kubeconfig.clone(),
+                    message: "the file does not exist (and no --bootstrap-kubeconfig to create it)".into(),
+                });
+            }
+        }
+    }
+    client_from(load_kubeconfig(kubeconfig).await?, settings.qps, settings.burst)
+}

@@ -1,0 +1,336 @@
+//! The Node object: registration, status and the Lease, as the kubelet
+//! keeps them.
+//!
+//! Every nodeStatusUpdateFrequency (and at once when a pressure condition
+//! changes) the status loop reads the runtime (version, readiness,
+//! images), computes the status (`status::node_status`, pure) from the
+//! Node the API server holds, and patches `nodes/<name>/status` when it
+//! changed or nodeStatusReportFrequency has passed; pressure taints follow
+//! the conditions. Condition transitions are recorded as node events.
+
+pub mod info;
+pub mod lease;
+pub mod registration;
+pub mod status;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use self::{
+    registration::Registration,
+    status::{MachineInfo, NodeFacts},
+};
+use crate::{
+    cm::allocatable::{NodeAllocatable, ResourceList},
+    config::{Config, format_quantity},
+    cri::{ImageService, RuntimeService},
+    events::{EventRecorder, EventType},
+    eviction::signal::NodeCondition,
+    kubeapi::{recorder::node_ref, smp},
+};
+
+/// The version node status reports for swiftlet (kubectl's VERSION).
+pub fn kubelet_version() -> String {
+    format!("v{}-swiftlet", env!("CARGO_PKG_VERSION"))
+}
+
+/// The node's settings, from the configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeSettings {
+    pub registration: Registration,
+    pub register: bool,
+    pub node_ips: Vec<IpAddr>,
+    pub port: u16,
+    pub update_every: Duration,
+    pub report_every: Duration,
+    pub lease_duration_seconds: u32,
+    pub max_images: i32,
+    pub capacity: BTreeMap<String, String>,
+    pub allocatable: BTreeMap<String, String>,
+}
+
+/// Capacity and allocatable as node status names and prints them.
+pub fn resource_strings(list: &ResourceList) -> BTreeMap<String, String> {
+    list.iter().filter_map(|(r, q)| r.status_name().map(|n| (n.to_owned(), format_quantity(q)))).collect()
+}
+
+impl NodeSettings {
+    pub fn from_config(config: &Config, node_name: &str, allocatable: &NodeAllocatable) -> NodeSettings {
+        let k = &config.kubelet;
+        let machine = info::machine_info();
+        NodeSettings {
+            registration: Registration {
+                node_name: node_name.into(),
+                hostname: node_name.to_lowercase(),
+                os: machine.operating_system.clone(),
+                arch: machine.architecture.clone(),
+                labels: config.flags.node_labels.clone(),
+                taints: crate::cloudprovider::registration_taints(config),
+                provider_id: k.provider_id.clone(),
+            },
+            register: k.register_node,
+            node_ips: config.flags.node_ip.clone(),
+            port: k.port,
+            update_every: k.node_status_update_frequency,
+            report_every: k.node_status_report_frequency,
+            lease_duration_seconds: k.node_lease_duration_seconds,
+            max_images: k.node_status_max_images,
+            capacity: resource_strings(&allocatable.capacity),
+            allocatable: resource_strings(&allocatable.allocatable),
+        }
+    }
+}
+
+/// Where the pressure conditions come from: connected once the eviction
+/// manager exists (none: no pressure).
+pub type PressureSource = watch::Receiver<Option<watch::Receiver<BTreeSet<NodeCondition>>>>;
+
+/// What the status loop reads.
+pub struct NodeInputs {
+    pub runtime: Arc<dyn RuntimeService>,
+    pub images: Arc<dyn ImageService>,
+    pub pressure: PressureSource,
+    /// The graceful node shutdown's phase, once connected: anything but
+    /// Idle makes the node NotReady ("node is shutting down").
+    pub shutdown: ShutdownSource,
+}
+
+pub type ShutdownSource = watch::Receiver<Option<watch::Receiver<crate::shutdown::Phase>>>;
+
+/// Registration and the status loop.
+pub struct NodeAgent {
+    pub settings: NodeSettings,
+    machine: MachineInfo,
+    recorder: Arc<dyn EventRecorder>,
+    node_uid: watch::Sender<Option<String>>,
+}
+
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+const RUNTIME_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runtime facts kept between rounds (a failed call keeps the last).
+#[derive(Default)]
+struct RuntimeFacts {
+    version: String,
+    images: Vec<k8s_openapi::api::core::v1::ContainerImage>,
+}
+
+impl NodeAgent {
+    pub fn new(settings: NodeSettings, recorder: Arc<dyn EventRecorder>) -> NodeAgent {
+        NodeAgent { settings, machine: info::machine_info(), recorder, node_uid: watch::channel(None).0 }
+    }
+
+    /// The Node's uid once it is registered (or found).
+    pub fn node_uid(&self) -> watch::Receiver<Option<String>> {
+        self.node_uid.subscribe()
+    }
+
+    fn name(&self) -> &str {
+        &self.settings.registration.node_name
+    }
+
+    async fn facts(
+        &self,
+        inputs: &NodeInputs,
+        kept: &mut RuntimeFacts,
+        pressure: BTreeSet<NodeCondition>,
+    ) -> NodeFacts {
+        let s = &self.settings;
+        if let Ok(Ok(v)) = tokio::time::timeout(RUNTIME_TIMEOUT, inputs.runtime.version()).await {
+            kept.version = format!("{}://{}", v.runtime_name, v.runtime_version);
+        }
+        let status = tokio::time::timeout(RUNTIME_TIMEOUT, inputs.runtime.status()).await.ok().and_then(Result::ok);
+        if let Ok(Ok(images)) = tokio::time::timeout(RUNTIME_TIMEOUT, inputs.images.list_images()).await {
+            kept.images = status::images_for_status(&images, s.max_images);
+        }
+        NodeFacts {
+            capacity: s.capacity.clone(),
+            allocatable: s.allocatable.clone(),
+            pressure,
+            runtime_version: kept.version.clone(),
+            runtime_errors: {
+                let mut errs = status::runtime_errors(status.as_ref().and_then(|s| s.status.as_ref()));
+                let phase = inputs.shutdown.borrow().as_ref().map(|p| *p.borrow());
+                if phase.is_some_and(|p| p != crate::shutdown::Phase::Idle) {
+                    errs.push(crate::shutdown::NOT_READY_MESSAGE.into());
+                }
+                errs
+            },
+            runtime_handlers: status.as_ref().map(status::runtime_handlers).unwrap_or_default(),
+            addresses: info::node_addresses(&s.node_ips, &s.registration.hostname),
+            machine: self.machine.clone(),
+            kubelet_version: kubelet_version(),
+            kubelet_port: i32::from(s.port),
+            images: kept.images.clone(),
+        }
+    }
+
+    fn record(&self, events: &[status::NodeEvent]) {
+        let r = node_ref(self.name());
+        for e in events {
+            self.recorder.record(&r, EventType::Normal, e, &format!("Node {} status is now: {e}", self.name()));
+        }
+    }
+
+    /// Creates the Node, or adopts the one with this name.
+    async fn register(&self, api: &kube::Api<Node>, facts: &NodeFacts) -> Result<Node, kube::Error> {
+        let (status, events) = status::node_status(None, facts, Timestamp::now());
+        let wanted = registration::initial_node(&self.settings.registration, status);
+        match api.create(&PostParams::default(), &wanted).await {
+            Ok(n) => {
+                info!(node = self.name(), "node registered");
+                self.record(&events);
+                Ok(n)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let existing = api.get(self.name()).await?;
+                info!(node = self.name(), "a Node with this name exists: adopting it");
+                match registration::adoption_patch(&existing, &wanted) {
+                    Some(p) => api.patch(self.name(), &PatchParams::default(), &Patch::Merge(&p)).await,
+                    None => Ok(existing),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One status round against the Node the API server has. Returns the
+    /// Node (None when it does not exist).
+    async fn sync_status(
+        &self,
+        api: &kube::Api<Node>,
+        facts: &NodeFacts,
+        last_report: &mut Option<Instant>,
+    ) -> Result<Option<Node>, kube::Error> {
+        let Some(node) = api.get_opt(self.name()).await? else {
+            return Ok(None);
+        };
+        let mut rv = node.metadata.resource_version.clone();
+        let old = node.status.clone().unwrap_or_default();
+        let (new, events) = status::node_status(Some(&old), facts, Timestamp::now());
+        let changed = status::status_changed(&old, &new);
+        if status::should_report(changed, last_report.map(|t| t.elapsed()), self.settings.report_every) {
+            let old_v = serde_json::to_value(&old).unwrap_or_default();
+            let new_v = serde_json::to_value(&new).unwrap_or_default();
+            if let Some(d) = smp::diff(&old_v, &new_v) {
+                let patched = api
+                    .patch_status(self.name(), &PatchParams::default(), &Patch::Strategic(json!({"status": d})))
+                    .await?;
+                rv = patched.metadata.resource_version.clone();
+                debug!(node = self.name(), changed, "node status sent");
+            }
+            *last_report = Some(Instant::now());
+            self.record(&events);
+        }
+        let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        if let Some(t) = status::pressure_taints(&taints, &facts.pressure) {
+            let p: Value = json!({"metadata": {"resourceVersion": rv}, "spec": {"taints": t}});
+            match api.patch(self.name(), &PatchParams::default(), &Patch::Merge(&p)).await {
+                Ok(_) => {
+                    info!(node = self.name(), taints = ?t.iter().map(|t| t.key.as_str()).collect::<Vec<_>>(), "node taints updated")
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => debug!("taint update conflicted; next round"),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Some(node))
+    }
+
+    /// Registers (with --register-node) and keeps the status until `shutdown`.
+    pub async fn run(&self, client: kube::Client, mut inputs: NodeInputs, mut shutdown: watch::Receiver<bool>) {
+        let api: kube::Api<Node> = kube::Api::all(client);
+        let mut kept = RuntimeFacts::default();
+        let mut registered = false;
+        let mut last_report: Option<Instant> = None;
+        let mut backoff = Duration::from_millis(100);
+        let mut failing = false;
+        let mut pressure_rx: Option<watch::Receiver<BTreeSet<NodeCondition>>> = None;
+        let mut tick = tokio::time::interval(self.settings.update_every.max(Duration::from_millis(100)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            if inputs.pressure.has_changed().unwrap_or(false) || pressure_rx.is_none() {
+                pressure_rx = inputs.pressure.borrow_and_update().clone();
+            }
+            let pressure = pressure_rx.as_mut().map(|r| r.borrow_and_update().clone()).unwrap_or_default();
+            let facts = self.facts(&inputs, &mut kept, pressure).await;
+            let round = async {
+                if !registered && self.settings.register {
+                    let n = self.register(&api, &facts).await?;
+                    last_report = Some(Instant::now());
+                    return Ok(Some(n));
+                }
+                self.sync_status(&api, &facts, &mut last_report).await
+            };
+            let mut wait = None;
+            match tokio::time::timeout(CALL_TIMEOUT, round).await {
+                Ok(Ok(Some(node))) => {
+                    if failing {
+                        info!(node = self.name(), "node status: the API server answers again");
+                    }
+                    failing = false;
+                    backoff = Duration::from_millis(100);
+                    if !registered && self.settings.register {
+                        // Registered: the first regular round right away.
+                        wait = Some(Duration::ZERO);
+                    }
+                    registered = true;
+                    let uid = node.metadata.uid.clone();
+                    self.node_uid.send_if_modified(|u| {
+                        let changed = *u != uid;
+                        *u = uid.clone();
+                        changed
+                    });
+                }
+                Ok(Ok(None)) => {
+                    if registered {
+                        warn!(node = self.name(), "the Node is gone from the API server; registering again");
+                    } else if !self.settings.register {
+                        warn!(node = self.name(), "the Node does not exist and --register-node=false");
+                    }
+                    registered = false;
+                }
+                outcome => {
+                    let why = match outcome {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => format!("no answer within {CALL_TIMEOUT:?}"),
+                    };
+                    if !failing {
+                        warn!(node = self.name(), "node status: {why} (retrying)");
+                    }
+                    failing = true;
+                    if !registered {
+                        wait = Some(backoff);
+                        backoff = (backoff * 2).min(Duration::from_secs(7));
+                    }
+                }
+            }
+            let changed_pressure = async {
+                match pressure_rx.as_mut() {
+                    Some(r) => {
+                        if r.changed().await.is_err() {
+                            std::future::pending::<()>().await
+                        }
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = async { match wait { Some(w) => tokio::time::sleep(w).await, None => { tick.tick().await; } } } => {}
+                _ = changed_pressure => debug!("pressure conditions changed"),
+                _ = async { if inputs.pressure.changed().await.is_err() { std::future::pending::<()>().await } } => {}
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! The real `swiftlet` binary as a node of a test's API server: its own
+//! root dir, cgroup root (a test cgroup, removed on drop), ports and log
+//! file; stopped with SIGTERM (then SIGKILL) on drop, and its log printed
+//! when the test fails.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::cgroup::TestCgroup;
+
+/// A free TCP port on loopback (bound then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+pub struct NodeProcess {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub log: PathBuf,
+    pub cgroup: TestCgroup,
+    pub args: Vec<String>,
+}
+
+impl NodeProcess {
+    /// The arguments every test run gets: root dir, cgroup root, CRI
+    /// endpoint, ports, cgroupfs signal source; then `extra`.
+    pub fn args(dir: &Path, cgroup: &TestCgroup, extra: &[String]) -> Vec<String> {
+        let mut a = vec![
+            format!("--root-dir={}", dir.join("root").display()),
+            format!("--cgroup-root=/{}", cgroup.root),
+            format!("--container-runtime-endpoint={}", crate::agent::cri_endpoint()),
+            format!("--port={}", free_port()),
+            format!("--healthz-port={}", free_port()),
+            "--signal-source=cgroupfs".into(),
+        ];
+        a.extend(extra.iter().cloned());
+        a
+    }
+
+    /// Starts swiftlet; `config_yaml` (if any) becomes its --config file.
+    pub fn start(config_yaml: Option<&str>, extra: &[String]) -> NodeProcess {
+        crate::prereq::require_root();
+        let cgroup = TestCgroup::new();
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("swiftlet-agent-{}-", std::process::id()))
+            .tempdir()
+            .expect("tempdir");
+        let mut extra = extra.to_vec();
+        if let Some(y) = config_yaml {
+            let p = dir.path().join("config.yaml");
+            fs::write(&p, y).expect("write config");
+            extra.push(format!("--config={}", p.display()));
+        }
+        let args = NodeProcess::args(dir.path(), &cgroup, &extra);
+        let log = dir.path().join("swiftlet.log");
+        let out = fs::File::create(&log).expect("log file");
+        let child = Command::new(crate::workload::sibling_binary("swiftlet"))
+            .args(&args)
+            .env(
+                "RUST_LOG",
+                std::env::var("SWIFTLET_TEST_LOG").unwrap_or_else(|_| "info,kube_client::client::builder=off".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("log"))
+            .stderr(out)
+            .spawn()
+            .expect("start swiftlet");
+        NodeProcess { child: Some(child), dir, log, cgroup, args }
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Panics (with the log) if the agent has exited.
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            panic!("swiftlet exited ({status}); its log:\n{}", self.log_text());
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after 15 s; returns whether it exited by itself.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else { return true };
+        // SAFETY: signalling the process we started, by its PID.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if child.try_wait().ok().flatten().is_some() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!("---- swiftlet log ({}) ----\n{}", self.log.display(), self.log_text());
+        }
+    }
+}
+
+/// Stops and removes, through CRI, every sandbox of the given pod uids:
+/// what a test's API pods left on the shared containerd (the agent leaves
+/// pods running when it stops, as the kubelet does).
+pub struct PodCleanup {
+    pub uids: std::sync::Mutex<Vec<String>>,
+    /// Static pods of this node (their names end in `-<node>`).
+    pub static_node: Option<String>,
+}
+
+impl PodCleanup {
+    pub fn new() -> PodCleanup {
+        PodCleanup { uids: std::sync::Mutex::new(vec![]), static_node: None }
+    }
+
+    pub fn with_static_pods_of(node: &str) -> PodCleanup {
+        PodCleanup { uids: std::sync::Mutex::new(vec![]), static_node: Some(node.to_owned()) }
+    }
+
+    pub fn track(&self, uid: &str) {
+        self.uids.lock().unwrap_or_else(|p| p.into_inner()).push(uid.to_owned());
+    }
+}
+
+impl Default for PodCleanup {
+    fn default() -> Self {
+        PodCleanup::new()
+    }
+}
+
+impl Drop for PodCleanup {
+    fn drop(&mut self) {
+        let uids = self.uids.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if uids.is_empty() && self.static_node.is_none() {
+            return;
+        }
+        use swiftlet::cri::{CriClient, RuntimeService, api, labels};
+        let Ok(rt) = tokio::runtime::Builder::new_multi_thread().enable_all().build() else { return };
+        let Ok(cri) = ({
+            let _in = rt.enter();
+            CriClient::new(&crate::agent::cri_endpoint(), Duration::from_secs(30))
+        }) else {
+            return;
+        };
+        rt.block_on(async {
+            for uid in uids {
+                let mut sel = labels::managed_selector();
+                sel.insert(labels::POD_UID.into(), uid);
+                let filter = api::PodSandboxFilter { label_selector: sel, ..Default::default() };
+                for s in cri.list_pod_sandbox(Some(filter)).await.unwrap_or_default() {
+                    let _ = cri.stop_pod_sandbox(&s.id).await;
+                    let _ = cri.remove_pod_sandbox(&s.id).await;
+                }
+            }
+        });
+        if let Some(node) = &self.static_node {
+            crate::agent::force_remove_pods(&cri, &rt, node);
+        }
+    }
+}
