@@ -134,10 +134,10 @@ spec:
   - name: cfg-items
     configMap:
       name: settings
-      defaultMode: 0640
-      items: [{{key: a, path: dir/first, mode: 0400}}]
+      defaultMode: 416  # 0640 (this YAML parser reads YAML 1.2: no bare octal)
+      items: [{{key: a, path: dir/first, mode: 256}}]
   - name: secret
-    secret: {{secretName: creds, defaultMode: 0600}}
+    secret: {{secretName: creds, defaultMode: 384}}
   - name: info
     downwardAPI:
       items:
