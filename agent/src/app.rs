@@ -48,7 +48,10 @@ use crate::{
         spec::{NodeSettings, parse_resolv_conf},
         worker::{ProbeObserver, WorkerDeps},
     },
+    reload::{self, ConfigDiff, LiveSettings},
+    shutdown::{NodeShutdownManager, ShutdownPods, trigger::Detector},
     signals::{self, OpenedSource, SignalError, ebpf::EbpfOptions, node},
+    volumes::{NoApiServer, ObjectSource, PodsInUse, VolumeConfig, VolumeManager, storage::LocalStorageMonitor},
 };
 // ---- server (issue 8) ----
 use crate::server::{
@@ -104,6 +107,13 @@ pub struct Agent {
     pub image_gc: Arc<ImageGc>,
     pub container_gc: Arc<ContainerGc>,
     pub logs: Arc<ContainerLogManager>,
+    pub volumes: Arc<VolumeManager>,
+    /// Graceful node shutdown; its phase is the node's NotReady signal.
+    pub node_shutdown: Arc<NodeShutdownManager>,
+    /// The configuration in effect (the start one plus reloaded live fields).
+    running: Mutex<Config>,
+    live: watch::Sender<LiveSettings>,
+    log_level: Mutex<Option<LogLevelHook>>,
     eviction_loop: Mutex<Option<EvictionLoop>>,
     shutdown: watch::Receiver<bool>,
     // ---- API server (issue 7) ----
@@ -118,6 +128,18 @@ pub struct Agent {
     /// /debug/events: the eviction manager's signal events and evictions.
     pub debug_events: DebugEvents,
     // ---- end server ----
+}
+
+/// Sets the log verbosity (`--v`) of the running agent.
+pub type LogLevelHook = Box<dyn Fn(u32) + Send + Sync>;
+
+/// The eviction manager's settings from a KubeletConfiguration.
+pub fn eviction_config(k: &crate::config::KubeletConfiguration) -> EvictionConfig {
+    EvictionConfig {
+        thresholds: k.eviction_thresholds(),
+        pressure_transition_period: k.eviction_pressure_transition_period,
+        max_pod_grace_period_secs: k.eviction_max_pod_grace_period.max(0) as u64,
+    }
 }
 
 fn quantity(list: &crate::cm::allocatable::ResourceList, r: Resource) -> crate::quantity::Quantity {
@@ -137,6 +159,19 @@ impl Agent {
         config: Config,
         shutdown: watch::Receiver<bool>,
         recorder: Arc<dyn EventRecorder>,
+    ) -> Result<Agent, StartError> {
+        Agent::build_with(config, shutdown, recorder, Arc::new(NoApiServer)).await
+    }
+
+    /// [`Agent::build_with_recorder`] with ConfigMaps, Secrets and tokens
+    /// for volumes and environments from `objects` (the API server's
+    /// client, or an in-memory store); `VolumeManager::set_objects`
+    /// replaces it later.
+    pub async fn build_with(
+        config: Config,
+        shutdown: watch::Receiver<bool>,
+        recorder: Arc<dyn EventRecorder>,
+        objects: Arc<dyn ObjectSource>,
     ) -> Result<Agent, StartError> {
         let node_name = config.node_name()?;
         let k = &config.kubelet;
@@ -217,6 +252,18 @@ impl Agent {
             allocatable_memory: quantity(alloc, Resource::Memory).value(),
             allocatable_ephemeral_storage: quantity(alloc, Resource::EphemeralStorage).value(),
         };
+        let volumes = Arc::new(VolumeManager::new(
+            VolumeConfig {
+                pods_dir: settings.pods_dir.clone(),
+                allocatable_memory: settings.allocatable_memory,
+                downward: crate::pods::spec::downward_context(&settings, &[]),
+                refresh_period: k.sync_frequency,
+                sweep_period: config.swiftlet.housekeeping_interval,
+            },
+            objects,
+            recorder.clone(),
+        ));
+        volumes.start();
         let probes = pod_metrics.probes.clone();
         let observer: ProbeObserver = Arc::new(move |pod, container, kind, outcome| {
             probes
@@ -249,6 +296,7 @@ impl Agent {
                 None => BackoffPolicy::default(),
             },
             probe_results: Some(observer),
+            volumes: volumes.clone(),
         });
         let mut expected = HashSet::new();
         if k.static_pod_path.is_some() {
@@ -274,8 +322,14 @@ impl Agent {
             ..Default::default()
         };
         let image_gc = Arc::new(
-            ImageGc::new(cri.clone(), cri.clone(), ImageGcPolicy::from_kubelet(k, pinned), recorder.clone(), node_ref)
-                .with_metrics(image_metrics),
+            ImageGc::new(
+                cri.clone(),
+                cri.clone(),
+                ImageGcPolicy::from_kubelet(k, pinned),
+                recorder.clone(),
+                node_ref.clone(),
+            )
+            .with_metrics(image_metrics),
         );
         let logs = Arc::new(ContainerLogManager::new(cri.clone(), LogPolicy::from_kubelet(k))?);
         let container_gc = Arc::new(
@@ -286,11 +340,7 @@ impl Agent {
         let reclaimer = Arc::new(DiskReclaimer::new(container_gc.clone(), image_gc.clone(), false));
 
         let driver = DriverConfig {
-            eviction: EvictionConfig {
-                thresholds: k.eviction_thresholds(),
-                pressure_transition_period: k.eviction_pressure_transition_period,
-                max_pod_grace_period_secs: k.eviction_max_pod_grace_period.max(0) as u64,
-            },
+            eviction: eviction_config(k),
             node: NodeInfo {
                 memory_capacity: quantity(cap, Resource::Memory).value().max(0) as u64,
                 allocatable_memory: quantity(&allocatable.kubepods, Resource::Memory).value().max(0) as u64,
@@ -326,9 +376,25 @@ impl Agent {
             api.connect_pressure(eviction.conditions());
         }
         // ---- end API server ----
+        let shutdown_pods: Arc<dyn ShutdownPods> = Arc::new(pods.clone());
+        let node_shutdown = Arc::new(NodeShutdownManager::new(
+            k.shutdown_grace_period,
+            k.shutdown_grace_period_critical_pods,
+            Detector { marker: config.swiftlet.node_shutdown_marker.clone(), system: true },
+            shutdown_pods,
+            recorder.clone(),
+            node_ref.clone(),
+        ));
+        if let Some(api) = &api {
+            api.connect_shutdown(node_shutdown.shutting_down());
+        }
         Ok(Agent {
             health,
             debug_events,
+            node_shutdown,
+            running: Mutex::new(config.clone()),
+            live: watch::channel(LiveSettings::of(&config)).0,
+            log_level: Mutex::new(None),
             api,
             node_name,
             metrics,
@@ -344,6 +410,7 @@ impl Agent {
             image_gc,
             container_gc,
             logs,
+            volumes,
             eviction_loop: Mutex::new(Some(eviction_loop)),
             shutdown,
             config,
@@ -361,12 +428,44 @@ impl Agent {
         tasks.push(tokio::spawn(self.image_gc.clone().run(self.shutdown.clone())));
         tasks.push(tokio::spawn(self.container_gc.clone().run(self.shutdown.clone())));
         tasks.push(tokio::spawn(self.logs.clone().run(self.shutdown.clone())));
+        tasks.push(tokio::spawn(self.node_shutdown.clone().run(self.shutdown.clone())));
+        let in_use: Arc<dyn PodsInUse> = Arc::new(self.pods.clone());
+        tasks.push(tokio::spawn(self.volumes.clone().run(in_use, self.cri.clone(), self.shutdown.clone())));
+        if k.local_storage_capacity_isolation {
+            let monitor = LocalStorageMonitor {
+                pods: Arc::new(self.pods.clone()),
+                evictor: Arc::new(self.pods.clone()),
+                runtime: self.cri.clone(),
+                volumes: self.volumes.clone(),
+                pod_logs_dir: k.pod_logs_dir.clone(),
+                period: self.config.swiftlet.housekeeping_interval,
+            };
+            tasks.push(tokio::spawn(monitor.run(self.shutdown.clone())));
+        }
         // ---- API server (issue 7) ----
         let mut api_task = self.api.clone().map(|api| {
             let runtime: Arc<dyn RuntimeService> = self.cri.clone();
             let images: Arc<dyn ImageService> = self.cri.clone();
             tokio::spawn(api.run(runtime, images, self.shutdown.clone()))
         });
+        // ConfigMaps, Secrets and service account tokens for volumes and
+        // environments come from the API server once connected.
+        if let Some(api) = self.api.clone() {
+            let volumes = self.volumes.clone();
+            let mut stop = self.shutdown.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    if let Some(client) = api.client() {
+                        volumes.set_objects(Arc::new(crate::volumes::kube::KubeObjects::new(client)));
+                        return;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+            }));
+        }
         // ---- end API server ----
         if let Some(dir) = &k.static_pod_path {
             let mut sink: Arc<dyn PodSink> = Arc::new(self.pods.clone());
@@ -432,5 +531,56 @@ impl Agent {
         }
         info!("swiftlet stopped");
         Ok(())
+    }
+
+    /// Settings that change with a reload (node status frequencies, log
+    /// verbosity), for the API side.
+    pub fn live_settings(&self) -> watch::Receiver<LiveSettings> {
+        self.live.subscribe()
+    }
+
+    /// How a reload changes the log verbosity (the binary's subscriber).
+    pub fn set_log_level_hook(&self, hook: LogLevelHook) {
+        *self.log_level.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
+    }
+
+    /// The configuration in effect.
+    pub fn running_config(&self) -> Config {
+        self.running.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Applies a newly loaded configuration (SIGHUP): the live fields take
+    /// effect, the others are reported as needing a restart. Pods are not
+    /// touched.
+    pub fn reload(&self, new: Config) -> ConfigDiff {
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let diff = reload::diff(&running, &new);
+        if diff.is_empty() {
+            info!("configuration reloaded: nothing changed");
+            return diff;
+        }
+        let next = reload::apply_live(&running, &new);
+        if diff.eviction_changed() {
+            self.eviction.reconfigure(eviction_config(&next.kubelet));
+        }
+        if next.kubelet.logging.verbosity != running.kubelet.logging.verbosity
+            && let Some(hook) = self.log_level.lock().unwrap_or_else(|p| p.into_inner()).as_ref()
+        {
+            hook(next.kubelet.logging.verbosity);
+        }
+        self.live.send_if_modified(|l| {
+            let want = LiveSettings::of(&next);
+            let changed = *l != want;
+            *l = want;
+            changed
+        });
+        if !diff.applied.is_empty() {
+            info!(fields = ?diff.applied, "configuration reloaded: applied");
+        }
+        if !diff.needs_restart.is_empty() {
+            warn!(fields = ?diff.needs_restart, "configuration reloaded: these changes need a restart and are not applied");
+        }
+        *running = next;
+        diff
     }
 }

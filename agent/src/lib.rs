@@ -4,6 +4,7 @@
 pub mod app;
 pub mod cgroups;
 pub mod cli;
+pub mod cloudprovider;
 pub mod cm;
 pub mod config;
 pub mod cri;
@@ -18,5 +19,8 @@ pub mod metrics;
 pub mod node;
 pub mod pods;
 pub mod quantity;
+pub mod reload;
 pub mod server;
+pub mod shutdown;
 pub mod signals;
+pub mod volumes;

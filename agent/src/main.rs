@@ -5,7 +5,7 @@ use std::{process::ExitCode, sync::Arc};
 
 use anyhow::{Context as _, Result};
 use swiftlet::{
-    app::Agent,
+    app::{Agent, LogLevelHook},
     config::{self, Config, Invocation},
 };
 use tokio::{
@@ -20,7 +20,7 @@ fn main() -> ExitCode {
     if let Some(code) = swiftlet::cli::dispatch(&args) {
         return code;
     }
-    let config = match config::invocation(args) {
+    let config = match config::invocation(args.iter()) {
         Ok(Invocation::Run(config)) => *config,
         Ok(Invocation::Help(text)) => {
             print!("{text}");
@@ -36,11 +36,11 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    init_logging(&config);
+    let log_level = init_logging(&config);
     for w in &config.warnings {
         warn!("{w}");
     }
-    match run(config) {
+    match run(config, args, log_level) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -49,31 +49,74 @@ fn main() -> ExitCode {
     }
 }
 
-/// RUST_LOG if set, else the kubelet's `--v` mapped onto levels.
-fn init_logging(config: &Config) {
-    let level = match config.kubelet.logging.verbosity {
+fn level(verbosity: u32) -> &'static str {
+    match verbosity {
         0..=2 => "info",
         3..=4 => "debug",
         _ => "trace",
-    };
-    // kube-rs logs every failed request as an error; the API loops say
-    // once what failed and that they retry.
-    let default = format!("{level},kube_client::client::builder=off");
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into()))
-        .init();
+    }
 }
 
-fn run(config: Config) -> Result<()> {
+/// kube-rs logs every failed request as an error; the API loops say once
+/// what failed and that they retry.
+fn default_filter(verbosity: u32) -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::new(format!("{},kube_client::client::builder=off", level(verbosity)))
+}
+
+/// RUST_LOG if set, else the kubelet's `--v` mapped onto levels; in the
+/// latter case a reload can change the verbosity (the returned hook).
+fn init_logging(config: &Config) -> Option<LogLevelHook> {
+    use tracing_subscriber::{EnvFilter, layer::SubscriberExt, reload, util::SubscriberInitExt};
+    if let Ok(filter) = EnvFilter::try_from_default_env() {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+        return None;
+    }
+    let (filter, handle) = reload::Layer::new(default_filter(config.kubelet.logging.verbosity));
+    tracing_subscriber::registry().with(filter).with(tracing_subscriber::fmt::layer()).init();
+    Some(Box::new(move |v| {
+        if let Err(e) = handle.modify(|f| *f = default_filter(v)) {
+            warn!("cannot change the log level: {e}");
+        }
+    }))
+}
+
+fn run(config: Config, args: Vec<String>, log_level: Option<LogLevelHook>) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let (stop, shutdown) = watch::channel(false);
         let agent = Arc::new(Agent::build(config, shutdown).await.context("cannot start")?);
-        let running = tokio::spawn(agent.run());
+        if let Some(hook) = log_level {
+            agent.set_log_level_hook(hook);
+        }
+        let running = tokio::spawn(agent.clone().run());
         let mut term = signal(SignalKind::terminate())?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => info!("SIGINT: stopping"),
-            _ = term.recv() => info!("SIGTERM: stopping"),
+        let mut hup = signal(SignalKind::hangup())?;
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {
+                    info!("SIGINT: stopping");
+                    break;
+                }
+                _ = term.recv() => {
+                    // During a node shutdown the pods stop first (in priority
+                    // order, within shutdownGracePeriod); otherwise they keep
+                    // running for the next start to adopt.
+                    if agent.node_shutdown.on_sigterm().await {
+                        info!("SIGTERM during a node shutdown: pods stopped, stopping");
+                    } else {
+                        info!("SIGTERM: stopping (pods keep running)");
+                    }
+                    break;
+                }
+                _ = hup.recv() => match config::load(args.iter()) {
+                    Ok(new) => {
+                        let diff = agent.reload(new);
+                        info!(applied = ?diff.applied, needs_restart = ?diff.needs_restart, "SIGHUP: configuration reloaded");
+                    }
+                    // Nothing changes.
+                    Err(e) => tracing::error!("SIGHUP: the configuration does not load, keeping the running one: {e}"),
+                },
+            }
         }
         let _ = stop.send(true);
         running.await?.context("agent")?;

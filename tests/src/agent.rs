@@ -23,6 +23,8 @@ use swiftlet::{
     cri::{CriClient, RuntimeService, api, labels},
     events::{EventRecorder, EventType},
     pods::source::PodView,
+    reload::ConfigDiff,
+    volumes::{NoApiServer, ObjectSource},
 };
 use tokio::sync::watch;
 
@@ -78,6 +80,8 @@ pub struct TestAgent {
     pub node: String,
     pub cri: CriClient,
     pub rt: tokio::runtime::Runtime,
+    /// The command line the agent was started with (for reloads).
+    pub args: Vec<String>,
     stop: watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<()>>,
     /// Dropped last: removes the cgroup tree even when start() fails half-way.
@@ -177,7 +181,16 @@ impl TestAgent {
     /// Starts an agent with `kubelet_config` (the body of a
     /// KubeletConfiguration, without apiVersion/kind) and extra flags.
     pub fn start(kubelet_config: &str, extra_flags: &[&str]) -> TestAgent {
-        let setup = AgentSetup::new(kubelet_config, extra_flags);
+        TestAgent::start_with_objects(kubelet_config, extra_flags, Arc::new(NoApiServer))
+    }
+
+    /// [`TestAgent::start`] with ConfigMaps, Secrets and tokens from `objects`.
+    pub fn start_with_objects(kubelet_config: &str, extra_flags: &[&str], objects: Arc<dyn ObjectSource>) -> TestAgent {
+        TestAgent::start_setup(AgentSetup::new(kubelet_config, extra_flags), objects)
+    }
+
+    /// Starts an agent on a prepared setup (files written before it starts).
+    pub fn start_setup(setup: AgentSetup, objects: Arc<dyn ObjectSource>) -> TestAgent {
         let cgroups = setup.cgroup_guard();
         let AgentSetup { dir, manifests, node, cgroup_root, endpoint, args } = setup;
         let cfg = config::load(args.iter()).unwrap_or_else(|e| panic!("test agent config: {e}"));
@@ -186,7 +199,7 @@ impl TestAgent {
         let (stop, shutdown) = watch::channel(false);
         let recorder: Arc<dyn EventRecorder> = events.clone();
         let agent = rt
-            .block_on(Agent::build_with_recorder(cfg, shutdown, recorder))
+            .block_on(Agent::build_with(cfg, shutdown, recorder, objects))
             .unwrap_or_else(|e| panic!("cannot start the agent: {e}"));
         let agent = Arc::new(agent);
         let task = rt.spawn({
@@ -211,6 +224,7 @@ impl TestAgent {
             node,
             cri,
             rt,
+            args,
             stop,
             task: Some(task),
             _cgroups: cgroups,
@@ -287,6 +301,56 @@ impl TestAgent {
     pub fn root(&self) -> &Path {
         self.dir.path()
     }
+
+    /// The agent's `--root-dir`.
+    pub fn root_dir(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    /// The KubeletConfiguration file the agent was started with.
+    pub fn config_file(&self) -> PathBuf {
+        self.dir.path().join("kubelet.yaml")
+    }
+
+    /// Reads the configuration again (as SIGHUP does in the binary) and
+    /// applies it.
+    pub fn reload(&self) -> Result<ConfigDiff, config::ConfigError> {
+        let _in_runtime = self.rt.enter();
+        config::load(self.args.iter()).map(|c| self.agent.reload(c))
+    }
+
+    /// The id of the running instance of a container of a pod.
+    pub fn container_id(&self, pod: &str, container: &str) -> Option<String> {
+        let s = self.status(pod)?;
+        let cs = s.container_statuses?.into_iter().find(|c| c.name == container)?;
+        cs.state.as_ref()?.running.as_ref()?;
+        cs.container_id.map(|id| id.rsplit("://").next().unwrap_or_default().to_owned())
+    }
+
+    /// Runs `script` with sh in a running container: (exit code, stdout, stderr).
+    pub fn exec(&self, pod: &str, container: &str, script: &str) -> (i32, String, String) {
+        let id = self.container_id(pod, container).unwrap_or_else(|| panic!("{pod}/{container} is not running"));
+        exec(&self.cri, &self.rt, &id, script)
+    }
+}
+
+/// Runs `script` with sh in container `id`: (exit code, stdout, stderr).
+pub fn exec(cri: &CriClient, rt: &tokio::runtime::Runtime, id: &str, script: &str) -> (i32, String, String) {
+    let r = rt
+        .block_on(cri.exec_sync(id, vec!["sh".into(), "-c".into(), script.into()], Duration::from_secs(10)))
+        .unwrap_or_else(|e| panic!("exec {script:?} in {id}: {e}"));
+    (r.exit_code, String::from_utf8_lossy(&r.stdout).into_owned(), String::from_utf8_lossy(&r.stderr).into_owned())
+}
+
+/// Unmounts everything a test's agent left mounted under its directory
+/// (the root dir's shared bind mount, volumes of pods a failed test left),
+/// so removing the directory never reaches through a mount.
+pub fn unmount_under(dir: &Path) {
+    match swiftlet::volumes::mount::unmount_all_under(dir) {
+        Ok(left) if left.is_empty() => {}
+        Ok(left) => eprintln!("warning: still mounted under {}: {left:?}", dir.display()),
+        Err(e) => eprintln!("warning: cannot read the mount table: {e}"),
+    }
 }
 
 fn write_manifest(dir: &Path, node: &str, file: &str, yaml: &str) -> String {
@@ -332,6 +396,7 @@ impl Drop for TestAgent {
             let _ = self.rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), t).await });
         }
         force_remove_pods(&self.cri, &self.rt, &self.node);
+        unmount_under(self.dir.path());
     }
 }
 
@@ -437,5 +502,6 @@ impl Drop for AgentProcess {
         }
         self.stop();
         force_remove_pods(&self.cri, &self.rt, &self.setup.node);
+        unmount_under(self.setup.dir.path());
     }
 }

@@ -145,6 +145,19 @@ pub fn pod_requests(spec: &PodSpec) -> (i64, i64) {
     (r.cpu_milli, r.memory)
 }
 
+/// The pod's effective cpu (milli) and memory (bytes) limits, summed as
+/// the kubelet's PodLimits (containers without a limit add nothing; the
+/// overhead is added only to a limit that is set). Zero: no limit.
+pub fn pod_limits(spec: &PodSpec) -> (i64, i64) {
+    let r = pod_total(spec, |c| {
+        let r = container_resources(c);
+        CpuMem { cpu_milli: milli(r.cpu_limit), memory: bytes(r.memory_limit) }
+    });
+    let o = overhead(spec);
+    let plus = |v: i64, extra: i64| if v > 0 { v + extra } else { 0 };
+    (plus(r.cpu_milli, o.cpu_milli), plus(r.memory, o.memory))
+}
+
 /// The pod cgroup's settings (the kubelet's ResourceConfigForPod):
 /// - cpu shares from the sum of cpu requests (2 for BestEffort);
 /// - CFS quota from the sum of cpu limits, only when every container has

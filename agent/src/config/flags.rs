@@ -387,6 +387,12 @@ pub static FLAGS: &[FlagDef] = &[
         None,
         "Labels to add when registering the node (key=value,...); kubernetes.io labels only from the allowed set",
     ),
+    only(
+        "node-shutdown-marker",
+        Str,
+        Some("/run/swiftlet/node-shutdown"),
+        "swiftlet: a file whose appearance (made since boot) means the node is shutting down: pods stop as shutdownGracePeriod says (empty: none)",
+    ),
     cfg(
         "node-status-max-images",
         &["nodeStatusMaxImages"],

@@ -64,6 +64,9 @@ pub struct SwiftletOptions {
     pub housekeeping_interval: Duration,
     /// --standalone: no API server even if a kubeconfig is given.
     pub standalone: bool,
+    /// --node-shutdown-marker: its appearance means the node is shutting
+    /// down (None: only systemd and init are asked).
+    pub node_shutdown_marker: Option<PathBuf>,
 }
 
 impl Default for SwiftletOptions {
@@ -73,6 +76,7 @@ impl Default for SwiftletOptions {
             kernel_eviction: true,
             housekeeping_interval: Duration::from_secs(10),
             standalone: false,
+            node_shutdown_marker: Some(PathBuf::from("/run/swiftlet/node-shutdown")),
         }
     }
 }
@@ -166,6 +170,10 @@ pub fn read(cx: &Ctx, parsed: &ParsedFlags) -> Result<(KubeletFlags, SwiftletOpt
     }
     if let Some(n) = parsed.get("standalone") {
         s.standalone = cx.boolean(n, "")?;
+    }
+    if let Some(n) = parsed.get("node-shutdown-marker") {
+        let raw = cx.string(n, "")?;
+        s.node_shutdown_marker = (!raw.is_empty()).then(|| PathBuf::from(raw));
     }
     for name in ["help", "version"] {
         if let Some(n) = parsed.get(name) {

@@ -71,6 +71,7 @@ pub struct ApiAgent {
     pods: Arc<LatchSink>,
     pub mirrors: Arc<MirrorPods>,
     pressure: watch::Sender<Option<watch::Receiver<BTreeSet<NodeCondition>>>>,
+    shutdown_phase: watch::Sender<Option<watch::Receiver<crate::shutdown::Phase>>>,
     client: OnceLock<kube::Client>,
     /// How often unwritten statuses and mirror pods are retried.
     pub resync: Duration,
@@ -91,6 +92,7 @@ impl ApiAgent {
             pods: Arc::new(LatchSink::default()),
             mirrors: Arc::new(MirrorPods::new(node_name)),
             pressure: watch::channel(None).0,
+            shutdown_phase: watch::channel(None).0,
             client: OnceLock::new(),
             resync: status::RESYNC,
         }
@@ -128,6 +130,12 @@ impl ApiAgent {
         self.pressure.send_replace(Some(conditions));
     }
 
+    /// The graceful node shutdown's phase (`NodeShutdownManager::shutting_down()`):
+    /// the node turns NotReady while it is not Idle.
+    pub fn connect_shutdown(&self, phase: watch::Receiver<crate::shutdown::Phase>) {
+        self.shutdown_phase.send_replace(Some(phase));
+    }
+
     /// The client, once `run` has connected.
     pub fn client(&self) -> Option<kube::Client> {
         self.client.get().cloned()
@@ -151,7 +159,12 @@ impl ApiAgent {
         );
         let pods_api: Arc<dyn pod_api::PodApi> =
             Arc::new(KubePodApi { client: client.clone(), timeout: Duration::from_secs(10) });
-        let inputs = NodeInputs { runtime, images, pressure: self.pressure.subscribe() };
+        let inputs = NodeInputs {
+            runtime,
+            images,
+            pressure: self.pressure.subscribe(),
+            shutdown: self.shutdown_phase.subscribe(),
+        };
         let sink: Arc<dyn recorder::EventSink> = Arc::new(recorder::KubeEventSink(client.clone()));
         let pods_sink: Arc<dyn PodSink> = self.pods.clone();
         tokio::join!(

@@ -75,7 +75,7 @@ impl NodeSettings {
                 os: machine.operating_system.clone(),
                 arch: machine.architecture.clone(),
                 labels: config.flags.node_labels.clone(),
-                taints: k.register_with_taints.clone(),
+                taints: crate::cloudprovider::registration_taints(config),
                 provider_id: k.provider_id.clone(),
             },
             register: k.register_node,
@@ -100,7 +100,12 @@ pub struct NodeInputs {
     pub runtime: Arc<dyn RuntimeService>,
     pub images: Arc<dyn ImageService>,
     pub pressure: PressureSource,
+    /// The graceful node shutdown's phase, once connected: anything but
+    /// Idle makes the node NotReady ("node is shutting down").
+    pub shutdown: ShutdownSource,
 }
+
+pub type ShutdownSource = watch::Receiver<Option<watch::Receiver<crate::shutdown::Phase>>>;
 
 /// Registration and the status loop.
 pub struct NodeAgent {
@@ -153,7 +158,14 @@ impl NodeAgent {
             allocatable: s.allocatable.clone(),
             pressure,
             runtime_version: kept.version.clone(),
-            runtime_errors: status::runtime_errors(status.as_ref().and_then(|s| s.status.as_ref())),
+            runtime_errors: {
+                let mut errs = status::runtime_errors(status.as_ref().and_then(|s| s.status.as_ref()));
+                let phase = inputs.shutdown.borrow().as_ref().map(|p| *p.borrow());
+                if phase.is_some_and(|p| p != crate::shutdown::Phase::Idle) {
+                    errs.push(crate::shutdown::NOT_READY_MESSAGE.into());
+                }
+                errs
+            },
             runtime_handlers: status.as_ref().map(status::runtime_handlers).unwrap_or_default(),
             addresses: info::node_addresses(&s.node_ips, &s.registration.hostname),
             machine: self.machine.clone(),

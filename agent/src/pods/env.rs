@@ -1,13 +1,15 @@
-//! Container environment as the kubelet builds it: `env` in order, with
-//! `$(VAR)` references to earlier variables expanded, values from the
-//! downward API (`fieldRef`, `resourceFieldRef`), and the same expansion
-//! applied to command and args.
+//! Container environment as the kubelet builds it: `envFrom` (ConfigMaps
+//! and Secrets, with their prefix), then `env` in order, with `$(VAR)`
+//! references to earlier variables expanded, values from the downward API
+//! (`fieldRef`, `resourceFieldRef`) and from ConfigMap and Secret keys, and
+//! the same expansion applied to command and args. The objects come
+//! prefetched ([`EnvObjects`]), so building stays pure.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
 
-use crate::{cm::qos::container_resources, quantity::Quantity};
+use crate::{cm::qos::container_resources, quantity::Quantity, volumes::objects::EnvObjects};
 
 /// What `fieldRef` and `resourceFieldRef` can read that is not in the pod
 /// object itself.
@@ -62,17 +64,71 @@ pub fn expand(input: &str, vars: &BTreeMap<String, String>) -> String {
     out
 }
 
-/// The container's environment, in order.
-pub fn build(pod: &Pod, c: &Container, cx: &DownwardContext) -> Result<Vec<(String, String)>, EnvError> {
-    let mut vars: BTreeMap<String, String> = BTreeMap::new();
-    let mut ordered: Vec<(String, String)> = vec![];
-    if c.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
-        return Err(EnvError(
-            "envFrom needs configMaps or secrets from the API server, which this node does not have".into(),
-        ));
+fn is_env_name(s: &str) -> bool {
+    !s.is_empty()
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+/// The variables of `envFrom`, in source order (later sources win), keys
+/// sorted within a source; keys that are not valid variable names are
+/// skipped, as the kubelet does.
+fn env_from(pod: &Pod, c: &Container, objects: &EnvObjects) -> Result<Vec<(String, String)>, EnvError> {
+    let mut out: Vec<(String, String)> = vec![];
+    let mut put = |k: String, v: String| {
+        if !is_env_name(&k) {
+            tracing::warn!(
+                pod = pod.metadata.name.as_deref().unwrap_or(""),
+                "envFrom key {k:?} skipped: not a valid environment variable name"
+            );
+            return;
+        }
+        match out.iter_mut().find(|(name, _)| *name == k) {
+            Some(slot) => slot.1 = v,
+            None => out.push((k, v)),
+        }
+    };
+    for from in c.env_from.iter().flatten() {
+        let prefix = from.prefix.clone().unwrap_or_default();
+        if let Some(r) = &from.config_map_ref {
+            match objects.config_map(&r.name) {
+                Ok(cm) => {
+                    for (k, v) in cm.data.iter().flatten() {
+                        put(format!("{prefix}{k}"), v.clone());
+                    }
+                }
+                Err(e) if e.is_not_found() && r.optional == Some(true) => {}
+                Err(e) => return Err(EnvError(e.to_string())),
+            }
+        }
+        if let Some(r) = &from.secret_ref {
+            match objects.secret(&r.name) {
+                Ok(s) => {
+                    for (k, v) in s.data.iter().flatten() {
+                        put(format!("{prefix}{k}"), String::from_utf8_lossy(&v.0).into_owned());
+                    }
+                }
+                Err(e) if e.is_not_found() && r.optional == Some(true) => {}
+                Err(e) => return Err(EnvError(e.to_string())),
+            }
+        }
     }
+    Ok(out)
+}
+
+/// The container's environment, in order: `envFrom`, then `env` (which
+/// overrides it).
+pub fn build(
+    pod: &Pod,
+    c: &Container,
+    cx: &DownwardContext,
+    objects: &EnvObjects,
+) -> Result<Vec<(String, String)>, EnvError> {
+    let mut vars: BTreeMap<String, String> = BTreeMap::new();
+    let mut ordered: Vec<(String, String)> = env_from(pod, c, objects)?;
+    vars.extend(ordered.iter().cloned());
     for e in c.env.iter().flatten() {
-        let Some(value) = value_of(pod, c, e, cx, &vars)? else { continue };
+        let Some(value) = value_of(pod, c, e, cx, &vars, objects)? else { continue };
         if let Some(slot) = ordered.iter_mut().find(|(k, _)| *k == e.name) {
             slot.1 = value.clone();
         } else {
@@ -95,6 +151,7 @@ fn value_of(
     e: &EnvVar,
     cx: &DownwardContext,
     vars: &BTreeMap<String, String>,
+    objects: &EnvObjects,
 ) -> Result<Option<String>, EnvError> {
     if let Some(v) = &e.value {
         return Ok(Some(expand(v, vars)));
@@ -118,17 +175,38 @@ fn value_of(
             .map(Some)
             .map_err(|why| EnvError(format!("env {}: {why}", e.name)));
     }
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
     if let Some(k) = &from.config_map_key_ref {
-        if k.optional == Some(true) {
-            return Ok(None);
-        }
-        return Err(EnvError(format!("configmap {:?} not found (no API server to read it from)", k.name)));
+        let optional = k.optional == Some(true);
+        let cm = match objects.config_map(&k.name) {
+            Ok(cm) => cm,
+            Err(e) if e.is_not_found() && optional => return Ok(None),
+            Err(e) => return Err(EnvError(e.to_string())),
+        };
+        return match cm.data.as_ref().and_then(|d| d.get(&k.key)) {
+            Some(v) => Ok(Some(v.clone())),
+            None if optional => Ok(None),
+            None => Err(EnvError(format!("couldn't find key {} in ConfigMap {ns}/{}", k.key, k.name))),
+        };
     }
     if let Some(k) = &from.secret_key_ref {
-        if k.optional == Some(true) {
-            return Ok(None);
-        }
-        return Err(EnvError(format!("secret {:?} not found (no API server to read it from)", k.name)));
+        let optional = k.optional == Some(true);
+        let s = match objects.secret(&k.name) {
+            Ok(s) => s,
+            Err(e) if e.is_not_found() && optional => return Ok(None),
+            Err(e) => return Err(EnvError(e.to_string())),
+        };
+        let value = s
+            .data
+            .as_ref()
+            .and_then(|d| d.get(&k.key))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .or_else(|| s.string_data.as_ref().and_then(|d| d.get(&k.key)).cloned());
+        return match value {
+            Some(v) => Ok(Some(v)),
+            None if optional => Ok(None),
+            None => Err(EnvError(format!("couldn't find key {} in Secret {ns}/{}", k.key, k.name))),
+        };
     }
     Ok(Some(String::new()))
 }
@@ -294,7 +372,7 @@ mod tests {
             pod_ips: vec!["10.1.0.5".into()],
             ..Default::default()
         };
-        let got = build(&pod, &c, &cx).unwrap();
+        let got = build(&pod, &c, &cx, &EnvObjects::default()).unwrap();
         let want: Vec<(String, String)> = [
             ("POD", "web"),
             ("NS", "prod"),
@@ -336,7 +414,98 @@ mod tests {
             )]),
             ..Default::default()
         };
-        assert!(build(&pod, &cm, &cx).unwrap_err().0.contains("configmap \"settings\" not found"));
+        assert_eq!(build(&pod, &cm, &cx, &EnvObjects::default()).unwrap_err().0, "configmap \"settings\" not found");
         assert!(field(&pod, "spec.bogus", &cx).unwrap_err().0.contains("spec.bogus"));
+    }
+
+    #[test]
+    fn config_map_and_secret_references_and_env_from() {
+        use k8s_openapi::{
+            ByteString,
+            api::core::v1::{
+                ConfigMap, ConfigMapEnvSource, ConfigMapKeySelector, EnvFromSource, Secret, SecretEnvSource,
+                SecretKeySelector,
+            },
+        };
+        let cm = ConfigMap {
+            data: Some(
+                [
+                    ("mode".to_string(), "fast".to_string()),
+                    ("bad key".to_string(), "x".to_string()),
+                    ("LEVEL".to_string(), "3".to_string()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        let secret =
+            Secret { data: Some([("pw".to_string(), ByteString(b"hunter2".to_vec()))].into()), ..Default::default() };
+        let mut objects = EnvObjects::default();
+        objects.config_maps.insert("settings".into(), Ok(cm));
+        objects.secrets.insert("creds".into(), Ok(secret));
+        let mut pod = Pod::default();
+        pod.metadata.namespace = Some("prod".into());
+        let key = |cm: &str, key: &str, optional: Option<bool>| EnvVarSource {
+            config_map_key_ref: Some(ConfigMapKeySelector { name: cm.into(), key: key.into(), optional }),
+            ..Default::default()
+        };
+        let c = Container {
+            env_from: Some(vec![
+                EnvFromSource {
+                    prefix: Some("CFG_".into()),
+                    config_map_ref: Some(ConfigMapEnvSource { name: "settings".into(), optional: None }),
+                    ..Default::default()
+                },
+                EnvFromSource {
+                    secret_ref: Some(SecretEnvSource { name: "absent".into(), optional: Some(true) }),
+                    ..Default::default()
+                },
+            ]),
+            env: Some(vec![
+                env("MODE", key("settings", "mode", None)),
+                env("MISSING_OK", key("settings", "nope", Some(true))),
+                env("GONE_OK", key("absent", "x", Some(true))),
+                env(
+                    "PW",
+                    EnvVarSource {
+                        secret_key_ref: Some(SecretKeySelector {
+                            name: "creds".into(),
+                            key: "pw".into(),
+                            optional: None,
+                        }),
+                        ..Default::default()
+                    },
+                ),
+                EnvVar {
+                    name: "CFG_LEVEL".into(),
+                    value: Some("level $(CFG_LEVEL) overridden".into()),
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
+        };
+        let got = build(&pod, &c, &DownwardContext::default(), &objects).unwrap();
+        let want: Vec<(String, String)> =
+            [("CFG_LEVEL", "level 3 overridden"), ("CFG_mode", "fast"), ("MODE", "fast"), ("PW", "hunter2")]
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect();
+        assert_eq!(got, want);
+        let missing_key = Container { env: Some(vec![env("X", key("settings", "nope", None))]), ..Default::default() };
+        assert_eq!(
+            build(&pod, &missing_key, &DownwardContext::default(), &objects).unwrap_err().0,
+            "couldn't find key nope in ConfigMap prod/settings"
+        );
+        let missing_secret = Container {
+            env_from: Some(vec![EnvFromSource {
+                secret_ref: Some(SecretEnvSource { name: "absent".into(), optional: None }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        assert_eq!(
+            build(&pod, &missing_secret, &DownwardContext::default(), &objects).unwrap_err().0,
+            "secret \"absent\" not found"
+        );
     }
 }

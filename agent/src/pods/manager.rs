@@ -71,6 +71,8 @@ struct Inner {
     /// Pods removed lately: a relist listed before their cleanup finished
     /// must not mistake their remains for orphans.
     tombstones: Mutex<HashMap<String, Instant>>,
+    /// Set while the node shuts down: new pods are refused with it.
+    refuse_new: Mutex<Option<admission::Rejection>>,
     this: Weak<Inner>,
 }
 
@@ -111,6 +113,7 @@ impl PodManager {
             shutdown,
             last_relist: Mutex::new(None),
             tombstones: Mutex::new(HashMap::new()),
+            refuse_new: Mutex::new(None),
             this: this.clone(),
         });
         PodManager { inner }
@@ -153,6 +156,60 @@ impl PodManager {
         for t in workers {
             let _ = t.await;
         }
+    }
+}
+
+/// Hooks for the node shutdown manager and the volume manager.
+impl PodManager {
+    /// Whether the pod manager knows the pod (running, stopping, or kept
+    /// after it finished).
+    pub fn knows(&self, uid: &str) -> bool {
+        lock(&self.inner.pods).contains_key(uid)
+    }
+
+    /// The pods that still run or may run: (uid, pod), orphans excluded.
+    pub fn running_pods(&self) -> Vec<(String, Pod)> {
+        lock(&self.inner.pods)
+            .iter()
+            .filter(|(_, e)| !e.orphan && e.handle.is_some() && (e.active || !e.running.is_empty()))
+            .map(|(uid, e)| (uid.clone(), e.pod.clone()))
+            .collect()
+    }
+
+    /// Stops a pod for good within `grace` and leaves it Failed with
+    /// `reason` (node shutdown); false for an unknown pod.
+    pub fn terminate_pod(&self, uid: &str, grace: Duration, reason: TerminalReason) -> bool {
+        let mut pods = lock(&self.inner.pods);
+        let Some(e) = pods.get_mut(uid) else { return false };
+        e.active = false;
+        e.evicted = true;
+        match &e.handle {
+            Some(h) => h.tx.send(Msg::Evict { grace, reason }).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Containers of the pod still running, as its worker last saw them.
+    pub fn running_containers(&self, uid: &str) -> usize {
+        lock(&self.inner.pods).get(uid).map_or(0, |e| e.running.len())
+    }
+
+    /// Whether the pod's worker has finished stopping it (or it is gone).
+    pub fn is_stopped(&self, uid: &str) -> bool {
+        lock(&self.inner.pods).get(uid).is_none_or(|e| {
+            e.handle.is_none()
+                || (!e.active
+                    && e.running.is_empty()
+                    && e.status
+                        .as_ref()
+                        .and_then(|s| s.phase.as_deref())
+                        .is_some_and(|p| p == "Failed" || p == "Succeeded"))
+        })
+    }
+
+    /// Refuses every new pod with `rejection` from now on (None: admit again).
+    pub fn refuse_new_pods(&self, rejection: Option<admission::Rejection>) {
+        *lock(&self.inner.refuse_new) = rejection;
     }
 }
 
@@ -200,7 +257,11 @@ impl Inner {
                 .entry(CONFIG_SEEN.into())
                 .or_insert_with(|| Timestamp::now().to_string());
             let active: Vec<&Pod> = pods.values().filter(|e| e.active && !e.orphan).map(|e| &e.pod).collect();
-            match admission::admit(&pod, &active, self.capacity) {
+            let verdict = match lock(&self.refuse_new).clone() {
+                Some(r) => Err(r),
+                None => admission::admit(&pod, &active, self.capacity),
+            };
+            match verdict {
                 Ok(()) => {
                     info!(
                         pod = format!(

@@ -18,6 +18,7 @@ use crate::{
         api,
         labels::{self, PodIdentity},
     },
+    volumes::objects::EnvObjects,
 };
 
 /// Node-wide settings the configs depend on.
@@ -304,20 +305,34 @@ pub struct ContainerStart<'a> {
     /// The image reference the image manager resolved.
     pub image_ref: &'a str,
     pub pod_ips: Vec<String>,
+    /// The ConfigMaps and Secrets the environment refers to.
+    pub env_objects: &'a EnvObjects,
+    /// The container's volume mounts, made by the volume manager.
+    pub mounts: &'a [api::Mount],
+}
+
+/// What the downward API reads beyond the pod object.
+pub fn downward_context(settings: &NodeSettings, pod_ips: &[String]) -> DownwardContext {
+    DownwardContext {
+        host_ip: settings.node_ip.clone(),
+        pod_ips: pod_ips.to_vec(),
+        allocatable_cpu_milli: settings.allocatable_cpu_milli,
+        allocatable_memory: settings.allocatable_memory,
+        allocatable_ephemeral_storage: settings.allocatable_ephemeral_storage,
+    }
+}
+
+/// The container's environment (also what `subPathExpr` expands from).
+pub fn container_env(s: &ContainerStart<'_>, settings: &NodeSettings) -> Result<Vec<(String, String)>, EnvError> {
+    env::build(s.pod, s.container, &downward_context(settings, &s.pod_ips), s.env_objects)
 }
 
 pub fn container_config(s: &ContainerStart<'_>, settings: &NodeSettings) -> Result<api::ContainerConfig, EnvError> {
     let (pod, c) = (s.pod, s.container);
     let id = identity(pod);
-    let cx = DownwardContext {
-        host_ip: settings.node_ip.clone(),
-        pod_ips: s.pod_ips.clone(),
-        allocatable_cpu_milli: settings.allocatable_cpu_milli,
-        allocatable_memory: settings.allocatable_memory,
-        allocatable_ephemeral_storage: settings.allocatable_ephemeral_storage,
-    };
-    let envs = env::build(pod, c, &cx)?;
-    let mut mounts = vec![];
+    let envs = container_env(s, settings)?;
+    // Volume mounts first, the termination message file last, as the kubelet.
+    let mut mounts = s.mounts.to_vec();
     let message_path = c.termination_message_path.clone().unwrap_or_default();
     if !message_path.is_empty() {
         mounts.push(api::Mount {
@@ -327,9 +342,6 @@ pub fn container_config(s: &ContainerStart<'_>, settings: &NodeSettings) -> Resu
                 .into_owned(),
             ..Default::default()
         });
-    }
-    if c.volume_mounts.as_ref().is_some_and(|m| !m.is_empty()) {
-        return Err(EnvError(format!("container {:?} mounts volumes, which this node does not support yet", c.name)));
     }
     let spec = pod.spec.as_ref();
     let grace = spec.and_then(|s| s.termination_grace_period_seconds).unwrap_or(30);
@@ -506,6 +518,8 @@ mod tests {
             restart_count: 3,
             image_ref: "sha256:abc",
             pod_ips: vec!["10.0.0.1".into()],
+            env_objects: &EnvObjects::default(),
+            mounts: &[],
         };
         let cfg = container_config(&start, &settings()).unwrap();
         assert_eq!(cfg.metadata.as_ref().unwrap().attempt, 3);
@@ -527,6 +541,33 @@ mod tests {
         assert!(sc.no_new_privs);
         assert_eq!(sc.capabilities.unwrap().drop_capabilities, vec!["ALL"]);
         assert!(sc.masked_paths.contains(&"/proc/kcore".to_string()));
+    }
+
+    #[test]
+    fn volume_mounts_come_before_the_termination_message() {
+        let p = pod(true);
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let data = api::Mount {
+            container_path: "/data".into(),
+            host_path: "/var/lib/kubelet/pods/1234/volumes/kubernetes.io~empty-dir/data".into(),
+            readonly: true,
+            propagation: api::MountPropagation::PropagationHostToContainer as i32,
+            ..Default::default()
+        };
+        let start = ContainerStart {
+            pod: &p,
+            container: c,
+            init: false,
+            restart_count: 0,
+            image_ref: "sha256:abc",
+            pod_ips: vec![],
+            env_objects: &EnvObjects::default(),
+            mounts: std::slice::from_ref(&data),
+        };
+        let cfg = container_config(&start, &settings()).unwrap();
+        assert_eq!(cfg.mounts.len(), 2);
+        assert_eq!(cfg.mounts[0], data);
+        assert_eq!(cfg.mounts[1].container_path, "/dev/termination-log");
     }
 
     #[test]

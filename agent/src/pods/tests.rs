@@ -38,6 +38,7 @@ use crate::{
     events::{EventRecorder, EventType},
     eviction::driver::{EvictionRequest, KillPath, PodEvictor, PodProvider},
     images::{ImageManager, ImageManagerConfig},
+    volumes::{NoApiServer, VolumeConfig, VolumeManager},
 };
 
 const IMAGE: &str = "swiftlet.local/busybox:1.35";
@@ -109,6 +110,17 @@ fn harness(pods_capacity: i64) -> Harness {
         resync: Duration::from_secs(60),
         restart_backoff: BackoffPolicy { initial: Duration::from_millis(200), max: Duration::from_millis(200) },
         probe_results: None,
+        volumes: Arc::new(VolumeManager::new(
+            VolumeConfig {
+                pods_dir: dir.path().join("pods"),
+                allocatable_memory: 8 << 30,
+                downward: Default::default(),
+                refresh_period: Duration::from_secs(60),
+                sweep_period: Duration::from_secs(60),
+            },
+            Arc::new(NoApiServer),
+            events.clone(),
+        )),
     });
     let (stop, shutdown) = watch::channel(false);
     let capacity = Capacity { pods: pods_capacity, cpu_milli: 4000, memory: 8 << 30 };

@@ -107,6 +107,7 @@ pub fn validate(pod: &Pod) -> Vec<FieldError> {
             container(&at, c, host_network, path == "spec.initContainers", &mut errs);
         }
     }
+    errs.extend(crate::volumes::validation::validate(spec));
     errs
 }
 

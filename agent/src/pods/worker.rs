@@ -44,12 +44,16 @@ use crate::{
     },
     cri::{RuntimeService, api, error::reason},
     events::{EventRecorder, EventType, pod_ref},
+    volumes::{VolumeManager, manager::FAILED_MOUNT},
 };
 
 /// The kubelet's minimum grace for a container stop after its preStop hook.
 const MIN_GRACE: Duration = Duration::from_secs(2);
 /// Retry period after a failed sync (the kubelet's workerBackOffPeriod).
 const SYNC_RETRY: Duration = Duration::from_secs(10);
+/// Volume set-up retries: 1 s doubling to 1 min.
+const MOUNT_RETRY_FIRST: Duration = Duration::from_secs(1);
+const MOUNT_RETRY_MAX: Duration = Duration::from_secs(60);
 /// Log lines a FallbackToLogsOnError message takes at most.
 const FALLBACK_LOG_LINES: usize = 80;
 const MAX_MESSAGE_BYTES: usize = 4096;
@@ -75,6 +79,8 @@ pub struct WorkerDeps {
     /// crashLoopBackOff.maxContainerRestartPeriod.
     pub restart_backoff: BackoffPolicy,
     pub probe_results: Option<ProbeObserver>,
+    /// Pod volumes: set up before containers start, torn down after.
+    pub volumes: Arc<VolumeManager>,
 }
 
 /// Where a worker reports to (the pod manager).
@@ -139,6 +145,8 @@ pub struct Worker {
     probes: HashMap<(String, ProbeType), JoinHandle<()>>,
     wake: Arc<Notify>,
     next_wake: Option<Instant>,
+    /// The delay before the next volume set-up attempt after a failure.
+    mount_retry: Option<Duration>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -213,6 +221,7 @@ impl Worker {
             probes: HashMap::new(),
             wake: wake.clone(),
             next_wake: None,
+            mount_retry: None,
         };
         let task = tokio::spawn(worker.run(rx, shutdown));
         WorkerHandle { tx, wake, task }
@@ -294,6 +303,10 @@ impl Worker {
             Lifecycle::Terminating { grace, remove } => match self.terminate(grace).await {
                 Ok(()) => {
                     self.lifecycle = Lifecycle::Terminated;
+                    // Nothing will run again: free the volumes (tmpfs, emptyDir).
+                    if let Err(e) = self.deps.volumes.teardown(&self.uid).await {
+                        warn!(pod = pod_name(&self.pod), "tearing down volumes: {e}");
+                    }
                     self.finished = true;
                     self.refresh_status().await;
                     if self.pod.metadata.deletion_timestamp.is_some() {
@@ -345,7 +358,21 @@ impl Worker {
         }
         let mut sandbox_id = actions.sandbox_id.clone();
         let mut sandbox_ip = observed.ready_sandbox().and_then(|s| s.ip.clone());
-        if let Some(attempt) = actions.create_sandbox {
+        // Volumes before the sandbox and any container (the kubelet's
+        // WaitForAttachAndMount); what is already running keeps running.
+        let needs_volumes =
+            actions.create_sandbox.is_some() || actions.next_init.is_some() || !actions.start.is_empty();
+        let volumes_ready = if needs_volumes {
+            self.mount_volumes().await
+        } else {
+            // Running containers (re-adopted after a restart, say): register
+            // their volumes for updates; a failure here blocks nothing.
+            if let Err(e) = self.deps.volumes.setup(&self.pod).await {
+                debug!(pod = pod_name(&self.pod), "volumes of running containers: {e}");
+            }
+            true
+        };
+        if let Some(attempt) = actions.create_sandbox.filter(|_| volumes_ready) {
             match self.create_sandbox(attempt).await {
                 Ok((id, ip)) => {
                     sandbox_id = Some(id);
@@ -385,7 +412,7 @@ impl Worker {
             self.stop_container(&k.id, c.as_ref(), grace, sandbox_ip.as_deref()).await;
             lock(&self.results).verdicts.remove(&k.id);
         }
-        if let Some(sandbox_id) = sandbox_id {
+        if let Some(sandbox_id) = sandbox_id.filter(|_| volumes_ready) {
             let sandbox_config = spec::sandbox_config(
                 &self.pod,
                 observed.sandboxes.first().map_or(0, |s| s.attempt),
@@ -407,6 +434,40 @@ impl Worker {
         self.reconcile_probes(&observed);
         self.report(&observed).await;
         Ok(())
+    }
+
+    /// Sets up the pod's volumes; on failure records FailedMount, shows
+    /// ContainerCreating with the reason on the containers not running,
+    /// and retries with a back-off. True when every volume is ready.
+    async fn mount_volumes(&mut self) -> bool {
+        match self.deps.volumes.setup(&self.pod).await {
+            Ok(()) => {
+                if self.mount_retry.take().is_some() {
+                    self.waiting.retain(|_, (r, m)| !(r == reason::CONTAINER_CREATING && m.starts_with("MountVolume")));
+                }
+                true
+            }
+            Err(e) => {
+                let message = e.to_string();
+                warn!(pod = pod_name(&self.pod), "{message}");
+                self.deps.recorder.record(&pod_ref(&self.pod), EventType::Warning, FAILED_MOUNT, &message);
+                let names: Vec<String> = self
+                    .pod
+                    .spec
+                    .iter()
+                    .flat_map(|s| s.init_containers.iter().flatten().chain(s.containers.iter()))
+                    .map(|c| c.name.clone())
+                    .collect();
+                for name in names {
+                    self.waiting.insert(name, (reason::CONTAINER_CREATING.into(), message.clone()));
+                }
+                let delay = self.mount_retry.map_or(MOUNT_RETRY_FIRST, |d| (d * 2).min(MOUNT_RETRY_MAX));
+                self.mount_retry = Some(delay);
+                let at = Instant::now() + delay;
+                self.next_wake = Some(self.next_wake.map_or(at, |w| w.min(at)));
+                false
+            }
+        }
     }
 
     async fn create_sandbox(&mut self, attempt: u32) -> crate::cri::Result<(String, Option<String>)> {
@@ -510,19 +571,34 @@ impl Worker {
             }
         };
         let pod_ips: Vec<String> = pod_ip.clone().into_iter().collect();
-        let start =
-            ContainerStart { pod: &self.pod, container: &c, init, restart_count, image_ref: &image_ref, pod_ips };
-        let config = match spec::container_config(&start, &self.deps.settings) {
+        let env_objects = self.deps.volumes.env_objects(&self.pod, &c).await;
+        let mut start = ContainerStart {
+            pod: &self.pod,
+            container: &c,
+            init,
+            restart_count,
+            image_ref: &image_ref,
+            pod_ips,
+            env_objects: &env_objects,
+            mounts: &[],
+        };
+        // The environment first: subPathExpr expands from it.
+        let mounts = match spec::container_env(&start, &self.deps.settings) {
+            Ok(env) => self.deps.volumes.container_mounts(&self.pod, &c, &env).await,
+            Err(e) => Err(e.to_string()),
+        };
+        let config = match mounts {
+            Ok(m) => {
+                start.mounts = &m;
+                spec::container_config(&start, &self.deps.settings).map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e),
+        };
+        let config = match config {
             Ok(cfg) => cfg,
             Err(e) => {
                 let text = format!("Error: {e}");
-                self.set_waiting(
-                    &c,
-                    init,
-                    reason::CREATE_CONTAINER_CONFIG_ERROR,
-                    e.to_string(),
-                    Some((reason::FAILED, &text)),
-                );
+                self.set_waiting(&c, init, reason::CREATE_CONTAINER_CONFIG_ERROR, e, Some((reason::FAILED, &text)));
                 self.next_wake = Some(Instant::now() + SYNC_RETRY);
                 return;
             }
@@ -677,7 +753,11 @@ impl Worker {
         if let Err(e) = self.deps.cgroups.remove_pod_cgroup(qos_class(&spec), &self.uid, Duration::from_secs(10)) {
             debug!(pod = pod_name(&self.pod), "removing the pod cgroup: {e}");
         }
-        let _ = std::fs::remove_dir_all(self.deps.settings.pods_dir.join(&self.uid));
+        // Unmounts the pod's volumes first; a directory with something
+        // still mounted is left for the orphan sweep.
+        if let Err(e) = self.deps.volumes.remove_pod_dir(&self.uid).await {
+            warn!(pod = pod_name(&self.pod), "removing the pod directory: {e}");
+        }
         let _ = std::fs::remove_dir_all(spec::pod_log_dir(&self.deps.settings, &spec::identity(&self.pod)));
     }
 

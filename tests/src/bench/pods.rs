@@ -44,7 +44,17 @@ async fn direct_start(cri: &CriClient, pod: &Pod, settings: &NodeSettings) -> Re
     sandbox_config.labels.remove(labels::MANAGED_BY);
     let sandbox = cri.run_pod_sandbox(sandbox_config.clone(), "").await?;
     let _ = cri.pod_sandbox_status(&sandbox).await?;
-    let start = ContainerStart { pod, container: c, init: false, restart_count: 0, image_ref: &image, pod_ips: vec![] };
+    let objects = swiftlet::volumes::EnvObjects::default();
+    let start = ContainerStart {
+        pod,
+        container: c,
+        init: false,
+        restart_count: 0,
+        image_ref: &image,
+        pod_ips: vec![],
+        env_objects: &objects,
+        mounts: &[],
+    };
     let mut config = spec::container_config(&start, settings)?;
     config.labels.remove(labels::MANAGED_BY);
     let id = cri.create_container(&sandbox, config, sandbox_config).await?;
