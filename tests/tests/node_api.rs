@@ -798,7 +798,9 @@ fn events_are_deduplicated_and_counted_in_the_api() {
     let r = swiftlet::events::pod_ref(&pod);
     for _ in 0..3 {
         rec.record(&r, EventType::Warning, "BackOff", "Back-off restarting failed container c in pod web_default");
-        std::thread::sleep(Duration::from_millis(300));
+        // Event timestamps have whole seconds: 1.2 s between the first and
+        // the last always crosses a second boundary.
+        std::thread::sleep(Duration::from_millis(600));
     }
     rec.record(
         &r,
