@@ -9,6 +9,7 @@ pub mod agent;
 pub mod apiserver;
 pub mod bench;
 pub mod cgroup;
+pub mod containerd;
 pub mod kubectl;
 pub mod node_process;
 pub mod pods;
