@@ -5,8 +5,8 @@
 use std::{
     ffi::CStr,
     io,
-    path::Path,
     net::{IpAddr, Ipv4Addr},
+    path::Path,
 };
 
 /// The machine's hostname (not lowercased: pods see it as it is).

@@ -18,3 +18,4 @@ pub mod node;
 pub mod pods;
 pub mod quantity;
 pub mod signals;
+pub mod yaml_depth;

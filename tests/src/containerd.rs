@@ -123,7 +123,11 @@ impl TestContainerd {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 panic!("containerd exited ({status}); its log is {}", self.log.display());
             }
-            assert!(Instant::now() < deadline, "containerd did not answer within 30s; its log is {}", self.log.display());
+            assert!(
+                Instant::now() < deadline,
+                "containerd did not answer within 30s; its log is {}",
+                self.log.display()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -171,7 +175,9 @@ impl Drop for TestContainerd {
             .unwrap_or_default()
             .lines()
             .filter_map(|l| l.split_whitespace().nth(4).map(str::to_owned))
-            .filter(|p| p.starts_with(&*self.disk_dir.to_string_lossy()) || p.starts_with(&*self.run_dir.to_string_lossy()))
+            .filter(|p| {
+                p.starts_with(&*self.disk_dir.to_string_lossy()) || p.starts_with(&*self.run_dir.to_string_lossy())
+            })
             .collect();
         mounts.sort_by_key(|p| std::cmp::Reverse(p.len()));
         for m in mounts {

@@ -73,9 +73,8 @@ fn a_restarted_containerd_is_reconnected_and_no_pod_is_recreated() {
 
     ctd.spawn();
     // Back-off caps at 5 s between dials, and the relist dials every second.
-    let reconnected = wait("the agent reconnecting", Duration::from_secs(15), || {
-        agent.agent.cri.health().down_since.is_none()
-    });
+    let reconnected =
+        wait("the agent reconnecting", Duration::from_secs(15), || agent.agent.cri.health().down_since.is_none());
     println!("reconnected {reconnected:?} after containerd answered");
     agent.wait_status(&name, Duration::from_secs(30), "ready again", ready);
     // Several syncs after the runtime came back.
@@ -91,6 +90,7 @@ fn a_restarted_containerd_is_reconnected_and_no_pod_is_recreated() {
         agent.events.all()
     );
     assert!(agent.events.with_reason("Killing").is_empty(), "nothing killed: {:#?}", agent.events.all());
+    assert!(agent.events.with_reason("SandboxChanged").is_empty(), "no new sandbox: {:#?}", agent.events.all());
     drop(agent);
     assert!(ctd.is_running());
 }

@@ -164,8 +164,7 @@ pub async fn bootstrap(
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
     // The cert dir holds the private key: root-only, as the key file is.
-    crate::host::ensure_private_dir(cert_dir)
-        .map_err(|e| err(format!("cannot create {}: {e}", cert_dir.display())))?;
+    crate::host::ensure_private_dir(cert_dir).map_err(|e| err(format!("cannot create {}: {e}", cert_dir.display())))?;
     let stamp = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%d-%H-%M-%S").to_string();
     let pem_file = cert_dir.join(format!("kubelet-client-{stamp}.pem"));
     write_private(&pem_file, format!("{cert_pem}{key_pem}").as_bytes())
