@@ -71,29 +71,6 @@ pub fn node_ip(configured: &[IpAddr]) -> Option<IpAddr> {
     addrs.iter().find(|(_, ip)| !ip.is_loopback()).map(|(_, ip)| IpAddr::V4(*ip))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn default_route() {
-        let table = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
-                     eth0\t0000A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
-                     eth1\t00000000\t0100A8C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n";
-        assert_eq!(default_route_interface(table).as_deref(), Some("eth1"));
-        assert_eq!(default_route_interface("Iface\tDestination\n"), None);
-    }
-
-    #[test]
-    fn configured_wins_and_the_machine_has_one() {
-        let ip: IpAddr = "192.0.2.7".parse().unwrap();
-        assert_eq!(node_ip(&[ip]), Some(ip));
-        // Every machine this runs on has at least loopback; a node address
-        // is found unless it has no network at all.
-        assert!(interface_addresses().unwrap().iter().any(|(_, ip)| ip.is_loopback()));
-    }
-}
-
 /// Creates `dir` (and missing parents) root-only, and makes it root-only
 /// if it exists with access for group or others: the root dir holds pod
 /// state and the cert dir the node's private key. Returns whether an
@@ -120,4 +97,27 @@ pub fn write_private(path: &Path, data: &[u8]) -> io::Result<()> {
     f.write_all(data)?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_route() {
+        let table = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+                     eth0\t0000A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+                     eth1\t00000000\t0100A8C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n";
+        assert_eq!(default_route_interface(table).as_deref(), Some("eth1"));
+        assert_eq!(default_route_interface("Iface\tDestination\n"), None);
+    }
+
+    #[test]
+    fn configured_wins_and_the_machine_has_one() {
+        let ip: IpAddr = "192.0.2.7".parse().unwrap();
+        assert_eq!(node_ip(&[ip]), Some(ip));
+        // Every machine this runs on has at least loopback; a node address
+        // is found unless it has no network at all.
+        assert!(interface_addresses().unwrap().iter().any(|(_, ip)| ip.is_loopback()));
+    }
 }
