@@ -175,6 +175,13 @@ impl Agent {
     ) -> Result<Agent, StartError> {
         let node_name = config.node_name()?;
         let k = &config.kubelet;
+        // The root dir (pod state) is root-only.
+        let root_dir = &config.flags.root_dir;
+        if crate::host::ensure_private_dir(root_dir)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("root dir {}: {e}", root_dir.display())))?
+        {
+            tracing::warn!(dir = %root_dir.display(), "the root dir was open to group or others; made it 0700");
+        }
         let cgroupfs = CgroupFs::detect()?;
         let capacity =
             machine_capacity(&config.flags.root_dir, k.max_pods, k.pods_per_core).map_err(StartError::Capacity)?;

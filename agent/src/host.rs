@@ -6,6 +6,7 @@ use std::{
     ffi::CStr,
     io,
     net::{IpAddr, Ipv4Addr},
+    path::Path,
 };
 
 /// The machine's hostname (not lowercased: pods see it as it is).
@@ -68,6 +69,34 @@ pub fn node_ip(configured: &[IpAddr]) -> Option<IpAddr> {
         return Some(IpAddr::V4(*ip));
     }
     addrs.iter().find(|(_, ip)| !ip.is_loopback()).map(|(_, ip)| IpAddr::V4(*ip))
+}
+
+/// Creates `dir` (and missing parents) root-only, and makes it root-only
+/// if it exists with access for group or others: the root dir holds pod
+/// state and the cert dir the node's private key. Returns whether an
+/// existing directory had to be tightened.
+pub fn ensure_private_dir(dir: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    let mode = std::fs::metadata(dir)?.permissions().mode();
+    if mode & 0o077 == 0 {
+        return Ok(false);
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o7700))?;
+    Ok(true)
+}
+
+/// Writes a file only its owner may read (a key, a kubeconfig): created
+/// 0600 under a temporary name, so it is never readable by others even for
+/// a moment, then renamed over `path`.
+pub fn write_private(path: &Path, data: &[u8]) -> io::Result<()> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

@@ -24,3 +24,4 @@ pub mod server;
 pub mod shutdown;
 pub mod signals;
 pub mod volumes;
+pub mod yaml_depth;

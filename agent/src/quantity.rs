@@ -103,10 +103,13 @@ impl std::str::FromStr for Quantity {
         }
         let (int_part, frac_part) = number.split_once('.').unwrap_or((number, ""));
         let digits = format!("{int_part}{frac_part}");
-        if digits.len() > 30 {
+        // Leading zeros carry nothing; past 39 digits no i128 holds it
+        // (the Display of the largest quantities has 39).
+        let significant = digits.trim_start_matches('0');
+        if significant.len() > 39 {
             return Err(overflow());
         }
-        let mantissa: i128 = digits.parse().map_err(|_| invalid())?;
+        let mantissa: i128 = if significant.is_empty() { 0 } else { significant.parse().map_err(|_| overflow())? };
         let mut exp10: i32 = -(frac_part.len() as i32);
         let mut pow2: u32 = 0;
         match suffix {

@@ -157,6 +157,12 @@ impl AgentSetup {
             "--register-node=false".into(),
         ];
         args.extend(extra_flags.iter().map(|s| s.to_string()));
+        // A test with a runtime of its own names it with a later flag, which wins.
+        let endpoint = extra_flags
+            .iter()
+            .rev()
+            .find_map(|f| f.strip_prefix("--container-runtime-endpoint="))
+            .map_or(endpoint, str::to_owned);
         AgentSetup { dir, manifests, node, cgroup_root, endpoint, args }
     }
 

@@ -9,6 +9,7 @@ pub mod agent;
 pub mod apiserver;
 pub mod bench;
 pub mod cgroup;
+pub mod containerd;
 pub mod cri;
 pub mod https;
 pub mod kubectl;

@@ -43,6 +43,13 @@ impl NodeProcess {
 
     /// Starts swiftlet; `config_yaml` (if any) becomes its --config file.
     pub fn start(config_yaml: Option<&str>, extra: &[String]) -> NodeProcess {
+        let rust_log =
+            std::env::var("SWIFTLET_TEST_LOG").unwrap_or_else(|_| "info,kube_client::client::builder=off".into());
+        NodeProcess::start_logging(config_yaml, extra, &rust_log)
+    }
+
+    /// [`NodeProcess::start`] with its log filter (RUST_LOG) given.
+    pub fn start_logging(config_yaml: Option<&str>, extra: &[String], rust_log: &str) -> NodeProcess {
         crate::prereq::require_root();
         let cgroup = TestCgroup::new();
         let dir = tempfile::Builder::new()
@@ -60,10 +67,7 @@ impl NodeProcess {
         let out = fs::File::create(&log).expect("log file");
         let child = Command::new(crate::workload::sibling_binary("swiftlet"))
             .args(&args)
-            .env(
-                "RUST_LOG",
-                std::env::var("SWIFTLET_TEST_LOG").unwrap_or_else(|_| "info,kube_client::client::builder=off".into()),
-            )
+            .env("RUST_LOG", rust_log)
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("log"))
             .stderr(out)

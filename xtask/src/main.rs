@@ -4,6 +4,7 @@
 mod bench;
 mod cmd;
 mod containerd;
+mod fuzz;
 mod images;
 mod run;
 mod setup;
@@ -32,6 +33,8 @@ enum Task {
     Run(run::Args),
     /// Run the benchmarks and write target/bench/report.md and results.json.
     Bench(bench::Args),
+    /// Run the parsers' property tests with fresh seeds for a bounded time.
+    Fuzz(fuzz::Args),
     /// Start a project-local containerd and wait (for manual experiments).
     Containerd,
     /// The kernel matrix: signal, eviction and kill tests on Debian's 6.1 and
@@ -60,6 +63,7 @@ fn run(task: Task) -> Result<()> {
         Task::Test(args) => test::run(args),
         Task::Run(args) => run::run(args),
         Task::Bench(args) => bench::run(args),
+        Task::Fuzz(args) => fuzz::run(args),
         Task::Vmtest(args) => vm::run(args),
         Task::Containerd => {
             setup::all()?;

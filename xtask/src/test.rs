@@ -76,6 +76,8 @@ pub fn run(args: Args) -> Result<()> {
                 let mut c = cargo(&["test", "-p", "swiftlet-tests", "--", "--test-threads=1"]);
                 c.args(&args.filters);
                 c.env("SWIFTLET_TEST_CRI_ENDPOINT", ctd.endpoint());
+                // Tests that restart the runtime start their own from this one's configuration.
+                c.env("SWIFTLET_TEST_CONTAINERD_CONFIG", ctd.disk_dir.join("config.toml"));
                 match setup::ensure_kubectl() {
                     Ok(k) => {
                         c.env("SWIFTLET_TEST_KUBECTL", k);

@@ -130,7 +130,10 @@ pub fn format_value(v: &ThresholdValue) -> String {
             let pct = p * 100.0;
             // Print 10% as "10%" and 12.5% as "12.5%", avoiding float noise.
             let rounded = (pct * 1e6).round() / 1e6;
-            format!("{rounded}%")
+            // "0%" and "100%" as written mean no threshold; a threshold
+            // of exactly 0 or 100 percent (written "0.0%", "1e2%") must
+            // read back as itself.
+            if rounded == 0.0 || rounded == 100.0 { format!("{rounded:.1}%") } else { format!("{rounded}%") }
         }
     }
 }
@@ -273,5 +276,10 @@ mod tests {
         assert_eq!(format_value(&q("100Mi")), "100Mi");
         assert_eq!(format_value(&ThresholdValue::Percentage(0.10)), "10%");
         assert_eq!(format_value(&ThresholdValue::Percentage(0.055)), "5.5%");
+        assert_eq!(format_value(&ThresholdValue::Percentage(1.0)), "100.0%");
+        assert_eq!(
+            parse_threshold("nodefs.available", "100.0%").unwrap(),
+            Some((EvictionSignal::NodeFsAvailable, ThresholdValue::Percentage(1.0)))
+        );
     }
 }

@@ -18,6 +18,9 @@ use super::{
 
 /// Parses one document. `Ok(None)` for an empty document.
 pub fn parse(file: usize, path: &std::path::Path, text: &str) -> Result<Option<Node>, ConfigError> {
+    if let Err(e) = crate::yaml_depth::check(text) {
+        return Err(ConfigError::file(path, None, format!("not valid YAML: {e}")));
+    }
     let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| {
         let line = e.location().map(|l| l.line());
         ConfigError::file(path, line, format!("not valid YAML: {}", strip_position(&e.to_string())))

@@ -12,7 +12,6 @@
 //! serving certificates (serverTLSBootstrap).
 
 use std::{
-    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -27,6 +26,7 @@ use rcgen::{CertificateParams, DnType, KeyPair};
 use tracing::info;
 
 use super::{ApiError, client};
+use crate::host::write_private;
 
 pub const SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 /// How long to wait for approval (the kubelet waits an hour).
@@ -119,13 +119,6 @@ pub fn client_kubeconfig(bootstrap: &Kubeconfig, cert_file: &Path) -> Result<Kub
     })
 }
 
-fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, data)?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
-    std::fs::rename(&tmp, path)
-}
-
 /// Runs the bootstrap; on success `kubeconfig` exists.
 pub async fn bootstrap(
     bootstrap_path: &Path,
@@ -170,7 +163,8 @@ pub async fn bootstrap(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
-    std::fs::create_dir_all(cert_dir).map_err(|e| err(format!("cannot create {}: {e}", cert_dir.display())))?;
+    // The cert dir holds the private key: root-only, as the key file is.
+    crate::host::ensure_private_dir(cert_dir).map_err(|e| err(format!("cannot create {}: {e}", cert_dir.display())))?;
     let stamp = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%d-%H-%M-%S").to_string();
     let pem_file = cert_dir.join(format!("kubelet-client-{stamp}.pem"));
     write_private(&pem_file, format!("{cert_pem}{key_pem}").as_bytes())

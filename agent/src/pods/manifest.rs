@@ -30,6 +30,7 @@ pub struct ManifestError {
 /// Reads one pod from a manifest's text.
 pub fn read_pod(file: &Path, text: &str) -> Result<Pod, ManifestError> {
     let err = |problem: String| ManifestError { file: file.to_owned(), problem };
+    crate::yaml_depth::check(text).map_err(|e| err(format!("cannot parse: {e}")))?;
     let mut docs = vec![];
     for doc in serde_yaml::Deserializer::from_str(text) {
         let value = serde_yaml::Value::deserialize(doc).map_err(|e| err(format!("cannot parse: {e}")))?;
