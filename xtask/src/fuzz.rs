@@ -5,7 +5,7 @@
 //! until N seconds are used. Inputs are mutations of the seeds kept in
 //! `tests/fixtures/fuzz/<target>/` and arbitrary text. A failure stops the
 //! run with the seed that reproduces it; proptest also records the shrunk
-//! case under `agent/proptest-regressions/`, which is kept in the repo and
+//! case under `agent/tests/bad_input.proptest-regressions`, which is kept in the repo and
 //! replayed first by every later run.
 //!
 //! proptest rather than cargo-fuzz: libFuzzer needs the nightly and

@@ -510,6 +510,9 @@ impl KubeletConfiguration {
         for (k, v) in &self.other {
             put(k, v.clone());
         }
+        // An empty evictionHard (every threshold 0% or 100%) means no hard
+        // threshold; left out, reading it back would give the defaults.
+        m.entry("evictionHard").or_insert_with(|| json!({}));
         Json::Object(m)
     }
 }
