@@ -49,7 +49,6 @@ fn ready_unrestarted(s: &PodStatus) -> bool {
 }
 
 #[test]
-#[ignore = "fails on main: under pid.available pressure the eviction manager evicted the steady pod (2 processes) instead of the bomb (up to 600); see docs/ARCHITECTURE.md (issue 10)"]
 fn a_fork_bomb_is_capped_and_its_pod_evicted_while_the_node_stays_responsive() {
     let limit = pid_limit();
     let threshold = limit - (node_tasks() + MARGIN);

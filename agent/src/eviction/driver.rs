@@ -331,7 +331,15 @@ impl EventSink for Sink {
                 // When the kernel already killed at this crossing, the fast
                 // path stands down: one victim per crossing.
                 let fast_kill = match &line {
-                    Some(l) if kernel_generation == 0 => inner.fast_kill(l.eviction_signal, at_ns),
+                    Some(l) if kernel_generation == 0 => {
+                        // Process counts move fast (a fork bomb doubles in
+                        // milliseconds), so a plan up to a plan interval old
+                        // can name the wrong pod: rank again on the spot.
+                        if l.eviction_signal == EvictionSignal::PidAvailable {
+                            inner.refresh_plan();
+                        }
+                        inner.fast_kill(l.eviction_signal, at_ns)
+                    }
                     _ => None,
                 };
                 let _ = inner.wake.send(Wake::Crossing {
