@@ -49,6 +49,7 @@ fn ready_unrestarted(s: &PodStatus) -> bool {
 }
 
 #[test]
+#[ignore = "node-wide signal: run it alone with `cargo test -p swiftlet-tests --test pid_exhaustion -- --ignored` against a test containerd (SWIFTLET_TEST_CRI_ENDPOINT); other work on the machine moving the task count by a few hundred crosses the line before the bomb does"]
 fn a_fork_bomb_is_capped_and_its_pod_evicted_while_the_node_stays_responsive() {
     let limit = pid_limit();
     let threshold = limit - (node_tasks() + MARGIN);
