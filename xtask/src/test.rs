@@ -73,7 +73,8 @@ pub fn run(args: Args) -> Result<()> {
     if !args.unit_only {
         match Containerd::start(cmd::workspace_root(), "test") {
             Ok(ctd) => {
-                let mut c = cargo(&["test", "-p", "swiftlet-tests", "--", "--test-threads=1"]);
+                // Every test binary runs, so the summary shows every failure.
+                let mut c = cargo(&["test", "-p", "swiftlet-tests", "--no-fail-fast", "--", "--test-threads=1"]);
                 c.args(&args.filters);
                 c.env("SWIFTLET_TEST_CRI_ENDPOINT", ctd.endpoint());
                 // Tests that restart the runtime start their own from this one's configuration.
