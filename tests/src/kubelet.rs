@@ -53,7 +53,8 @@ pub fn swiftlet_binary() -> PathBuf {
 }
 
 fn write_config(dir: &std::path::Path) -> PathBuf {
-    let logs = dir.join("pods");
+    // Not `<root>/pods`: that is where pod directories (volumes) live.
+    let logs = dir.join("logs");
     std::fs::create_dir_all(&logs).expect("pod logs dir");
     let path = dir.join("config.yaml");
     std::fs::write(

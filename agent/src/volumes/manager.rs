@@ -729,6 +729,9 @@ impl VolumeManager {
             .flatten()
             .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
             .map(|e| e.file_name().to_string_lossy().into_owned())
+            // Only names a pod uid can have: a podLogsDir pointed at the
+            // same directory (`<ns>_<name>_<uid>`) must never be swept.
+            .filter(|uid| !uid.contains('_'))
             .filter(|uid| !in_use.in_use(uid) && !lock(&self.pods).contains_key(uid))
             .collect();
         if candidates.is_empty() {
