@@ -453,7 +453,7 @@ impl Agent {
         let mut api_task = self.api.clone().map(|api| {
             let runtime: Arc<dyn RuntimeService> = self.cri.clone();
             let images: Arc<dyn ImageService> = self.cri.clone();
-            tokio::spawn(api.run(runtime, images, self.shutdown.clone()))
+            tokio::spawn(api.run(runtime, images, self.live.subscribe(), self.shutdown.clone()))
         });
         // ConfigMaps, Secrets and service account tokens for volumes and
         // environments come from the API server once connected.

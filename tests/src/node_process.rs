@@ -87,6 +87,19 @@ impl NodeProcess {
         }
     }
 
+    /// Sends `signal` (e.g. SIGHUP for a reload) to the agent.
+    pub fn signal(&self, signal: i32) {
+        if let Some(child) = &self.child {
+            // SAFETY: signalling the process we started, by its PID.
+            unsafe { libc::kill(child.id() as i32, signal) };
+        }
+    }
+
+    /// The agent's --config file (when it was started with one).
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("config.yaml")
+    }
+
     /// SIGTERM, then SIGKILL after 15 s; returns whether it exited by itself.
     pub fn stop(&mut self) -> bool {
         let Some(mut child) = self.child.take() else { return true };

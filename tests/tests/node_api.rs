@@ -350,6 +350,52 @@ fn status_reports_and_lease_resume_after_a_60s_outage() {
 }
 
 #[test]
+fn a_reload_changes_the_status_report_frequency_live() {
+    prereq::require_root();
+    let name = node_name("reload");
+    let c = cluster(&name, Options::default());
+    let extra = vec![format!("--kubeconfig={}", c.node_kubeconfig.display()), format!("--hostname-override={name}")];
+    let mut agent = NodeProcess::start(Some(REPORTING_NODE), &extra);
+    wait("the node to be Ready", Duration::from_secs(60), || {
+        agent.assert_running();
+        c.server.get(&NODES, "", &name).filter(ready)
+    });
+    // (status reports, status rounds) in 10 s; every round GETs the Node.
+    let in_10s = || {
+        let rounds = || {
+            let node = format!("/api/v1/nodes/{name}");
+            c.server.requests().iter().filter(|r| r.method == "GET" && r.uri == node).count()
+        };
+        let before = (status_patches(&c.server, &name), rounds());
+        std::thread::sleep(Duration::from_secs(10));
+        (status_patches(&c.server, &name) - before.0, rounds() - before.1)
+    };
+    let (reports, rounds) = in_10s();
+    assert!((2..=4).contains(&reports), "{reports} reports in 10 s at one per 4 s");
+    assert!((8..=12).contains(&rounds), "{rounds} rounds in 10 s at one per 1 s");
+
+    // SIGHUP with both frequencies changed: a round every 200 ms, and a
+    // report once 1 s has passed since the last (about every 1.0-1.2 s).
+    let config = agent.config_path();
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("nodeStatusReportFrequency: 4s", "nodeStatusReportFrequency: 1s")
+        .replace("nodeStatusUpdateFrequency: 1s", "nodeStatusUpdateFrequency: 200ms");
+    std::fs::write(&config, text).unwrap();
+    agent.signal(libc::SIGHUP);
+    wait("the reload applied", Duration::from_secs(10), || {
+        let log = agent.log_text();
+        (log.contains("configuration reloaded: applied") && log.contains("nodeStatusUpdateFrequency changed"))
+            .then_some(())
+    });
+    let (reports, rounds) = in_10s();
+    assert!(reports >= 7, "{reports} reports in 10 s after the reload to one per 1 s");
+    assert!(rounds >= 35, "{rounds} rounds in 10 s after the reload to one per 200 ms");
+    agent.assert_running();
+    assert!(agent.stop());
+}
+
+#[test]
 fn bootstraps_a_client_certificate_through_a_csr() {
     prereq::require_root();
     let name = node_name("boot");
@@ -474,7 +520,8 @@ fn pressure_conditions_and_taints_follow_the_eviction_manager() {
     let cri = Arc::new(CriClient::new(&cri_endpoint(), Duration::from_secs(10)).unwrap());
     let (stop, shutdown) = watch::channel(false);
     let eviction = rt.spawn(event_loop.run(shutdown.clone()));
-    let running = rt.spawn(api.clone().run(cri.clone(), cri, shutdown));
+    let (_live, frequencies) = watch::channel(swiftlet::reload::LiveSettings::of(&config));
+    let running = rt.spawn(api.clone().run(cri.clone(), cri, frequencies, shutdown));
 
     let node = wait("MemoryPressure True", Duration::from_secs(30), || {
         let n = server.get(&NODES, "", &name)?;

@@ -146,6 +146,7 @@ impl ApiAgent {
         self: Arc<Self>,
         runtime: Arc<dyn RuntimeService>,
         images: Arc<dyn ImageService>,
+        frequencies: watch::Receiver<crate::reload::LiveSettings>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<(), ApiError> {
         let client = client::connect(&self.client_settings).await?;
@@ -164,6 +165,7 @@ impl ApiAgent {
             images,
             pressure: self.pressure.subscribe(),
             shutdown: self.shutdown_phase.subscribe(),
+            frequencies,
         };
         let sink: Arc<dyn recorder::EventSink> = Arc::new(recorder::KubeEventSink(client.clone()));
         let pods_sink: Arc<dyn PodSink> = self.pods.clone();

@@ -51,8 +51,6 @@ pub struct NodeSettings {
     pub register: bool,
     pub node_ips: Vec<IpAddr>,
     pub port: u16,
-    pub update_every: Duration,
-    pub report_every: Duration,
     pub lease_duration_seconds: u32,
     pub max_images: i32,
     pub capacity: BTreeMap<String, String>,
@@ -81,8 +79,6 @@ impl NodeSettings {
             register: k.register_node,
             node_ips: config.flags.node_ip.clone(),
             port: k.port,
-            update_every: k.node_status_update_frequency,
-            report_every: k.node_status_report_frequency,
             lease_duration_seconds: k.node_lease_duration_seconds,
             max_images: k.node_status_max_images,
             capacity: resource_strings(&allocatable.capacity),
@@ -103,6 +99,9 @@ pub struct NodeInputs {
     /// The graceful node shutdown's phase, once connected: anything but
     /// Idle makes the node NotReady ("node is shutting down").
     pub shutdown: ShutdownSource,
+    /// The node status update and report frequencies, which a SIGHUP
+    /// reload may change while the loop runs.
+    pub frequencies: watch::Receiver<crate::reload::LiveSettings>,
 }
 
 pub type ShutdownSource = watch::Receiver<Option<watch::Receiver<crate::shutdown::Phase>>>;
@@ -113,6 +112,14 @@ pub struct NodeAgent {
     machine: MachineInfo,
     recorder: Arc<dyn EventRecorder>,
     node_uid: watch::Sender<Option<String>>,
+}
+
+/// The status round's clock; a round that overran is not caught up
+/// (the next one is a full period later), like the kubelet's wait.Until.
+fn status_ticker(every: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
 }
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -211,6 +218,7 @@ impl NodeAgent {
         api: &kube::Api<Node>,
         facts: &NodeFacts,
         last_report: &mut Option<Instant>,
+        report_every: Duration,
     ) -> Result<Option<Node>, kube::Error> {
         let Some(node) = api.get_opt(self.name()).await? else {
             return Ok(None);
@@ -219,7 +227,7 @@ impl NodeAgent {
         let old = node.status.clone().unwrap_or_default();
         let (new, events) = status::node_status(Some(&old), facts, Timestamp::now());
         let changed = status::status_changed(&old, &new);
-        if status::should_report(changed, last_report.map(|t| t.elapsed()), self.settings.report_every) {
+        if status::should_report(changed, last_report.map(|t| t.elapsed()), report_every) {
             let old_v = serde_json::to_value(&old).unwrap_or_default();
             let new_v = serde_json::to_value(&new).unwrap_or_default();
             if let Some(d) = smp::diff(&old_v, &new_v) {
@@ -255,10 +263,19 @@ impl NodeAgent {
         let mut backoff = Duration::from_millis(100);
         let mut failing = false;
         let mut pressure_rx: Option<watch::Receiver<BTreeSet<NodeCondition>>> = None;
-        let mut tick = tokio::time::interval(self.settings.update_every.max(Duration::from_millis(100)));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tick = status_ticker(inputs.frequencies.borrow().node_status_update_frequency);
         tick.tick().await;
         loop {
+            let report_every = {
+                let live = inputs.frequencies.borrow_and_update().clone();
+                let update_every = live.node_status_update_frequency.max(Duration::from_millis(100));
+                if update_every != tick.period() {
+                    info!(every = ?update_every, "nodeStatusUpdateFrequency changed by a reload");
+                    tick = status_ticker(update_every);
+                    tick.tick().await;
+                }
+                live.node_status_report_frequency
+            };
             if inputs.pressure.has_changed().unwrap_or(false) || pressure_rx.is_none() {
                 pressure_rx = inputs.pressure.borrow_and_update().clone();
             }
@@ -270,7 +287,7 @@ impl NodeAgent {
                     last_report = Some(Instant::now());
                     return Ok(Some(n));
                 }
-                self.sync_status(&api, &facts, &mut last_report).await
+                self.sync_status(&api, &facts, &mut last_report, report_every).await
             };
             let mut wait = None;
             match tokio::time::timeout(CALL_TIMEOUT, round).await {
@@ -329,6 +346,7 @@ impl NodeAgent {
                 _ = async { match wait { Some(w) => tokio::time::sleep(w).await, None => { tick.tick().await; } } } => {}
                 _ = changed_pressure => debug!("pressure conditions changed"),
                 _ = async { if inputs.pressure.changed().await.is_err() { std::future::pending::<()>().await } } => {}
+                _ = async { if inputs.frequencies.changed().await.is_err() { std::future::pending::<()>().await } } => {}
                 _ = shutdown.wait_for(|s| *s) => return,
             }
         }

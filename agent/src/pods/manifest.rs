@@ -38,7 +38,7 @@ pub fn read_pod(file: &Path, text: &str) -> Result<Pod, ManifestError> {
             docs.push(value);
         }
     }
-    let value = match docs.len() {
+    let mut value = match docs.len() {
         0 => return Err(err("the file holds no object; a static pod manifest holds one Pod".into())),
         1 => docs.remove(0),
         n => return Err(err(format!("the file holds {n} objects; a static pod manifest holds one Pod"))),
@@ -55,15 +55,74 @@ pub fn read_pod(file: &Path, text: &str) -> Result<Pod, ManifestError> {
         }
         _ => {}
     }
-    // Typed decoding, with the path of the field that does not fit. The
-    // document is re-read from the text so serde_yaml can give its line.
-    let doc = serde_yaml::Deserializer::from_str(text).next().ok_or_else(|| err("the file holds no object".into()))?;
-    serde_path_to_error::deserialize::<_, Pod>(doc).map_err(|e| {
+    let explain = |e: serde_path_to_error::Error<serde_yaml::Error>| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
         // serde_yaml names the path itself when it knows it.
         if path == "." || inner.starts_with(&path) { err(inner) } else { err(format!("{path}: {inner}")) }
-    })
+    };
+    unquoted_env_values(&value).map_err(err)?;
+    if octal_modes(&mut value) {
+        return serde_path_to_error::deserialize::<_, Pod>(value).map_err(explain);
+    }
+    // Typed decoding, with the path of the field that does not fit. The
+    // document is re-read from the text so serde_yaml can give its line.
+    let doc = serde_yaml::Deserializer::from_str(text).next().ok_or_else(|| err("the file holds no object".into()))?;
+    serde_path_to_error::deserialize::<_, Pod>(doc).map_err(explain)
+}
+
+/// `env: [{name: N, value: 4}]`: YAML reads 4 as a number, and the
+/// kubelet (like the API server) refuses a number where EnvVar.value
+/// wants a string; serde would quietly take it, so it is checked here.
+fn unquoted_env_values(pod: &serde_yaml::Value) -> Result<(), String> {
+    use serde_yaml::Value;
+    let Some(spec) = pod.get("spec") else { return Ok(()) };
+    for list in ["initContainers", "containers", "ephemeralContainers"] {
+        let Some(containers) = spec.get(list).and_then(Value::as_sequence) else { continue };
+        for (i, c) in containers.iter().enumerate() {
+            let Some(env) = c.get("env").and_then(Value::as_sequence) else { continue };
+            for (j, e) in env.iter().enumerate() {
+                let what = match e.get("value") {
+                    Some(Value::Number(n)) => format!("integer {n}"),
+                    Some(Value::Bool(b)) => format!("boolean {b}"),
+                    _ => continue,
+                };
+                let shown = what.rsplit(' ').next().unwrap_or_default();
+                return Err(format!(
+                    "spec.{list}[{i}].env[{j}].value: invalid type: {what}, expected a string (quote it: \"{shown}\")"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// File modes written the YAML 1.1 way (`defaultMode: 0640`), which the
+/// kubelet's YAML reader takes as octal and YAML 1.2 (serde_yaml) reads as
+/// a string: turned into their number. Returns whether any was found.
+fn octal_modes(v: &mut serde_yaml::Value) -> bool {
+    use serde_yaml::Value;
+    match v {
+        Value::Mapping(m) => {
+            let mut found = false;
+            for (k, v) in m.iter_mut() {
+                let is_mode = matches!(k.as_str(), Some("defaultMode" | "mode"));
+                if let (true, Value::String(s)) = (is_mode, &*v)
+                    && let Some(octal) = s.strip_prefix('0').filter(|d| !d.is_empty())
+                    && let Ok(n) = u32::from_str_radix(octal, 8)
+                {
+                    *v = Value::Number(n.into());
+                    found = true;
+                } else {
+                    found |= octal_modes(v);
+                }
+            }
+            found
+        }
+        Value::Sequence(items) => items.iter_mut().fold(false, |found, i| octal_modes(i) | found),
+        Value::Tagged(t) => octal_modes(&mut t.value),
+        _ => false,
+    }
 }
 
 /// The hash the kubelet uses as a static pod's uid: the manifest as
@@ -173,6 +232,36 @@ spec:
         let json = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"j"},"spec":{"containers":[{"name":"c","image":"busybox"}]}}"#;
         let pod = static_pod(read_pod(Path::new("j.json"), json).unwrap(), Path::new("j.json"), "n").unwrap();
         assert_eq!(pod.metadata.name.as_deref(), Some("j-n"));
+    }
+
+    #[test]
+    fn file_modes_written_in_octal_are_octal_as_the_kubelet_reads_them() {
+        let text = |mode: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: x}}\nspec:\n  containers: [{{name: c, image: b}}]\n  volumes:\n  - name: cm\n    configMap:\n      name: cm\n      defaultMode: {mode}\n      items: [{{key: k, path: k, mode: {mode}}}]\n"
+            )
+        };
+        let modes = |mode: &str| -> Result<(i32, i32), String> {
+            let pod = read_pod(Path::new("m.yaml"), &text(mode)).map_err(|e| e.to_string())?;
+            let cm = pod.spec.unwrap().volumes.unwrap().remove(0).config_map.unwrap();
+            Ok((cm.default_mode.unwrap(), cm.items.unwrap()[0].mode.unwrap()))
+        };
+        type Modes = Result<(i32, i32), &'static str>;
+        let cases: [(&str, Modes); 6] = [
+            ("0640", Ok((0o640, 0o640))),
+            ("0400", Ok((0o400, 0o400))),
+            ("0o600", Ok((0o600, 0o600))),
+            ("420", Ok((420, 420))),
+            ("0", Ok((0, 0))),
+            ("0999", Err("spec.volumes[0].configMap.defaultMode: invalid type: string \"0999\"")),
+        ];
+        for (mode, want) in cases {
+            match (modes(mode), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{mode}"),
+                (Err(got), Err(want)) => assert!(got.contains(want), "{mode}: want {want:?} in {got:?}"),
+                (got, want) => panic!("{mode}: got {got:?}, want {want:?}"),
+            }
+        }
     }
 
     #[test]

@@ -25,8 +25,43 @@ fn required(field: impl Into<String>) -> FieldError {
     FieldError { field: field.into(), problem: "Required value".into() }
 }
 
-fn invalid(field: impl Into<String>, value: impl std::fmt::Display, why: impl std::fmt::Display) -> FieldError {
-    FieldError { field: field.into(), problem: format!("Invalid value: \"{value}\": {why}") }
+/// A field's value as apimachinery's field errors print it: strings
+/// quoted, numbers and booleans bare (`Invalid value: 70000: ...`).
+pub trait FieldValue {
+    fn shown(&self) -> String;
+}
+
+impl FieldValue for str {
+    fn shown(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+impl FieldValue for String {
+    fn shown(&self) -> String {
+        self.as_str().shown()
+    }
+}
+
+impl<T: FieldValue + ?Sized> FieldValue for &T {
+    fn shown(&self) -> String {
+        (**self).shown()
+    }
+}
+
+macro_rules! bare_field_values {
+    ($($t:ty),*) => {$(
+        impl FieldValue for $t {
+            fn shown(&self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+bare_field_values!(i32, i64, u16, u32, u64, usize, bool);
+
+pub fn invalid(field: impl Into<String>, value: impl FieldValue, why: impl std::fmt::Display) -> FieldError {
+    FieldError { field: field.into(), problem: format!("Invalid value: {}: {why}", value.shown()) }
 }
 
 fn unsupported(field: impl Into<String>, value: &str, allowed: &[&str]) -> FieldError {
@@ -302,7 +337,7 @@ mod tests {
             (
                 "negative grace",
                 Box::new(|p| p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(-1)),
-                "spec.terminationGracePeriodSeconds: Invalid value: \"-1\"",
+                "spec.terminationGracePeriodSeconds: Invalid value: -1",
             ),
             (
                 "container name",
@@ -326,7 +361,7 @@ mod tests {
             (
                 "port",
                 Box::new(|p| c0(p).ports = Some(vec![ContainerPort { container_port: 70000, ..Default::default() }])),
-                "spec.containers[0].ports[0].containerPort: Invalid value: \"70000\"",
+                "spec.containers[0].ports[0].containerPort: Invalid value: 70000",
             ),
             (
                 "host port on host network",
@@ -335,7 +370,7 @@ mod tests {
                     c0(p).ports =
                         Some(vec![ContainerPort { container_port: 80, host_port: Some(8080), ..Default::default() }]);
                 }),
-                "spec.containers[0].ports[0].hostPort: Invalid value: \"8080\": must match `containerPort`",
+                "spec.containers[0].ports[0].hostPort: Invalid value: 8080: must match `containerPort`",
             ),
             (
                 "env name",
@@ -377,7 +412,7 @@ mod tests {
                         ..Default::default()
                     })
                 }),
-                "spec.containers[0].livenessProbe.successThreshold: Invalid value: \"2\": must be 1",
+                "spec.containers[0].livenessProbe.successThreshold: Invalid value: 2: must be 1",
             ),
             (
                 "zero period",
@@ -388,7 +423,7 @@ mod tests {
                         ..Default::default()
                     })
                 }),
-                "spec.containers[0].readinessProbe.periodSeconds: Invalid value: \"0\"",
+                "spec.containers[0].readinessProbe.periodSeconds: Invalid value: 0",
             ),
         ];
         for (name, f, want) in cases {

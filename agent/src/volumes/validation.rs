@@ -9,14 +9,10 @@ use std::collections::{BTreeSet, HashMap};
 use k8s_openapi::api::core::v1::{Container, DownwardAPIVolumeFile, KeyToPath, PodSpec, Volume};
 
 use super::payload::validate_path;
-use crate::pods::validation::{FieldError, is_dns_label};
+use crate::pods::validation::{FieldError, invalid, is_dns_label};
 
 fn err(field: impl Into<String>, problem: impl Into<String>) -> FieldError {
     FieldError { field: field.into(), problem: problem.into() }
-}
-
-fn invalid(field: impl Into<String>, value: impl std::fmt::Display, why: impl std::fmt::Display) -> FieldError {
-    err(field, format!("Invalid value: \"{value}\": {why}"))
 }
 
 fn unsupported(field: impl Into<String>, value: &str, allowed: &[&str]) -> FieldError {
@@ -346,7 +342,7 @@ mod tests {
             "spec.volumes[1].name: Duplicate value: \"a\"",
             "spec.volumes[1].hostPath.path: Required value",
             "spec.volumes[2]: Required value: must specify a volume type",
-            "spec.volumes[3].configMap.defaultMode: Invalid value: \"1023\": must be a number between 0 and 0777 (octal), both inclusive",
+            "spec.volumes[3].configMap.defaultMode: Invalid value: 1023: must be a number between 0 and 0777 (octal), both inclusive",
             "spec.volumes[3].configMap.items[0].path: Invalid value: \"../up\": invalid path: must not start with '..': ../up",
             "spec.containers[0].volumeMounts[0].name: Not found: \"missing\"",
             "spec.containers[0].volumeMounts[1].mountPath: Required value",
