@@ -147,30 +147,44 @@ fn a_failing_init_container_is_retried_or_fails_the_pod() {
 fn probes_drive_readiness_and_liveness() {
     let a = TestAgent::start("", &["--signal-source=cgroupfs"]);
     let port = free_port();
-    // Ready once /tmp/ready exists, not ready again when it goes.
-    let readiness = format!(
-        "{}    readinessProbe:\n      exec: {{command: [\"test\", \"-f\", \"/tmp/ready\"]}}\n      periodSeconds: 1\n",
-        container("c", "sleep 2; touch /tmp/ready; sleep 5; rm /tmp/ready; sleep 3600")
+    // The probes test files in a host directory the test changes, so the
+    // moments they pass and fail do not depend on how fast this machine
+    // runs the containers and their probe execs.
+    let probe_dir = tempfile::Builder::new().prefix("swiftlet-probes-").tempdir().expect("probe dir");
+    let with_probe_dir = |probe: &str| {
+        format!("{}    volumeMounts: [{{name: probe, mountPath: /probe}}]\n{probe}", container("c", "sleep 3600"))
+    };
+    let volume = format!(
+        "  volumes:\n  - name: probe\n    hostPath: {{path: {}, type: Directory}}\n",
+        probe_dir.path().display()
     );
-    let r = a.add_manifest("ready.yaml", &manifest("ready", "Always", "", &readiness));
-    // Liveness fails once /tmp/alive is gone: the container is restarted.
-    let liveness = format!(
-        "{}    livenessProbe:\n      exec: {{command: [\"test\", \"-f\", \"/tmp/alive\"]}}\n      periodSeconds: 1\n      failureThreshold: 2\n",
-        container("c", "touch /tmp/alive; sleep 3; rm /tmp/alive; sleep 3600")
+    let (ready_file, alive_file) = (probe_dir.path().join("ready"), probe_dir.path().join("alive"));
+    std::fs::write(&alive_file, "").unwrap();
+    let readiness = with_probe_dir(
+        "    readinessProbe:\n      exec: {command: [\"test\", \"-f\", \"/probe/ready\"]}\n      periodSeconds: 1\n",
     );
-    let l = a.add_manifest("live.yaml", &manifest("live", "Always", "", &liveness));
-    // HTTP readiness and TCP liveness against a web server on the host network.
-    let web = format!(
-        "  - name: web\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"mkdir -p /www && echo ok > /www/healthz && exec httpd -f -p {port} -h /www\"]\n    ports: [{{containerPort: {port}, name: http}}]\n    readinessProbe:\n      httpGet: {{path: /healthz, port: http}}\n      periodSeconds: 1\n    livenessProbe:\n      tcpSocket: {{port: {port}}}\n      periodSeconds: 1\n"
+    let r = a.add_manifest("ready.yaml", &manifest("ready", "Always", &volume, &readiness));
+    let liveness = with_probe_dir(
+        "    livenessProbe:\n      exec: {command: [\"test\", \"-f\", \"/probe/alive\"]}\n      periodSeconds: 1\n      failureThreshold: 2\n",
     );
-    let w = a.add_manifest("web.yaml", &manifest("web", "Always", "", &web));
+    let l = a.add_manifest("live.yaml", &manifest("live", "Always", &volume, &liveness));
 
+    // Readiness: not Ready while the file is missing, Ready once it exists,
+    // not Ready again when it goes; it never restarts the container.
+    let s = a.wait_status(&r, T, "running", |s| running(cs(s, "c")));
+    assert_eq!(condition(&s, "Ready").as_deref(), Some("False"), "no /probe/ready yet");
+    std::fs::write(&ready_file, "").unwrap();
     let s = a.wait_status(&r, T, "Ready", |s| condition(s, "Ready").as_deref() == Some("True"));
     assert!(cs(&s, "c").ready);
+    std::fs::remove_file(&ready_file).unwrap();
     let s = a.wait_status(&r, T, "not Ready again", |s| condition(s, "Ready").as_deref() == Some("False"));
     assert_eq!(cs(&s, "c").restart_count, 0, "readiness never restarts");
     assert!(running(cs(&s, "c")));
 
+    // Liveness: passing, no restart; the file gone, the container restarts.
+    let s = a.wait_status(&l, T, "running", |s| running(cs(s, "c")));
+    assert_eq!(cs(&s, "c").restart_count, 0);
+    std::fs::remove_file(&alive_file).unwrap();
     let s = a.wait_status(&l, T, "a liveness restart", |s| cs(s, "c").restart_count >= 1);
     assert_eq!(phase(&s), "Running");
     let unhealthy = a.events.with_reason("Unhealthy");
@@ -180,6 +194,12 @@ fn probes_drive_readiness_and_liveness() {
         killing.iter().any(|e| e.object == l && e.message == "Container c failed liveness probe, will be restarted"),
         "{killing:?}"
     );
+
+    // HTTP readiness and TCP liveness against a web server on the host network.
+    let web = format!(
+        "  - name: web\n    image: {BUSYBOX}\n    command: [\"sh\", \"-c\", \"mkdir -p /www && echo ok > /www/healthz && exec httpd -f -p {port} -h /www\"]\n    ports: [{{containerPort: {port}, name: http}}]\n    readinessProbe:\n      httpGet: {{path: /healthz, port: http}}\n      periodSeconds: 1\n    livenessProbe:\n      tcpSocket: {{port: {port}}}\n      periodSeconds: 1\n"
+    );
+    let w = a.add_manifest("web.yaml", &manifest("web", "Always", "", &web));
 
     let s = a.wait_status(&w, T, "web Ready", |s| condition(s, "Ready").as_deref() == Some("True"));
     assert_eq!(cs(&s, "web").restart_count, 0);
