@@ -374,6 +374,16 @@ impl Agent {
             Some(reclaimer),
             metrics.clone(),
         );
+        // Disk pressure ranks pods by what they hold on nodefs, measured as
+        // the local storage limits measure it.
+        eviction.set_disk_meter(Arc::new(LocalStorageMonitor {
+            pods: Arc::new(pods.clone()),
+            evictor: Arc::new(pods.clone()),
+            runtime: cri.clone(),
+            volumes: volumes.clone(),
+            pod_logs_dir: k.pod_logs_dir.clone(),
+            period: config.swiftlet.housekeeping_interval,
+        }));
         // ---- API server (issue 7) ----
         // Pod statuses to the API, API pods to the pod manager, pressure
         // conditions to node status.

@@ -90,13 +90,45 @@ pub fn ensure_private_dir(dir: &Path) -> io::Result<bool> {
 /// 0600 under a temporary name, so it is never readable by others even for
 /// a moment, then renamed over `path`.
 pub fn write_private(path: &Path, data: &[u8]) -> io::Result<()> {
-    use std::{io::Write, os::unix::fs::OpenOptionsExt};
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-    f.write_all(data)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    write_atomic(path, data, 0o600)
+}
+
+/// Replaces `path` with `data` so that a reader, a crash or a full disk
+/// never sees anything but the old file or the whole new one: written to a
+/// temporary file in the same directory (created with `mode`), flushed to
+/// disk, renamed over `path`, and the directory flushed. On any failure
+/// (ENOSPC, EDQUOT, EIO) the temporary file is removed and `path` is left
+/// as it was.
+pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
+    use std::{
+        io::Write,
+        os::unix::fs::OpenOptionsExt,
+        sync::atomic::{AtomicU64, Ordering},
+    };
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().ok_or_else(|| io::Error::other(format!("{}: not a file name", path.display())))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}-{}",
+        name.to_string_lossy(),
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    // The rename is durable once the directory is.
+    std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]

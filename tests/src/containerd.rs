@@ -18,6 +18,8 @@ use std::{
 pub struct TestContainerd {
     child: Option<Child>,
     config: PathBuf,
+    /// Where its root (images, snapshots, metadata) lives.
+    pub root: PathBuf,
     pub disk_dir: PathBuf,
     pub run_dir: PathBuf,
     pub socket: PathBuf,
@@ -28,6 +30,12 @@ impl TestContainerd {
     /// Starts a containerd named after `purpose` and this process, and
     /// imports the test images into it.
     pub fn start(purpose: &str) -> TestContainerd {
+        TestContainerd::start_with_root(purpose, None)
+    }
+
+    /// [`TestContainerd::start`] with its root at `root` (a filesystem of
+    /// the test's own, say) instead of under target/containerd.
+    pub fn start_with_root(purpose: &str, root: Option<&Path>) -> TestContainerd {
         crate::prereq::require_root();
         let shared_config = PathBuf::from(std::env::var("SWIFTLET_TEST_CONTAINERD_CONFIG").unwrap_or_else(|_| {
             panic!(
@@ -46,10 +54,13 @@ impl TestContainerd {
         for d in [&disk_dir, &run_dir, &disk_dir.join("cni")] {
             fs::create_dir_all(d).unwrap_or_else(|e| panic!("cannot create {}: {e}", d.display()));
         }
-        let text = fs::read_to_string(&shared_config)
+        let mut text = fs::read_to_string(&shared_config)
             .unwrap_or_else(|e| panic!("cannot read {}: {e}", shared_config.display()))
             .replace(&*shared_disk.to_string_lossy(), &disk_dir.to_string_lossy())
             .replace(&*shared_run.to_string_lossy(), &run_dir.to_string_lossy());
+        let default_root = disk_dir.join("root");
+        let root = root.map_or(default_root.clone(), Path::to_owned);
+        text = text.replace(&*default_root.to_string_lossy(), &root.to_string_lossy());
         // The pod network (the same bridge and address range: host-local
         // allocates under a lock, so both runtimes may share it).
         for e in fs::read_dir(shared_disk.join("cni")).into_iter().flatten().flatten() {
@@ -59,7 +70,7 @@ impl TestContainerd {
         fs::write(&config, text).expect("write the containerd config");
         let socket = run_dir.join("containerd.sock");
         let log = disk_dir.join("containerd.log");
-        let mut c = TestContainerd { child: None, config, disk_dir, run_dir, socket, log };
+        let mut c = TestContainerd { child: None, config, root, disk_dir, run_dir, socket, log };
         c.spawn();
         let images = shared_disk.parent().and_then(Path::parent).expect("target/").join("images");
         let tars: Vec<PathBuf> = fs::read_dir(&images)
@@ -176,7 +187,9 @@ impl Drop for TestContainerd {
             .lines()
             .filter_map(|l| l.split_whitespace().nth(4).map(str::to_owned))
             .filter(|p| {
-                p.starts_with(&*self.disk_dir.to_string_lossy()) || p.starts_with(&*self.run_dir.to_string_lossy())
+                p.starts_with(&*self.disk_dir.to_string_lossy())
+                    || p.starts_with(&*self.run_dir.to_string_lossy())
+                    || p.starts_with(&*self.root.to_string_lossy())
             })
             .collect();
         mounts.sort_by_key(|p| std::cmp::Reverse(p.len()));
@@ -189,6 +202,6 @@ impl Drop for TestContainerd {
         }
         let _ = fs::remove_dir_all(&self.run_dir);
         // Keep the config and log for a post-mortem; the root is the bulk.
-        let _ = fs::remove_dir_all(self.disk_dir.join("root"));
+        let _ = fs::remove_dir_all(&self.root);
     }
 }

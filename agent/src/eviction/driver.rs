@@ -112,6 +112,26 @@ pub trait NodeReclaimer: Send + Sync {
     fn reclaim<'a>(&'a self, signal: EvictionSignal) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 }
 
+/// A pod's local ephemeral storage on nodefs: writable layers, logs and
+/// disk-backed volumes (the kubelet's fsStatsRoot + fsStatsLogs +
+/// fsStatsLocalVolumeSource when the images share nodefs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodDiskUsage {
+    pub bytes: u64,
+    pub inodes: u64,
+}
+
+/// Measures the pods' disk usage for the disk-pressure ranking. Walking
+/// volumes and logs is too costly for every housekeeping pass, so it runs
+/// only when disk pressure survives node-level reclaim and pods must be
+/// ranked; without a meter every pod counts as using nothing.
+pub trait DiskUsageMeter: Send + Sync {
+    fn measure<'a>(
+        &'a self,
+        uids: &'a [String],
+    ) -> Pin<Box<dyn Future<Output = HashMap<String, PodDiskUsage>> + Send + 'a>>;
+}
+
 #[derive(Clone, Debug)]
 pub struct DriverConfig {
     pub eviction: EvictionConfig,
@@ -162,6 +182,7 @@ struct Inner {
     pods: Arc<dyn PodProvider>,
     evictor: Arc<dyn PodEvictor>,
     reclaimer: Option<Arc<dyn NodeReclaimer>>,
+    disk_meter: Mutex<Option<Arc<dyn DiskUsageMeter>>>,
     metrics: Arc<Metrics>,
     lines: Mutex<Vec<KernelLine>>,
     /// Ranked victims per hard signal, refreshed every plan interval.
@@ -209,6 +230,7 @@ impl EvictionManager {
             pods,
             evictor,
             reclaimer,
+            disk_meter: Mutex::new(None),
             metrics,
             lines: Mutex::new(vec![]),
             plan: Mutex::new(HashMap::new()),
@@ -242,6 +264,11 @@ impl EvictionManager {
     /// The current victim plan for a hard signal.
     pub fn plan(&self, signal: EvictionSignal) -> Vec<PlannedVictim> {
         lock(&self.inner.plan).get(&signal).cloned().unwrap_or_default()
+    }
+
+    /// Measures pods' disk usage when disk pressure needs a ranking.
+    pub fn set_disk_meter(&self, meter: Arc<dyn DiskUsageMeter>) {
+        *lock(&self.inner.disk_meter) = Some(meter);
     }
 
     /// Asks for an evaluation now (e.g. after pods changed).
@@ -670,12 +697,15 @@ impl Inner {
         let candidates = self.candidates(&pods, &snapshot);
         let mut eval = state.evaluate(&cfg.eviction, Instant::now(), &obs, &candidates, false);
         if let Action::ReclaimNodeResources(t) = &eval.action {
+            // The condition first, as the kubelet: reclaim can take a while.
+            self.publish(&obs, &eval);
             info!(signal = %t.signal, "disk pressure: reclaiming dead containers and unused images first");
             if let Some(r) = &self.reclaimer {
                 r.reclaim(t.signal).await;
             }
             let after = self.source.snapshot().unwrap_or_else(|_| snapshot.clone());
             let obs = self.observe(&after, &cfg);
+            let candidates = self.with_disk_usage(candidates.clone()).await;
             eval = state.evaluate(&cfg.eviction, Instant::now(), &obs, &candidates, true);
         }
         if let Some(at) = crossing_at_ns {
@@ -733,6 +763,22 @@ impl Inner {
         }
         self.refresh_plan();
         eval.next_deadline
+    }
+
+    /// The candidates with their measured disk bytes and inodes, for the
+    /// disk-pressure ranking.
+    async fn with_disk_usage(&self, mut candidates: Vec<Candidate>) -> Vec<Candidate> {
+        let Some(meter) = lock(&self.disk_meter).clone() else { return candidates };
+        let uids: Vec<String> = candidates.iter().map(|c| c.uid.clone()).collect();
+        let usage = meter.measure(&uids).await;
+        for c in &mut candidates {
+            if let Some(u) = usage.get(&c.uid) {
+                c.disk.usage = u.bytes;
+                c.inodes = u.inodes;
+            }
+        }
+        debug!(?usage, "pods' disk usage for the disk-pressure ranking");
+        candidates
     }
 
     fn publish(&self, obs: &Observations, eval: &Evaluation) {

@@ -340,6 +340,14 @@ impl Worker {
     }
 
     async fn sync(&mut self) -> crate::cri::Result<()> {
+        // A pod whose containers finished for good (Succeeded, or Failed
+        // under restartPolicy Never) is terminal, as the kubelet's pod
+        // worker: garbage collection or disk reclaim may remove its dead
+        // containers and sandbox, which must not read as "never ran" and
+        // start it again. Its last status stands.
+        if self.finished {
+            return Ok(());
+        }
         let rt = self.deps.runtime.clone();
         let mut observed = observed::observe(rt.as_ref(), &self.uid).await?;
         let verdicts = lock(&self.results).verdicts.clone();

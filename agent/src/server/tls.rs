@@ -14,8 +14,6 @@
 
 use std::{
     fs,
-    io::Write as _,
-    os::unix::fs::OpenOptionsExt as _,
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -81,7 +79,7 @@ pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
     Ok(certs)
 }
 
-fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+pub fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let bytes = fs::read(path).map_err(|e| file_err(path, e))?;
     PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| file_err(path, format!("no usable private key: {e}")))
 }
@@ -118,8 +116,16 @@ pub fn serving_cert(
             }
             let (crt_pem, key_pem) = self_signed(host, SystemTime::now())?;
             fs::create_dir_all(cert_dir).map_err(|e| file_err(cert_dir, e))?;
-            write_file(&crt, crt_pem.as_bytes(), 0o644)?;
+            // The pair is reused only when both files exist: the key goes
+            // first and the certificate last, with no certificate in place
+            // meanwhile, so a crash in between never leaves a certificate
+            // beside a key that is not its own.
+            match fs::remove_file(&crt) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(file_err(&crt, e)),
+                _ => {}
+            }
             write_file(&key, key_pem.as_bytes(), 0o600)?;
+            write_file(&crt, crt_pem.as_bytes(), 0o644)?;
             Ok(ServingCert {
                 chain: read_certs(&crt)?,
                 key: read_key(&key)?,
@@ -130,17 +136,7 @@ pub fn serving_cert(
 }
 
 fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), TlsError> {
-    let tmp = path.with_extension("tmp");
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(|e| file_err(&tmp, e))?;
-    f.write_all(data).map_err(|e| file_err(&tmp, e))?;
-    f.sync_all().map_err(|e| file_err(&tmp, e))?;
-    fs::rename(&tmp, path).map_err(|e| file_err(path, e))
+    crate::host::write_atomic(path, data, mode).map_err(|e| file_err(path, e))
 }
 
 /// A CA and a serving certificate it signed, as client-go's

@@ -36,7 +36,7 @@ use crate::{
     config::format_quantity,
     cri::{RuntimeService, api, labels},
     eviction::{
-        driver::{EvictionRequest, KillPath, PodEvictor},
+        driver::{DiskUsageMeter, EvictionRequest, KillPath, PodDiskUsage, PodEvictor},
         signal::EvictionSignal,
     },
     pods::{source::PodView, spec},
@@ -136,7 +136,12 @@ pub fn evaluate(pod: &Pod, kinds: &HashMap<String, VolumeKind>, usage: &PodStora
 /// inode once, not crossing into other filesystems or mounts of the same
 /// one except the tree's own.
 pub fn disk_usage(root: &Path) -> u64 {
-    let Ok(meta) = fs::symlink_metadata(root) else { return 0 };
+    disk_usage_and_inodes(root).0
+}
+
+/// [`disk_usage`] and the number of inodes the tree holds (each once).
+pub fn disk_usage_and_inodes(root: &Path) -> (u64, u64) {
+    let Ok(meta) = fs::symlink_metadata(root) else { return (0, 0) };
     let dev = meta.dev();
     let mut seen = HashSet::new();
     let mut total = 0u64;
@@ -156,7 +161,7 @@ pub fn disk_usage(root: &Path) -> u64 {
             }
         }
     }
-    total
+    (total, seen.len() as u64)
 }
 
 /// Watches directories for writes (inotify), to check soon after one.
@@ -239,6 +244,17 @@ pub struct LocalStorageMonitor {
     pub period: Duration,
 }
 
+/// The eviction manager measures pods through the same accounting as the
+/// local storage limits.
+impl DiskUsageMeter for LocalStorageMonitor {
+    fn measure<'a>(
+        &'a self,
+        uids: &'a [String],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = HashMap<String, PodDiskUsage>> + Send + 'a>> {
+        Box::pin(self.nodefs_usage(uids))
+    }
+}
+
 impl LocalStorageMonitor {
     /// Measures and decides for every pod with a limit; evicts the
     /// offenders. Returns the uids evicted.
@@ -289,17 +305,43 @@ impl LocalStorageMonitor {
     }
 
     async fn measure(&self, pod: &Pod, vols: &[VolumeUsage], stats: &[api::ContainerStats]) -> PodStorageUsage {
+        self.measure_with_inodes(pod, vols, stats).await.0
+    }
+
+    /// The pod's usage and the inodes it holds on nodefs (writable layers,
+    /// logs, and the volumes that count as ephemeral storage).
+    async fn measure_with_inodes(
+        &self,
+        pod: &Pod,
+        vols: &[VolumeUsage],
+        stats: &[api::ContainerStats],
+    ) -> (PodStorageUsage, u64) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let id = spec::identity(pod);
         let log_dir = self.pod_logs_dir.join(format!("{}_{}_{}", id.namespace, id.name, id.uid));
-        let paths: Vec<(String, PathBuf)> =
-            vols.iter().filter(|v| v.kind != VolumeKind::HostPath).map(|v| (v.name.clone(), v.path.clone())).collect();
+        let paths: Vec<(String, PathBuf, bool)> = vols
+            .iter()
+            .filter(|v| v.kind != VolumeKind::HostPath)
+            .map(|v| (v.name.clone(), v.path.clone(), v.kind.counts_as_ephemeral_storage()))
+            .collect();
         let names: Vec<String> = pod.spec.iter().flat_map(|s| s.containers.iter()).map(|c| c.name.clone()).collect();
-        let (volumes, logs) = tokio::task::spawn_blocking(move || {
-            let volumes: HashMap<String, u64> = paths.into_iter().map(|(n, p)| (n, disk_usage(&p))).collect();
-            let logs: HashMap<String, u64> =
-                names.into_iter().map(|n| (n.clone(), disk_usage(&log_dir.join(&n)))).collect();
-            (volumes, logs)
+        let (volumes, logs, mut inodes) = tokio::task::spawn_blocking(move || {
+            let mut inodes = 0;
+            let mut volumes = HashMap::new();
+            for (n, p, counts) in paths {
+                let (bytes, i) = disk_usage_and_inodes(&p);
+                if counts {
+                    inodes += i;
+                }
+                volumes.insert(n, bytes);
+            }
+            let mut logs = HashMap::new();
+            for n in names {
+                let (bytes, i) = disk_usage_and_inodes(&log_dir.join(&n));
+                inodes += i;
+                logs.insert(n, bytes);
+            }
+            (volumes, logs, inodes)
         })
         .await
         .unwrap_or_default();
@@ -311,9 +353,40 @@ impl LocalStorageMonitor {
             }
             let name = attrs.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
             let layer = s.writable_layer.as_ref().and_then(|w| w.used_bytes.as_ref()).map_or(0, |u| u.value);
+            inodes += s.writable_layer.as_ref().and_then(|w| w.inodes_used.as_ref()).map_or(0, |u| u.value);
             *containers.entry(name).or_default() += layer;
         }
-        PodStorageUsage { volumes, containers }
+        (PodStorageUsage { volumes, containers }, inodes)
+    }
+
+    /// Each listed pod's nodefs usage, for the eviction manager's
+    /// disk-pressure ranking (pods it cannot find are left out).
+    pub async fn nodefs_usage(&self, uids: &[String]) -> HashMap<String, PodDiskUsage> {
+        let pods: Vec<Pod> = self
+            .pods
+            .pods()
+            .into_iter()
+            .filter(|p| p.metadata.uid.as_ref().is_some_and(|u| uids.contains(u)))
+            .collect();
+        if pods.is_empty() {
+            return HashMap::new();
+        }
+        let stats = self.runtime.list_container_stats(None).await.unwrap_or_default();
+        let mut out = HashMap::new();
+        for pod in pods {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let vols = self.volumes.usage_paths(&uid).await;
+            let kinds: HashMap<String, VolumeKind> = vols.iter().map(|v| (v.name.clone(), v.kind)).collect();
+            let (usage, inodes) = self.measure_with_inodes(&pod, &vols, &stats).await;
+            let volumes: u64 = usage
+                .volumes
+                .iter()
+                .filter(|(name, _)| kinds.get(*name).is_some_and(|k| k.counts_as_ephemeral_storage()))
+                .map(|(_, b)| *b)
+                .sum();
+            out.insert(uid, PodDiskUsage { bytes: volumes + usage.containers.values().sum::<u64>(), inodes });
+        }
+        out
     }
 
     /// Checks every period and soon after writes to watched emptyDirs.
