@@ -68,12 +68,27 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
 #[inline(never)]
 pub extern "C" fn swiftlet_memory_slot(index: u32, memcg: u64, inactive_delta: i64, pid: u32) -> u32 {
     let Some(s) = slot(index) else { return 0 };
+    let usage = kernel::memcg_usage_pages(memcg);
+    // The page counter moves in charge batches (64 pages per CPU) while the
+    // statistics fire for every page: when neither it nor inactive_file
+    // moved, the working set and its threshold's side are what they were,
+    // and the update and the evaluation are skipped. (Threshold changes are
+    // re-evaluated by the agent's refresh, not here.)
+    // SAFETY: `s` points into the slot array; plain reads of its fields.
+    let unchanged = unsafe {
+        inactive_delta == 0
+            && core::ptr::read_volatile(&(*s).memcg) == memcg
+            && usage.is_some_and(|u| u == core::ptr::read_volatile(&(*s).usage_pages))
+    };
+    if unchanged {
+        return 0;
+    }
     // SAFETY: `s` points into the slot array; no preconditions for the helper.
     let ws = unsafe {
         if inactive_delta != 0 {
             atomic_add(&mut (*s).inactive_file_pages, inactive_delta);
         }
-        if let Some(usage) = kernel::memcg_usage_pages(memcg) {
+        if let Some(usage) = usage {
             core::ptr::write_volatile(&mut (*s).usage_pages, usage);
         }
         core::ptr::write_volatile(&mut (*s).memcg, memcg);

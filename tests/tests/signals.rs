@@ -187,13 +187,11 @@ fn a_crossing_produces_exactly_one_event() {
     w.run("anon 48");
     let before = src.snapshot().unwrap().cgroups[&cg].working_set_bytes;
     assert!(before >= 48 * MIB);
-    // A line below the current value: the next update crosses it.
+    // A line below the current value: crossed at once, with no further
+    // allocation (setting a line has the kernel evaluate it right away).
     let target = Target::Cgroup(cg.clone());
     src.set_threshold(&target, Signal::MemoryWorkingSet, Some(Threshold { trigger: 32 * MIB, rearm: 24 * MIB }))
         .unwrap();
-    for _ in 0..4 {
-        w.run("anon 4");
-    }
     let crossings = wait_for("the crossing event", Duration::from_secs(5), || {
         let ev = events.lock().unwrap();
         let c: Vec<SignalEvent> = ev
@@ -227,7 +225,7 @@ fn a_crossing_produces_exactly_one_event() {
     assert_eq!(direction, Direction::Up);
     assert!(value >= threshold && threshold >= 32 * MIB);
     assert!(at_ns < received_ns, "the kernel's timestamp precedes receipt");
-    assert_eq!(pid, w.pid(), "the crossing names the allocating task");
+    assert_eq!(pid, 0, "the line was evaluated when it was set, not by an allocation");
 
     // Freeing memory below the re-arm level produces the one downward event.
     w.run("free-anon");
@@ -239,6 +237,22 @@ fn a_crossing_produces_exactly_one_event() {
             .any(|e| matches!(e, SignalEvent::Crossing { direction: Direction::Down, target: t, .. } if *t == target))
             .then_some(())
     });
+
+    // Allocating past the line again: one more upward crossing, raised by
+    // the allocating task itself.
+    w.run("anon 48");
+    let again = wait_for("the second upward crossing", Duration::from_secs(5), || {
+        let ev = events.lock().unwrap();
+        let ups: Vec<SignalEvent> = ev
+            .iter()
+            .filter(|e| matches!(e, SignalEvent::Crossing { direction: Direction::Up, target: t, .. } if *t == target))
+            .cloned()
+            .collect();
+        (ups.len() == 2).then(|| ups[1].clone())
+    });
+    let SignalEvent::Crossing { pid, value, threshold, .. } = again else { unreachable!() };
+    assert!(value >= threshold);
+    assert_eq!(pid, w.pid(), "the crossing names the allocating task");
 }
 
 #[test]

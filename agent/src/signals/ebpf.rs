@@ -786,6 +786,13 @@ impl SignalSource for EbpfSource {
             // Re-arm, so the kernel reports anew against the new line.
             std::sync::atomic::AtomicU32::from_ptr(&mut (*s).above).fetch_and(!signal.bit(), Ordering::SeqCst);
         }
+        if signal == Signal::MemoryWorkingSet && index != NODE_SLOT {
+            // The kernel skips evaluating a cgroup whose page counter has not
+            // moved, so the new line is evaluated now (the refresh program,
+            // from this slot's batch) rather than at its next charge batch.
+            // SAFETY: getpgid takes a pid and only reads.
+            unsafe { libc::syscall(libc::SYS_getpgid, index as libc::pid_t) };
+        }
         Ok(())
     }
 
