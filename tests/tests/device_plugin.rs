@@ -125,11 +125,7 @@ fn device_plugin_registers_allocates_refuses_and_tracks_health() {
     server.write_kubeconfig(&kubeconfig, &Credentials::None).unwrap();
     let a = TestAgent::start(
         "nodeStatusUpdateFrequency: 1s",
-        &[
-            "--signal-source=cgroupfs",
-            &format!("--kubeconfig={}", kubeconfig.display()),
-            "--register-node=true",
-        ],
+        &["--signal-source=cgroupfs", &format!("--kubeconfig={}", kubeconfig.display()), "--register-node=true"],
     );
     let plugin_dir: PathBuf = a.root_dir().join("device-plugins");
     wait("the registration socket", || plugin_dir.join(KUBELET_SOCKET).exists().then_some(()));
@@ -143,7 +139,9 @@ fn device_plugin_registers_allocates_refuses_and_tracks_health() {
     std::io::Read::read_to_string(old.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains(r#"requested API version "v1alpha1" is not supported by kubelet. Supported versions are ["v1beta1"]"#),
+        stderr.contains(
+            r#"requested API version "v1alpha1" is not supported by kubelet. Supported versions are ["v1beta1"]"#
+        ),
         "{stderr}"
     );
     drop(old);

@@ -27,7 +27,9 @@ use std::{
 
 use futures::Stream;
 use hyper_util::rt::TokioIo;
-use swiftlet::deviceplugin::api::{self, device_plugin_server::DevicePluginServer, registration_client::RegistrationClient};
+use swiftlet::deviceplugin::api::{
+    self, device_plugin_server::DevicePluginServer, registration_client::RegistrationClient,
+};
 use tokio::sync::watch;
 use tonic::{
     Request, Response, Status,
@@ -103,7 +105,10 @@ type DeviceStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, 
 impl api::device_plugin_server::DevicePlugin for Plugin {
     type ListAndWatchStream = DeviceStream;
 
-    async fn get_device_plugin_options(&self, _: Request<api::Empty>) -> Result<Response<api::DevicePluginOptions>, Status> {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<api::Empty>,
+    ) -> Result<Response<api::DevicePluginOptions>, Status> {
         Ok(Response::new(api::DevicePluginOptions {
             pre_start_required: self.pre_start,
             get_preferred_allocation_available: false,
@@ -129,7 +134,10 @@ impl api::device_plugin_server::DevicePlugin for Plugin {
         Err(Status::unimplemented("no preferred allocation"))
     }
 
-    async fn allocate(&self, request: Request<api::AllocateRequest>) -> Result<Response<api::AllocateResponse>, Status> {
+    async fn allocate(
+        &self,
+        request: Request<api::AllocateRequest>,
+    ) -> Result<Response<api::AllocateResponse>, Status> {
         let mut out = api::AllocateResponse::default();
         for c in request.into_inner().container_requests {
             let ids = c.devices_ids.join(",");
