@@ -135,7 +135,9 @@ mod tests {
     fn capacity_counts_all_devices_and_allocatable_the_healthy_ones() {
         let t0 = Instant::now();
         type Step = Box<dyn Fn(&mut Registry)>;
-        let cases: Vec<(&str, Vec<Step>, Vec<(&str, i64, i64)>, Vec<&str>)> = vec![
+        // (name, steps, (resource, capacity, allocatable), removed)
+        type Case = (&'static str, Vec<Step>, Vec<(&'static str, i64, i64)>, Vec<&'static str>);
+        let cases: Vec<Case> = vec![
             ("nothing registered", vec![], vec![], vec![]),
             ("registered, no list yet", vec![Box::new(|r| r.registered("a.com/x"))], vec![("a.com/x", 0, 0)], vec![]),
             (

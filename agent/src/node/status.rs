@@ -445,7 +445,10 @@ mod tests {
     #[test]
     fn device_plugin_resources_are_set_and_removed() {
         use crate::deviceplugin::devices::ExtendedResources;
-        let cases: Vec<(&str, Option<(&str, &str)>, ExtendedResources, Option<(&str, &str)>)> = vec![
+        // (name, (capacity, allocatable) in the API's status before, the
+        // device manager's figures, what status reports then)
+        type Counts<'a> = Option<(&'a str, &'a str)>;
+        let cases: Vec<(&str, Counts, ExtendedResources, Counts)> = vec![
             ("none", None, ExtendedResources::default(), None),
             (
                 "two devices, one healthy",
