@@ -1,11 +1,16 @@
 //! Builds the kernel programs and hands the object to the agent, which embeds
 //! it. `SWIFTLET_EBPF_OBJECT=<path>` uses a prebuilt object instead.
+//!
+//! Also generates the device plugin API (proto/deviceplugin/v1beta1) with
+//! tonic-prost-build, as k8s-cri generates the CRI: client and server, so
+//! the in-repo test plugin serves the same types the agent dials.
 
 use std::{env, fs, path::PathBuf, process::Command};
 
 use swiftlet_common::build;
 
 fn main() {
+    device_plugin_api();
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let dest = out.join("swiftlet-ebpf.o");
     println!("cargo:rerun-if-env-changed=SWIFTLET_EBPF_OBJECT");
@@ -41,6 +46,18 @@ fn main() {
         Err(e) => fail(&format!("cannot run rustup to build the eBPF programs: {e}")),
     }
     copy(&build::object_path(&root), &dest);
+}
+
+fn device_plugin_api() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("proto");
+    let file = dir.join("deviceplugin/v1beta1/api.proto");
+    println!("cargo:rerun-if-changed={}", file.display());
+    if let Err(e) = tonic_prost_build::configure().compile_protos(&[&file], &[&dir]) {
+        fail(&format!(
+            "generating the device plugin API from {}: {e} (protoc comes with `cargo xtask setup`)",
+            file.display()
+        ));
+    }
 }
 
 fn copy(from: &std::path::Path, to: &std::path::Path) {

@@ -110,6 +110,8 @@ pub struct Agent {
     pub volumes: Arc<VolumeManager>,
     /// Graceful node shutdown; its phase is the node's NotReady signal.
     pub node_shutdown: Arc<NodeShutdownManager>,
+    /// Device plugins: registration, extended resources, Allocate.
+    pub devices: Arc<crate::deviceplugin::DeviceManager>,
     /// The configuration in effect (the start one plus reloaded live fields).
     running: Mutex<Config>,
     live: watch::Sender<LiveSettings>,
@@ -271,6 +273,12 @@ impl Agent {
             recorder.clone(),
         ));
         volumes.start();
+        // ---- device plugins (issue 13) ----
+        let devices = crate::deviceplugin::DeviceManager::new(&config.flags.root_dir);
+        if let Some(api) = &api {
+            api.connect_devices(devices.extended_resources());
+        }
+        // ---- end device plugins ----
         let probes = pod_metrics.probes.clone();
         let observer: ProbeObserver = Arc::new(move |pod, container, kind, outcome| {
             probes
@@ -304,6 +312,7 @@ impl Agent {
             },
             probe_results: Some(observer),
             volumes: volumes.clone(),
+            devices: Some(devices.clone()),
         });
         let mut expected = HashSet::new();
         if k.static_pod_path.is_some() {
@@ -406,6 +415,7 @@ impl Agent {
             api.connect_shutdown(node_shutdown.shutting_down());
         }
         Ok(Agent {
+            devices,
             health,
             debug_events,
             node_shutdown,
@@ -446,6 +456,14 @@ impl Agent {
         tasks.push(tokio::spawn(self.container_gc.clone().run(self.shutdown.clone())));
         tasks.push(tokio::spawn(self.logs.clone().run(self.shutdown.clone())));
         tasks.push(tokio::spawn(self.node_shutdown.clone().run(self.shutdown.clone())));
+        // ---- device plugins (issue 13) ----
+        // The kubelet cannot start without its device manager; swiftlet
+        // runs on without device plugins and says why.
+        match self.devices.start(self.shutdown.clone()) {
+            Ok(t) => tasks.push(t),
+            Err(e) => tracing::error!("device plugins are not available: {e}"),
+        }
+        // ---- end device plugins ----
         let in_use: Arc<dyn PodsInUse> = Arc::new(self.pods.clone());
         tasks.push(tokio::spawn(self.volumes.clone().run(in_use, self.cri.clone(), self.shutdown.clone())));
         if k.local_storage_capacity_isolation {

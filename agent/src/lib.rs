@@ -25,3 +25,5 @@ pub mod shutdown;
 pub mod signals;
 pub mod volumes;
 pub mod yaml_depth;
+// ---- device plugins (issue 13) ----
+pub mod deviceplugin;

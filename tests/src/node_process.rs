@@ -36,6 +36,10 @@ impl NodeProcess {
             format!("--port={}", free_port()),
             format!("--healthz-port={}", free_port()),
             "--signal-source=cgroupfs".into(),
+            // As AgentSetup: image GC off (100%), or a shared disk over 85%
+            // full makes it delete the locally built test images, which
+            // cannot be pulled again.
+            "--image-gc-high-threshold=100".into(),
         ];
         a.extend(extra.iter().cloned());
         a

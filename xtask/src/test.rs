@@ -65,7 +65,12 @@ pub fn run(args: Args) -> Result<()> {
             &mut cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]),
         );
     }
-    stage("build (workspace, all targets)", &mut cargo(&["build", "--workspace", "--all-targets"]));
+    // The eBPF crate builds for bpfel (above); its host build would write a
+    // second target/debug/swiftlet over the agent's.
+    stage(
+        "build (workspace, all targets)",
+        &mut cargo(&["build", "--workspace", "--exclude", "swiftlet-ebpf", "--all-targets"]),
+    );
     stage(
         "unit tests",
         &mut cargo(&["test", "--workspace", "--exclude", "swiftlet-tests", "--exclude", "swiftlet-ebpf"]),

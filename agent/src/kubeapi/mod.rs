@@ -72,6 +72,7 @@ pub struct ApiAgent {
     pub mirrors: Arc<MirrorPods>,
     pressure: watch::Sender<Option<watch::Receiver<BTreeSet<NodeCondition>>>>,
     shutdown_phase: watch::Sender<Option<watch::Receiver<crate::shutdown::Phase>>>,
+    devices: watch::Sender<Option<watch::Receiver<crate::deviceplugin::devices::ExtendedResources>>>,
     client: OnceLock<kube::Client>,
     /// How often unwritten statuses and mirror pods are retried.
     pub resync: Duration,
@@ -93,6 +94,7 @@ impl ApiAgent {
             mirrors: Arc::new(MirrorPods::new(node_name)),
             pressure: watch::channel(None).0,
             shutdown_phase: watch::channel(None).0,
+            devices: watch::channel(None).0,
             client: OnceLock::new(),
             resync: status::RESYNC,
         }
@@ -136,6 +138,12 @@ impl ApiAgent {
         self.shutdown_phase.send_replace(Some(phase));
     }
 
+    /// The device manager's extended resources
+    /// (`DeviceManager::extended_resources()`): node status reports them.
+    pub fn connect_devices(&self, resources: watch::Receiver<crate::deviceplugin::devices::ExtendedResources>) {
+        self.devices.send_replace(Some(resources));
+    }
+
     /// The client, once `run` has connected.
     pub fn client(&self) -> Option<kube::Client> {
         self.client.get().cloned()
@@ -166,6 +174,7 @@ impl ApiAgent {
             pressure: self.pressure.subscribe(),
             shutdown: self.shutdown_phase.subscribe(),
             frequencies,
+            devices: self.devices.subscribe(),
         };
         let sink: Arc<dyn recorder::EventSink> = Arc::new(recorder::KubeEventSink(client.clone()));
         let pods_sink: Arc<dyn PodSink> = self.pods.clone();

@@ -102,7 +102,11 @@ pub struct NodeInputs {
     /// The node status update and report frequencies, which a SIGHUP
     /// reload may change while the loop runs.
     pub frequencies: watch::Receiver<crate::reload::LiveSettings>,
+    /// The device manager's capacity and allocatable, once connected.
+    pub devices: DevicesSource,
 }
+
+pub type DevicesSource = watch::Receiver<Option<watch::Receiver<crate::deviceplugin::devices::ExtendedResources>>>;
 
 pub type ShutdownSource = watch::Receiver<Option<watch::Receiver<crate::shutdown::Phase>>>;
 
@@ -151,6 +155,7 @@ impl NodeAgent {
         inputs: &NodeInputs,
         kept: &mut RuntimeFacts,
         pressure: BTreeSet<NodeCondition>,
+        extended: crate::deviceplugin::devices::ExtendedResources,
     ) -> NodeFacts {
         let s = &self.settings;
         if let Ok(Ok(v)) = tokio::time::timeout(RUNTIME_TIMEOUT, inputs.runtime.version()).await {
@@ -179,6 +184,7 @@ impl NodeAgent {
             kubelet_version: kubelet_version(),
             kubelet_port: i32::from(s.port),
             images: kept.images.clone(),
+            extended,
         }
     }
 
@@ -263,6 +269,7 @@ impl NodeAgent {
         let mut backoff = Duration::from_millis(100);
         let mut failing = false;
         let mut pressure_rx: Option<watch::Receiver<BTreeSet<NodeCondition>>> = None;
+        let mut devices_rx: Option<watch::Receiver<crate::deviceplugin::devices::ExtendedResources>> = None;
         let mut tick = status_ticker(inputs.frequencies.borrow().node_status_update_frequency);
         tick.tick().await;
         loop {
@@ -280,7 +287,11 @@ impl NodeAgent {
                 pressure_rx = inputs.pressure.borrow_and_update().clone();
             }
             let pressure = pressure_rx.as_mut().map(|r| r.borrow_and_update().clone()).unwrap_or_default();
-            let facts = self.facts(&inputs, &mut kept, pressure).await;
+            if inputs.devices.has_changed().unwrap_or(false) || devices_rx.is_none() {
+                devices_rx = inputs.devices.borrow_and_update().clone();
+            }
+            let extended = devices_rx.as_mut().map(|r| r.borrow_and_update().clone()).unwrap_or_default();
+            let facts = self.facts(&inputs, &mut kept, pressure, extended).await;
             let round = async {
                 if !registered && self.settings.register {
                     let n = self.register(&api, &facts).await?;
@@ -332,6 +343,16 @@ impl NodeAgent {
                     }
                 }
             }
+            let changed_devices = async {
+                match devices_rx.as_mut() {
+                    Some(r) => {
+                        if r.changed().await.is_err() {
+                            std::future::pending::<()>().await
+                        }
+                    }
+                    None => std::future::pending().await,
+                }
+            };
             let changed_pressure = async {
                 match pressure_rx.as_mut() {
                     Some(r) => {
@@ -345,6 +366,8 @@ impl NodeAgent {
             tokio::select! {
                 _ = async { match wait { Some(w) => tokio::time::sleep(w).await, None => { tick.tick().await; } } } => {}
                 _ = changed_pressure => debug!("pressure conditions changed"),
+                _ = changed_devices => debug!("device plugin resources changed"),
+                _ = async { if inputs.devices.changed().await.is_err() { std::future::pending::<()>().await } } => {}
                 _ = async { if inputs.pressure.changed().await.is_err() { std::future::pending::<()>().await } } => {}
                 _ = async { if inputs.frequencies.changed().await.is_err() { std::future::pending::<()>().await } } => {}
                 _ = shutdown.wait_for(|s| *s) => return,

@@ -50,6 +50,8 @@ pub struct NodeFacts {
     pub kubelet_version: String,
     pub kubelet_port: i32,
     pub images: Vec<ContainerImage>,
+    /// Device plugin resources (the device manager's figures).
+    pub extended: crate::deviceplugin::devices::ExtendedResources,
 }
 
 /// A node event to record for a condition transition (all `Normal`, as
@@ -204,6 +206,18 @@ pub fn node_status(current: Option<&NodeStatus>, facts: &NodeFacts, now: Timesta
     }
     capacity.extend(to_q(&facts.capacity));
     allocatable.extend(to_q(&facts.allocatable));
+    // Device plugin resources: set from the device manager, deleted once
+    // it dropped them (as the kubelet's setter does with its removed list).
+    for r in &facts.extended.removed {
+        capacity.remove(r);
+        allocatable.remove(r);
+    }
+    for (r, n) in &facts.extended.capacity {
+        capacity.insert(r.clone(), Quantity(n.to_string()));
+    }
+    for (r, n) in &facts.extended.allocatable {
+        allocatable.insert(r.clone(), Quantity(n.to_string()));
+    }
     status.capacity = Some(capacity);
     status.allocatable = Some(allocatable);
     status.addresses = Some(facts.addresses.clone());
@@ -426,6 +440,60 @@ mod tests {
         assert_eq!(s.conditions.as_ref().unwrap()[0].type_, "NetworkUnavailable");
         assert_eq!(s.conditions.as_ref().unwrap().len(), 5);
         assert_eq!(s.capacity.as_ref().unwrap()["example.com/gpu"], Quantity("1".into()));
+    }
+
+    #[test]
+    fn device_plugin_resources_are_set_and_removed() {
+        use crate::deviceplugin::devices::ExtendedResources;
+        // (name, (capacity, allocatable) in the API's status before, the
+        // device manager's figures, what status reports then)
+        type Counts<'a> = Option<(&'a str, &'a str)>;
+        let cases: Vec<(&str, Counts, ExtendedResources, Counts)> = vec![
+            ("none", None, ExtendedResources::default(), None),
+            (
+                "two devices, one healthy",
+                None,
+                ExtendedResources {
+                    capacity: [("swiftlet.dev/fake".to_string(), 2)].into(),
+                    allocatable: [("swiftlet.dev/fake".to_string(), 1)].into(),
+                    ..Default::default()
+                },
+                Some(("2", "1")),
+            ),
+            (
+                "plugin gone: 0 allocatable",
+                Some(("2", "2")),
+                ExtendedResources {
+                    capacity: [("swiftlet.dev/fake".to_string(), 2)].into(),
+                    allocatable: [("swiftlet.dev/fake".to_string(), 0)].into(),
+                    ..Default::default()
+                },
+                Some(("2", "0")),
+            ),
+            (
+                "removed after the grace period",
+                Some(("2", "0")),
+                ExtendedResources { removed: ["swiftlet.dev/fake".to_string()].into(), ..Default::default() },
+                None,
+            ),
+        ];
+        for (name, before, extended, want) in cases {
+            let (mut base, _) = node_status(None, &facts(), t(0));
+            if let Some((c, a)) = before {
+                base.capacity.as_mut().unwrap().insert("swiftlet.dev/fake".into(), Quantity(c.into()));
+                base.allocatable.as_mut().unwrap().insert("swiftlet.dev/fake".into(), Quantity(a.into()));
+            }
+            let f = NodeFacts { extended, ..facts() };
+            let (s, _) = node_status(Some(&base), &f, t(5));
+            let got = s
+                .capacity
+                .as_ref()
+                .unwrap()
+                .get("swiftlet.dev/fake")
+                .map(|c| (c.0.clone(), s.allocatable.as_ref().unwrap()["swiftlet.dev/fake"].0.clone()));
+            assert_eq!(got, want.map(|(c, a)| (c.to_string(), a.to_string())), "{name}");
+            assert_eq!(s.capacity.as_ref().unwrap()["memory"], Quantity("8Gi".into()), "{name}: core resources stay");
+        }
     }
 
     #[test]

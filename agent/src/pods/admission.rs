@@ -12,6 +12,9 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::cm::{hierarchy::pod_requests, qos::is_critical};
 
+/// The reason of a pod the device manager cannot give its devices.
+pub const UNEXPECTED_ADMISSION_ERROR: &str = "UnexpectedAdmissionError";
+
 /// What the node can hold, in the units admission counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Capacity {

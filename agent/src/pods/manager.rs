@@ -237,6 +237,11 @@ impl Inner {
             }
         }
         let mut pods = lock(&self.pods);
+        // Pods of this round not admitted yet keep their devices while
+        // earlier ones are admitted (an agent restart re-admits them all).
+        let mut pending: std::collections::BTreeSet<String> =
+            desired.keys().filter(|id| !pods.contains_key(*id)).cloned().collect();
+        let sources_ready = self.sources_ready();
         for (id, pod) in &desired {
             if let Some(e) = pods.get_mut(id) {
                 if e.orphan {
@@ -257,9 +262,28 @@ impl Inner {
                 .entry(CONFIG_SEEN.into())
                 .or_insert_with(|| Timestamp::now().to_string());
             let active: Vec<&Pod> = pods.values().filter(|e| e.active && !e.orphan).map(|e| &e.pod).collect();
+            pending.remove(id);
             let verdict = match lock(&self.refuse_new).clone() {
                 Some(r) => Err(r),
                 None => admission::admit(&pod, &active, self.capacity),
+            };
+            // The device manager's admit handler: devices for every
+            // container, or UnexpectedAdmissionError. Devices of pods no
+            // longer active are freed first, once every source has spoken.
+            let verdict = match (verdict, &self.deps.devices) {
+                (Ok(()), Some(devices)) => {
+                    let keep = sources_ready.then(|| {
+                        let mut keep: std::collections::BTreeSet<String> =
+                            active.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+                        keep.extend(pending.iter().cloned());
+                        keep
+                    });
+                    devices.admit(&pod, keep.as_ref()).map_err(|e| admission::Rejection {
+                        reason: admission::UNEXPECTED_ADMISSION_ERROR.into(),
+                        message: format!("Allocate failed due to {e}, which is unexpected"),
+                    })
+                }
+                (verdict, _) => verdict,
             };
             match verdict {
                 Ok(()) => {
@@ -443,6 +467,9 @@ impl WorkerSink for Sink {
         let id = uid(pod);
         lock(&inner.tombstones).insert(id.clone(), Instant::now());
         lock(&inner.pods).remove(&id);
+        if let Some(devices) = &inner.deps.devices {
+            devices.pod_removed(&id);
+        }
         debug!(uid = id, "pod removed");
         // The pod may be wanted again (a manifest restored meanwhile).
         inner.reconcile();

@@ -121,6 +121,7 @@ fn harness(pods_capacity: i64) -> Harness {
             Arc::new(NoApiServer),
             events.clone(),
         )),
+        devices: None,
     });
     let (stop, shutdown) = watch::channel(false);
     let capacity = Capacity { pods: pods_capacity, cpu_milli: 4000, memory: 8 << 30 };

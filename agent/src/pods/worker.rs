@@ -81,6 +81,9 @@ pub struct WorkerDeps {
     pub probe_results: Option<ProbeObserver>,
     /// Pod volumes: set up before containers start, torn down after.
     pub volumes: Arc<VolumeManager>,
+    /// Device plugin devices: reserved at admission, given to containers
+    /// at creation (None: no device manager).
+    pub devices: Option<Arc<dyn crate::deviceplugin::PodDeviceAllocator>>,
 }
 
 /// Where a worker reports to (the pod manager).
@@ -601,6 +604,18 @@ impl Worker {
                 spec::container_config(&start, &self.deps.settings).map_err(|e| e.to_string())
             }
             Err(e) => Err(e),
+        };
+        // Devices from the device plugins (Allocate, PreStartContainer).
+        let config = match (config, &self.deps.devices) {
+            (Ok(mut cfg), Some(devices)) => match devices.container_options(&self.pod, &c.name).await {
+                Ok(Some(o)) => {
+                    crate::deviceplugin::container::apply(&mut cfg, &o);
+                    Ok(cfg)
+                }
+                Ok(None) => Ok(cfg),
+                Err(e) => Err(e),
+            },
+            (config, _) => config,
         };
         let config = match config {
             Ok(cfg) => cfg,
