@@ -291,17 +291,23 @@ evictionHard:
   nodefs.available: 1%
 ";
 
-#[test]
-fn status_reports_and_lease_resume_after_a_60s_outage() {
-    prereq::require_root();
-    let name = node_name("outage");
-    let c = cluster(&name, Options::default());
+/// A cluster and the real binary as its node (REPORTING_NODE), Ready.
+fn ready_reporting_node(name: &str) -> (Cluster, NodeProcess) {
+    let c = cluster(name, Options::default());
     let extra = vec![format!("--kubeconfig={}", c.node_kubeconfig.display()), format!("--hostname-override={name}")];
     let mut agent = NodeProcess::start(Some(REPORTING_NODE), &extra);
     wait("the node to be Ready", Duration::from_secs(60), || {
         agent.assert_running();
-        c.server.get(&NODES, "", &name).filter(ready)
+        c.server.get(&NODES, "", name).filter(ready)
     });
+    (c, agent)
+}
+
+#[test]
+fn status_reports_and_lease_resume_after_a_60s_outage() {
+    prereq::require_root();
+    let name = node_name("outage");
+    let (c, mut agent) = ready_reporting_node(&name);
     // Unchanged status still goes out every nodeStatusReportFrequency (4s).
     let before = status_patches(&c.server, &name);
     std::thread::sleep(Duration::from_secs(10));
@@ -353,13 +359,7 @@ fn status_reports_and_lease_resume_after_a_60s_outage() {
 fn a_reload_changes_the_status_report_frequency_live() {
     prereq::require_root();
     let name = node_name("reload");
-    let c = cluster(&name, Options::default());
-    let extra = vec![format!("--kubeconfig={}", c.node_kubeconfig.display()), format!("--hostname-override={name}")];
-    let mut agent = NodeProcess::start(Some(REPORTING_NODE), &extra);
-    wait("the node to be Ready", Duration::from_secs(60), || {
-        agent.assert_running();
-        c.server.get(&NODES, "", &name).filter(ready)
-    });
+    let (c, mut agent) = ready_reporting_node(&name);
     // (status reports, status rounds) in 10 s; every round GETs the Node.
     let in_10s = || {
         let rounds = || {
@@ -906,13 +906,7 @@ fn api_pod_runs_ready_and_is_deleted_within_its_grace_period() {
     prereq::require_root();
     let name = node_name("pod");
     let cleanup = PodCleanup::new();
-    let c = cluster(&name, Options::default());
-    let extra = vec![format!("--kubeconfig={}", c.node_kubeconfig.display()), format!("--hostname-override={name}")];
-    let mut agent = NodeProcess::start(Some(REPORTING_NODE), &extra);
-    wait("the node to be Ready", Duration::from_secs(60), || {
-        agent.assert_running();
-        c.server.get(&NODES, "", &name).filter(ready)
-    });
+    let (c, mut agent) = ready_reporting_node(&name);
     // A pod whose process ignores SIGTERM: deletion waits for the grace
     // period (5 s), then SIGKILL.
     let created = c.server.store().create(&PODS, "default", api_pod("web", &name, &[])).unwrap();

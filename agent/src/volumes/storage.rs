@@ -52,6 +52,20 @@ pub struct PodStorageUsage {
     pub containers: HashMap<String, u64>,
 }
 
+impl PodStorageUsage {
+    /// The pod's local ephemeral storage: its containers' writable layers
+    /// and logs plus the volumes of the kinds that count toward it.
+    pub fn ephemeral_bytes(&self, kinds: &HashMap<String, VolumeKind>) -> u64 {
+        let volumes: u64 = self
+            .volumes
+            .iter()
+            .filter(|(name, _)| kinds.get(*name).is_some_and(|k| k.counts_as_ephemeral_storage()))
+            .map(|(_, b)| *b)
+            .sum();
+        volumes + self.containers.values().sum::<u64>()
+    }
+}
+
 fn parse(q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> Option<Quantity> {
     q.0.parse::<Quantity>().ok()
 }
@@ -103,13 +117,7 @@ pub fn evaluate(pod: &Pod, kinds: &HashMap<String, VolumeKind>, usage: &PodStora
         }
     }
     if let Some(limit) = pod_ephemeral_limit(pod) {
-        let volumes: u64 = usage
-            .volumes
-            .iter()
-            .filter(|(name, _)| kinds.get(*name).is_some_and(|k| k.counts_as_ephemeral_storage()))
-            .map(|(_, b)| *b)
-            .sum();
-        let total = volumes + usage.containers.values().sum::<u64>();
+        let total = usage.ephemeral_bytes(kinds);
         if total as i64 > limit.value() {
             return Some(format!(
                 "Pod ephemeral local storage usage exceeds the total limit of containers {}. ",
@@ -378,13 +386,7 @@ impl LocalStorageMonitor {
             let vols = self.volumes.usage_paths(&uid).await;
             let kinds: HashMap<String, VolumeKind> = vols.iter().map(|v| (v.name.clone(), v.kind)).collect();
             let (usage, inodes) = self.measure_with_inodes(&pod, &vols, &stats).await;
-            let volumes: u64 = usage
-                .volumes
-                .iter()
-                .filter(|(name, _)| kinds.get(*name).is_some_and(|k| k.counts_as_ephemeral_storage()))
-                .map(|(_, b)| *b)
-                .sum();
-            out.insert(uid, PodDiskUsage { bytes: volumes + usage.containers.values().sum::<u64>(), inodes });
+            out.insert(uid, PodDiskUsage { bytes: usage.ephemeral_bytes(&kinds), inodes });
         }
         out
     }
