@@ -477,14 +477,7 @@ impl AgentProcess {
     /// SIGTERM and wait.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            // SAFETY: signalling the child we started, by its PID.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
+            crate::process::terminate(&mut c, Duration::from_secs(30));
         }
     }
 

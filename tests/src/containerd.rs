@@ -147,14 +147,7 @@ impl TestContainerd {
     /// containers they hold, keep running.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            // SAFETY: signalling the process we started, by its PID.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            crate::process::terminate(&mut child, Duration::from_secs(10));
         }
     }
 

@@ -329,14 +329,7 @@ pub fn plain_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)>
 
 impl Drop for RunningAgent {
     fn drop(&mut self) {
-        // SAFETY: signalling the process we started, by its PID.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        crate::process::terminate(&mut self.child, Duration::from_secs(10));
         // Pods outlive the kubelet by design; the test's are removed here.
         let Ok(ep) = std::env::var("SWIFTLET_TEST_CRI_ENDPOINT") else { return };
         let before = self.sandboxes_before.clone();

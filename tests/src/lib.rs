@@ -18,6 +18,7 @@ pub mod node_process;
 pub mod pki;
 pub mod pods;
 pub mod prereq;
+pub mod process;
 pub mod recorder;
 pub mod registry;
 pub mod review_stub;

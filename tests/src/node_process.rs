@@ -7,7 +7,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use crate::cgroup::TestCgroup;
@@ -107,18 +107,7 @@ impl NodeProcess {
     /// SIGTERM, then SIGKILL after 15 s; returns whether it exited by itself.
     pub fn stop(&mut self) -> bool {
         let Some(mut child) = self.child.take() else { return true };
-        // SAFETY: signalling the process we started, by its PID.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if child.try_wait().ok().flatten().is_some() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        false
+        crate::process::terminate(&mut child, Duration::from_secs(15))
     }
 }
 

@@ -22,23 +22,35 @@ pub struct DeviceRunOptions {
     pub conflicts: Vec<String>,
 }
 
+/// Adds `from`'s entries to `into`; a key already there with another
+/// value keeps the first and is reported as a conflict.
+fn merge_first_wins<'a>(
+    into: &mut BTreeMap<String, String>,
+    from: impl IntoIterator<Item = (&'a String, &'a String)>,
+    what: &str,
+    resource: &str,
+    conflicts: &mut Vec<String>,
+) {
+    for (k, v) in from {
+        match into.get(k) {
+            Some(old) if old != v => {
+                conflicts.push(format!("{what} {k} from {resource}: {v:?} conflicts with {old:?}"))
+            }
+            Some(_) => {}
+            None => {
+                into.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
 /// Merges the answers (resource, response) in order.
 pub fn run_options<'a>(
     responses: impl IntoIterator<Item = (&'a str, &'a ContainerAllocateResponse)>,
 ) -> DeviceRunOptions {
     let mut o = DeviceRunOptions::default();
     for (resource, r) in responses {
-        for (k, v) in &r.envs {
-            match o.envs.get(k) {
-                Some(old) if old != v => {
-                    o.conflicts.push(format!("environment variable {k} from {resource}: {v:?} conflicts with {old:?}"))
-                }
-                Some(_) => {}
-                None => {
-                    o.envs.insert(k.clone(), v.clone());
-                }
-            }
-        }
+        merge_first_wins(&mut o.envs, &r.envs, "environment variable", resource, &mut o.conflicts);
         for m in &r.mounts {
             match o.mounts.iter().find(|x| x.container_path == m.container_path) {
                 Some(old) if old.host_path != m.host_path || old.readonly != m.read_only => o.conflicts.push(format!(
@@ -70,17 +82,7 @@ pub fn run_options<'a>(
                 }),
             }
         }
-        for (k, v) in &r.annotations {
-            match o.annotations.get(k) {
-                Some(old) if old != v => {
-                    o.conflicts.push(format!("annotation {k} from {resource}: {v:?} conflicts with {old:?}"))
-                }
-                Some(_) => {}
-                None => {
-                    o.annotations.insert(k.clone(), v.clone());
-                }
-            }
-        }
+        merge_first_wins(&mut o.annotations, &r.annotations, "annotation", resource, &mut o.conflicts);
         for c in &r.cdi_devices {
             if !o.cdi_devices.contains(&c.name) {
                 o.cdi_devices.push(c.name.clone());

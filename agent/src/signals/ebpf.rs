@@ -655,13 +655,18 @@ fn forward_kernel_log(mut logger: aya_log::EbpfLogger<&'static dyn log::Log>, st
 pub fn refresh_kernel_side(high_water: u32) {
     let mut start = 0;
     loop {
-        // SAFETY: getpgid takes a pid and only reads.
-        unsafe { libc::syscall(libc::SYS_getpgid, start as libc::pid_t) };
+        refresh_batch(start);
         start += swiftlet_common::REFRESH_BATCH;
         if start >= high_water {
             break;
         }
     }
+}
+
+/// One run of the refresh program: the REFRESH_BATCH slots from `start` on.
+fn refresh_batch(start: u32) {
+    // SAFETY: getpgid takes a pid and only reads.
+    unsafe { libc::syscall(libc::SYS_getpgid, start as libc::pid_t) };
 }
 
 fn read_slot(shared: &Shared, index: u32) -> CgroupSlot {
@@ -790,8 +795,7 @@ impl SignalSource for EbpfSource {
             // The kernel skips evaluating a cgroup whose page counter has not
             // moved, so the new line is evaluated now (the refresh program,
             // from this slot's batch) rather than at its next charge batch.
-            // SAFETY: getpgid takes a pid and only reads.
-            unsafe { libc::syscall(libc::SYS_getpgid, index as libc::pid_t) };
+            refresh_batch(index);
         }
         Ok(())
     }
