@@ -1,7 +1,9 @@
 //! `cargo xtask bench`: builds the benchmark runner in release mode and runs
 //! it; the runner writes target/bench/report.md, results.json and plots.
+//! `cargo xtask test` runs it too, as a smoke check: `--quick` on the dev
+//! build it has just made, into target/bench-quick, with nothing asserted.
 
-use std::process::Command;
+use std::{path::PathBuf, process::Command};
 
 use anyhow::Result;
 
@@ -21,6 +23,20 @@ pub struct Args {
     /// List the benchmarks and exit.
     #[arg(long)]
     list: bool,
+    /// Use the dev-profile binaries instead of a release build (a smoke
+    /// check of the harness: the figures are not representative).
+    #[arg(long)]
+    debug: bool,
+    /// Where the report, results.json and plots go (default target/bench).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+impl Args {
+    /// What `cargo xtask test` runs: every bench, quick, on the dev build.
+    pub fn smoke(out: PathBuf) -> Args {
+        Args { quick: true, names: vec![], list: false, debug: true, out: Some(out) }
+    }
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -29,20 +45,20 @@ pub fn run(args: Args) -> Result<()> {
     setup::ensure_apt(setup::APT_BENCH)?;
     setup::build_ebpf(&tc)?;
     let root = cmd::workspace_root();
-    step("building the benchmark runner (release)");
-    cmd::run(Command::new("cargo").current_dir(root).env("PATH", tc.path_env()).args([
-        "build",
-        "--release",
-        "-p",
-        "swiftlet-tests",
-        "-p",
-        "swiftlet",
-        "--bins",
-    ]))?;
+    let profile = if args.debug { "debug" } else { "release" };
+    step(format!("building the benchmark runner ({profile})"));
+    let mut build = Command::new("cargo");
+    build.current_dir(root).env("PATH", tc.path_env()).arg("build");
+    if !args.debug {
+        build.arg("--release");
+    }
+    cmd::run(build.args(["-p", "swiftlet-tests", "-p", "swiftlet", "--bins"]))?;
+    let bin = root.join("target").join(profile);
+    let out = args.out.unwrap_or_else(|| root.join("target/bench"));
     // The pod benches run pods on our own containerd.
     let containerd = Containerd::start(root, "bench")?;
-    let mut c = Command::new(root.join("target/release/swiftlet-bench"));
-    c.arg("--out").arg(root.join("target/bench")).env("SWIFTLET_TEST_CRI_ENDPOINT", containerd.endpoint());
+    let mut c = Command::new(bin.join("swiftlet-bench"));
+    c.arg("--out").arg(&out).env("SWIFTLET_TEST_CRI_ENDPOINT", containerd.endpoint());
     if args.quick {
         c.arg("--quick");
     }
@@ -54,13 +70,11 @@ pub fn run(args: Args) -> Result<()> {
     let result = cmd::run(&mut c);
     drop(containerd);
     result?;
-    // The kernel matrix's other rows: the same bench in each VM kernel.
-    if !args.list && (args.names.is_empty() || args.names.iter().any(|n| n == "kernel-matrix")) {
-        crate::vm::bench(
-            &root.join("target/release/swiftlet-bench"),
-            &root.join("target/release/swiftlet-workload"),
-            args.quick,
-        )?;
+    // The kernel matrix's other rows: the same bench in each VM kernel (a
+    // quick run boots them only when kernel-matrix is named).
+    let named = args.names.iter().any(|n| n == "kernel-matrix");
+    if !args.list && (named || (args.names.is_empty() && !args.quick)) {
+        crate::vm::bench(&bin.join("swiftlet-bench"), &bin.join("swiftlet-workload"), &out, args.quick)?;
     }
     Ok(())
 }

@@ -27,6 +27,9 @@ pub struct Args {
     /// Skip the kernel matrix (by default it runs on one VM kernel).
     #[arg(long)]
     no_vm: bool,
+    /// Skip the benchmark smoke run (`bench --quick` on the dev build).
+    #[arg(long)]
+    no_bench: bool,
     /// Passed to the integration test harness (test name filters).
     filters: Vec<String>,
 }
@@ -129,6 +132,22 @@ pub fn run(args: Args) -> Result<()> {
             }
         };
         results.push(("kernel matrix (qemu)", ok, t.elapsed().as_secs_f64()));
+    }
+
+    // CI's smoke run of the benchmark harness: every bench, --quick, on the
+    // dev build just made; figures go to target/bench-quick and nothing is
+    // asserted (targets belong to the full release run, not to CI).
+    if !args.unit_only && !args.no_bench && args.filters.is_empty() {
+        step("benchmarks --quick (smoke run on the dev build, nothing asserted)");
+        let t = Instant::now();
+        let ok = match crate::bench::run(crate::bench::Args::smoke(cmd::workspace_root().join("target/bench-quick"))) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("\x1b[1;31merror:\x1b[0m {e:#}");
+                false
+            }
+        };
+        results.push(("benchmarks --quick (smoke, dev build)", ok, t.elapsed().as_secs_f64()));
     }
 
     step("summary");

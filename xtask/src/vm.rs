@@ -744,12 +744,12 @@ fn run_checks_in_vm(
 }
 
 /// The kernel-matrix bench in each VM kernel: its results come back over the
-/// console and are added to target/bench under `kernel-matrix@<kernel>`.
-/// `runner` and `workload` are the release binaries.
-pub fn bench(runner: &Path, workload: &Path, quick: bool) -> Result<()> {
+/// console and are added to `report_dir`'s report under
+/// `kernel-matrix@<kernel>`. `runner` and `workload` are the runner's build.
+pub fn bench(runner: &Path, workload: &Path, report_dir: &Path, quick: bool) -> Result<()> {
     setup::ensure_apt(setup::APT_VM)?;
     let root = cmd::workspace_root();
-    let out = root.join("target/bench/kernels");
+    let out = report_dir.join("kernels");
     fs::create_dir_all(&out)?;
     let mut imports = vec![];
     for k in KERNELS {
@@ -791,14 +791,14 @@ pub fn bench(runner: &Path, workload: &Path, quick: bool) -> Result<()> {
         }
     }
     let mut c = Command::new(runner);
-    c.arg("--out").arg(root.join("target/bench"));
+    c.arg("--out").arg(report_dir);
     for i in &imports {
         c.arg("--import").arg(i);
     }
     if quick {
         c.arg("--quick");
     }
-    step("adding the VM kernels' rows to target/bench/report.md");
+    step(format!("adding the VM kernels' rows to {}/report.md", report_dir.display()));
     cmd::run(&mut c)
 }
 

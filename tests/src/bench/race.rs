@@ -503,7 +503,7 @@ pub fn race_node(ctx: &Ctx) -> Result<BenchResult> {
 }
 
 fn race_scenario(ctx: &Ctx, scenario: Scenario) -> Result<BenchResult> {
-    let runs_per_cell = ctx.pick(25, 2);
+    let runs_per_cell = ctx.pick(25, 1);
     // The in-kernel kill runs twice per round: 100 runs over both rates.
     let kernel_repeats = ctx.pick(2, 1);
     let mut out = BenchResult {
