@@ -11,6 +11,7 @@ pub mod cri;
 pub mod events;
 pub mod eviction;
 pub mod gc;
+pub mod heap;
 pub mod host;
 pub mod images;
 pub mod kubeapi;

@@ -15,6 +15,7 @@ use tokio::{
 use tracing::{info, warn};
 
 fn main() -> ExitCode {
+    swiftlet::heap::configure();
     let args: Vec<String> = std::env::args().skip(1).collect();
     // `swiftlet top`, `swiftlet events`.
     if let Some(code) = swiftlet::cli::dispatch(&args) {

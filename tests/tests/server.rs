@@ -2,6 +2,8 @@
 //! module in this process, where noted) answering real HTTP(S) requests
 //! with real TLS, over real pods in a real containerd.
 //!
+//! - the read-only port serves pods, stats, metrics and healthz over
+//!   plain HTTP without authentication, and nothing else;
 //! - healthz answers on loopback only; the serving certificate is
 //!   self-signed in --cert-dir on first start.
 //! - :10250 authenticates (client certificates against --client-ca-file,
@@ -94,6 +96,34 @@ fn healthz_is_loopback_only_and_the_serving_certificate_is_self_signed() {
         // Anonymous requests are refused by default.
         let r = agent.https(None).get("/pods").await.unwrap();
         assert_eq!((r.status, r.text().as_str()), (401, "Unauthorized"));
+    });
+}
+
+#[test]
+fn the_read_only_port_serves_the_default_handlers_without_authentication() {
+    let read_only = free_port();
+    let agent = RunningAgent::start(&[format!("--read-only-port={read_only}")]);
+    let addr = SocketAddr::from(([127, 0, 0, 1], read_only));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(std::time::Instant::now() < deadline, ":{read_only} did not open; log:\n{}", agent.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, body) = plain_get(addr, "/pods").unwrap();
+    assert_eq!(status, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("/pods: {e}: {body}"));
+    assert_eq!(list["kind"], "PodList", "{body}");
+    assert_eq!(plain_get(addr, "/healthz").unwrap(), (200, "ok".to_owned()));
+    let (status, body) = plain_get(addr, "/metrics").unwrap();
+    assert!(status == 200 && body.contains("kubelet_running_pods"), "{status}: {body}");
+    // What the kubelet keeps behind authentication stays there.
+    for path in ["/configz", "/containerLogs/default/p/c", "/debug/events"] {
+        assert_eq!(plain_get(addr, path).unwrap().0, 404, "{path} on the read-only port");
+    }
+    // The secure port still refuses the same request anonymously.
+    rt().block_on(async {
+        let r = agent.https(None).get("/pods").await.unwrap();
+        assert_eq!(r.status, 401);
     });
 }
 

@@ -5,6 +5,7 @@
 //! called by container GC before RemoveContainer).
 
 use std::{
+    collections::HashMap,
     fs,
     io::{self, Write},
     path::{Path, PathBuf},
@@ -106,6 +107,10 @@ pub struct ContainerLogManager {
     /// Rotation and cleaning never interleave (as the kubelet's mutex).
     busy: tokio::sync::Mutex<()>,
     clock: Box<Clock>,
+    /// Each running container's log path. The runtime fixes it at
+    /// CreateContainer, so one ContainerStatus per container is enough,
+    /// not one per container every 10 s.
+    log_paths: std::sync::Mutex<HashMap<String, PathBuf>>,
 }
 
 /// The files of the log at `log`: `<log>.*` in its directory.
@@ -153,6 +158,7 @@ impl ContainerLogManager {
             policy,
             busy: tokio::sync::Mutex::new(()),
             clock: Box::new(|| local_stamp(SystemTime::now())),
+            log_paths: std::sync::Mutex::new(HashMap::new()),
         })
     }
 
@@ -174,6 +180,7 @@ impl ContainerLogManager {
             ..Default::default()
         };
         let containers = self.runtime.list_containers(Some(running)).await?;
+        self.paths().retain(|id, _| containers.iter().any(|c| &c.id == id));
         let mut report = RotationReport::default();
         for c in containers {
             if let Err(e) = self.rotate_container(&c.id, &mut report).await {
@@ -184,17 +191,31 @@ impl ContainerLogManager {
         Ok(report)
     }
 
-    async fn rotate_container(&self, id: &str, report: &mut RotationReport) -> Result<(), LogError> {
+    fn paths(&self) -> std::sync::MutexGuard<'_, HashMap<String, PathBuf>> {
+        self.log_paths.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The container's log path (empty when it has none), asked of the
+    /// runtime once; `None` when the container is gone.
+    async fn log_path(&self, id: &str) -> Result<Option<PathBuf>, LogError> {
+        if let Some(p) = self.paths().get(id) {
+            return Ok(Some(p.clone()));
+        }
         let status = match self.runtime.container_status(id).await {
             Ok(s) => s,
-            // Gone since the list: nothing to rotate.
-            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) if e.is_not_found() => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        if status.log_path.is_empty() {
+        let path = PathBuf::from(&status.log_path);
+        self.paths().insert(id.to_owned(), path.clone());
+        Ok(Some(path))
+    }
+
+    async fn rotate_container(&self, id: &str, report: &mut RotationReport) -> Result<(), LogError> {
+        // Gone since the list, or without a log: nothing to rotate.
+        let Some(log) = self.log_path(id).await?.filter(|p| !p.as_os_str().is_empty()) else {
             return Ok(());
-        }
-        let log = PathBuf::from(&status.log_path);
+        };
         let size = match fs::metadata(&log) {
             Ok(m) => m.len(),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -258,6 +279,7 @@ impl ContainerLogManager {
     /// before RemoveContainer, while the runtime still knows the path.
     pub async fn clean(&self, id: &str) -> Result<usize, LogError> {
         let _busy = self.busy.lock().await;
+        self.paths().remove(id);
         let status = self.runtime.container_status(id).await?;
         if status.log_path.is_empty() {
             return Ok(0);
@@ -416,6 +438,24 @@ mod tests {
         fs::remove_file(&s.log).unwrap();
         m.rotate_logs().await.unwrap();
         assert!(s.log.exists());
+    }
+
+    #[tokio::test]
+    async fn the_log_path_is_asked_once_per_container() {
+        let s = setup().await;
+        let m = ContainerLogManager::new(s.rt.clone(), LogPolicy { max_size_bytes: 10, max_files: 5 })
+            .unwrap()
+            .with_clock(counter_clock());
+        for round in 0..3 {
+            write(&s.log, 20, b'x');
+            assert_eq!(m.rotate_logs().await.unwrap().rotated, vec![s.id.clone()], "round {round}");
+        }
+        assert_eq!(s.rt.count(Method::ContainerStatus), 1);
+        // A container that stops running is forgotten, and asked again
+        // should an id come back.
+        s.rt.stop_container(&s.id, Duration::ZERO).await.unwrap();
+        m.rotate_logs().await.unwrap();
+        assert!(m.paths().is_empty());
     }
 
     #[tokio::test]

@@ -30,7 +30,7 @@ use super::{
 };
 use crate::{
     cm::{
-        hierarchy::pod_requests,
+        hierarchy::{PodCgroups, pod_requests},
         qos::{SYSTEM_CRITICAL_PRIORITY, priority, qos_class},
     },
     cri::{api, labels},
@@ -56,6 +56,11 @@ struct Entry {
     first_seen: Instant,
     /// From first sight to all containers running, once it happened.
     started_after: Option<Duration>,
+    /// What eviction ranks this pod by, built from `pod` and `running`
+    /// when first asked after either changed: the plan is refreshed every
+    /// second, and the requests, priority and QoS behind it parse
+    /// quantities.
+    eviction: Option<EvictionPod>,
 }
 
 struct Inner {
@@ -249,6 +254,7 @@ impl Inner {
                 }
                 if !same_spec(&e.pod, pod) {
                     e.pod = pod.clone();
+                    e.eviction = None;
                     if let Some(h) = &e.handle {
                         let _ = h.tx.send(Msg::Update(Box::new(pod.clone())));
                     }
@@ -411,6 +417,7 @@ impl Entry {
             evicted: false,
             first_seen: Instant::now(),
             started_after: None,
+            eviction: None,
         }
     }
 }
@@ -434,7 +441,10 @@ impl WorkerSink for Sink {
         let changed = {
             let mut pods = lock(&inner.pods);
             let Some(e) = pods.get_mut(&uid(pod)) else { return };
-            e.running = containers.to_vec();
+            if e.running != containers {
+                e.running = containers.to_vec();
+                e.eviction = None;
+            }
             e.active = active && !e.orphan;
             let all_running = status.container_statuses.as_ref().is_some_and(|cs| {
                 !cs.is_empty() && cs.iter().all(|c| c.state.as_ref().and_then(|s| s.running.as_ref()).is_some())
@@ -502,52 +512,55 @@ impl PodView for PodManager {
 
 impl PodProvider for PodManager {
     fn eviction_pods(&self) -> Vec<EvictionPod> {
-        let pods = lock(&self.inner.pods);
+        let mut pods = lock(&self.inner.pods);
         let cgroups = &self.inner.deps.cgroups;
-        pods.iter()
+        pods.iter_mut()
             .filter(|(_, e)| e.active && !e.orphan && e.handle.is_some())
             .filter_map(|(id, e)| {
-                let spec = e.pod.spec.as_ref()?;
-                let pod_cgroup = cgroups.pod_cgroup(qos_class(spec), id);
-                let prio = priority(&e.pod);
-                let ephemeral = spec
-                    .containers
-                    .iter()
-                    .filter_map(|c| c.resources.as_ref()?.requests.as_ref()?.get("ephemeral-storage"))
-                    .filter_map(|q| q.0.parse::<crate::quantity::Quantity>().ok())
-                    .map(|q| q.value().max(0) as u64)
-                    .sum();
-                Some(EvictionPod {
-                    uid: id.clone(),
-                    namespace: e.pod.metadata.namespace.clone().unwrap_or_default(),
-                    name: e.pod.metadata.name.clone().unwrap_or_default(),
-                    cgroup: pod_cgroup.clone(),
-                    priority: prio,
-                    critical: prio >= SYSTEM_CRITICAL_PRIORITY || is_mirror(&e.pod),
-                    termination_grace_secs: spec.termination_grace_period_seconds.unwrap_or(30).max(0) as u64,
-                    memory_request: pod_requests(spec).1.max(0) as u64,
-                    ephemeral_storage_request: ephemeral,
-                    containers: spec
-                        .containers
-                        .iter()
-                        .map(|c| EvictionContainer {
-                            name: c.name.clone(),
-                            memory_request: crate::cm::qos::container_resources(c)
-                                .memory_request
-                                .map_or(0, |q| q.value().max(0) as u64),
-                            cgroup: e
-                                .running
-                                .iter()
-                                .find(|(n, _)| *n == c.name)
-                                .map(|(_, cid)| format!("{pod_cgroup}/{cid}")),
-                        })
-                        .collect(),
-                    disk_usage: None,
-                    inodes_used: None,
-                })
+                if e.eviction.is_none() {
+                    e.eviction = eviction_pod(id, e, cgroups);
+                }
+                e.eviction.clone()
             })
             .collect()
     }
+}
+
+fn eviction_pod(id: &str, e: &Entry, cgroups: &PodCgroups) -> Option<EvictionPod> {
+    let spec = e.pod.spec.as_ref()?;
+    let pod_cgroup = cgroups.pod_cgroup(qos_class(spec), id);
+    let prio = priority(&e.pod);
+    let ephemeral = spec
+        .containers
+        .iter()
+        .filter_map(|c| c.resources.as_ref()?.requests.as_ref()?.get("ephemeral-storage"))
+        .filter_map(|q| q.0.parse::<crate::quantity::Quantity>().ok())
+        .map(|q| q.value().max(0) as u64)
+        .sum();
+    Some(EvictionPod {
+        uid: id.to_owned(),
+        namespace: e.pod.metadata.namespace.clone().unwrap_or_default(),
+        name: e.pod.metadata.name.clone().unwrap_or_default(),
+        cgroup: pod_cgroup.clone(),
+        priority: prio,
+        critical: prio >= SYSTEM_CRITICAL_PRIORITY || is_mirror(&e.pod),
+        termination_grace_secs: spec.termination_grace_period_seconds.unwrap_or(30).max(0) as u64,
+        memory_request: pod_requests(spec).1.max(0) as u64,
+        ephemeral_storage_request: ephemeral,
+        containers: spec
+            .containers
+            .iter()
+            .map(|c| EvictionContainer {
+                name: c.name.clone(),
+                memory_request: crate::cm::qos::container_resources(c)
+                    .memory_request
+                    .map_or(0, |q| q.value().max(0) as u64),
+                cgroup: e.running.iter().find(|(n, _)| *n == c.name).map(|(_, cid)| format!("{pod_cgroup}/{cid}")),
+            })
+            .collect(),
+        disk_usage: None,
+        inodes_used: None,
+    })
 }
 
 impl PodEvictor for PodManager {

@@ -195,6 +195,17 @@ impl Server {
         }
     }
 
+    /// The read-only port's handler: no authentication, so, as the
+    /// kubelet's read-only server, only the default handlers (pods, stats,
+    /// metrics, healthz), never configz, logs or debugging.
+    pub async fn handle_read_only(self: Arc<Self>, req: Request<Incoming>, _conn: ConnInfo) -> Response<Body> {
+        let path = req.uri().path();
+        if path == "/configz" || path.starts_with("/containerLogs") || path.starts_with("/debug") {
+            return http::not_found();
+        }
+        self.route(req).await
+    }
+
     /// The unix socket's handler (no authentication: file permissions).
     pub async fn handle_local(self: Arc<Self>, req: Request<Incoming>, _conn: ConnInfo) -> Response<Body> {
         let path = req.uri().path();
@@ -531,6 +542,8 @@ pub fn debug_socket_path(root_dir: &Path) -> PathBuf {
 pub struct Servers {
     pub healthz: Option<SocketAddr>,
     pub secure: Option<SocketAddr>,
+    /// The unauthenticated HTTP port (`readOnlyPort`), when not 0.
+    pub read_only: Option<SocketAddr>,
     pub debug_socket: Option<PathBuf>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -602,6 +615,15 @@ pub async fn start(server: Arc<Server>, shutdown: watch::Receiver<bool>) -> Resu
         tasks.push(tokio::spawn(http::serve_tls(l, TlsAcceptor::from(cfg), handler, shutdown.clone())));
         info!("kubelet API listening on https://{}", secure.map(|a| a.to_string()).unwrap_or_default());
     }
+    let mut read_only = None;
+    if k.enable_server && k.read_only_port != 0 {
+        let l = bind(k.address, k.read_only_port).await?;
+        read_only = l.local_addr().ok();
+        let s = server.clone();
+        let handler = move |req, conn| s.clone().handle_read_only(req, conn);
+        tasks.push(tokio::spawn(http::serve_tcp(l, handler, shutdown.clone())));
+        info!("read-only kubelet API listening on http://{}", read_only.map(|a| a.to_string()).unwrap_or_default());
+    }
     let sock = debug_socket_path(&server.config.flags.root_dir);
     let mut debug_socket = None;
     match bind_unix(&sock) {
@@ -614,7 +636,7 @@ pub async fn start(server: Arc<Server>, shutdown: watch::Receiver<bool>) -> Resu
         // The node's tools then attach by themselves; the agent runs on.
         Err(e) => warn!("{e}"),
     }
-    Ok(Servers { healthz, secure, debug_socket, tasks })
+    Ok(Servers { healthz, secure, read_only, debug_socket, tasks })
 }
 
 fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, ServerError> {

@@ -289,13 +289,19 @@ pub fn open(
         ebpf: None,
         fallback_reason: reason,
     };
+    let load_ebpf = |cgroupfs| {
+        let loaded = ebpf::EbpfSource::load(cgroupfs, ebpf_opts);
+        // The load parsed the kernel's BTF, tens of MiB that are free now.
+        crate::heap::release_freed();
+        loaded
+    };
     match choice {
         SourceChoice::Cgroupfs => Ok(polling(None)),
         SourceChoice::Ebpf => {
-            let e = Arc::new(ebpf::EbpfSource::load(cgroupfs, ebpf_opts)?);
+            let e = Arc::new(load_ebpf(cgroupfs)?);
             Ok(OpenedSource { source: e.clone(), ebpf: Some(e), fallback_reason: None })
         }
-        SourceChoice::Auto => match ebpf::EbpfSource::load(cgroupfs.clone(), ebpf_opts) {
+        SourceChoice::Auto => match load_ebpf(cgroupfs.clone()) {
             Ok(e) => {
                 let e = Arc::new(e);
                 Ok(OpenedSource { source: e.clone(), ebpf: Some(e), fallback_reason: None })
