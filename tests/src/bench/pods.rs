@@ -161,15 +161,29 @@ fn sandboxes_of(cri: &CriClient, rt: &tokio::runtime::Runtime, node: &str) -> Re
     Ok(list.iter().filter(|s| labels::identity(&s.labels).is_some_and(|id| id.name.ends_with(&suffix))).count())
 }
 
-/// (RSS bytes, CPU seconds) of a process.
-fn usage(pid: u32) -> Result<(u64, f64)> {
+/// A process's resident memory, bytes.
+#[derive(Clone, Copy, Default)]
+struct Resident {
+    total: u64,
+    /// Heap, stacks and other private memory.
+    anon: u64,
+    /// Mapped file pages: mostly the binary's code.
+    file: u64,
+}
+
+/// (resident memory, CPU seconds) of a process.
+fn usage(pid: u32) -> Result<(Resident, f64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let rss_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .context("VmRSS")?;
+    let kib = |field: &str| -> Result<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|v| v * 1024)
+            .with_context(|| format!("{field} in /proc/{pid}/status"))
+    };
+    let resident = Resident { total: kib("VmRSS:")?, anon: kib("RssAnon:")?, file: kib("RssFile:")? };
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command name (which may contain spaces).
     let rest = stat.rsplit_once(')').map(|(_, r)| r).context("stat")?;
@@ -178,7 +192,7 @@ fn usage(pid: u32) -> Result<(u64, f64)> {
         + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok((rss_kib * 1024, ticks / hz))
+    Ok((resident, ticks / hz))
 }
 
 pub fn pods_110(ctx: &Ctx) -> Result<BenchResult> {
@@ -214,7 +228,7 @@ pub fn pods_110(ctx: &Ctx) -> Result<BenchResult> {
     let mut rss = vec![];
     let t0 = Instant::now();
     while t0.elapsed() < idle {
-        rss.push(usage(pid)?.0 as f64 / (1u64 << 20) as f64);
+        rss.push(usage(pid)?.0);
         std::thread::sleep(Duration::from_secs(1));
     }
     let (_, cpu1) = usage(pid)?;
@@ -232,7 +246,10 @@ pub fn pods_110(ctx: &Ctx) -> Result<BenchResult> {
     }
     let delete_all = t.elapsed();
     agent.stop();
-    let max_rss = rss.iter().copied().fold(0.0, f64::max);
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    // The sample with the most resident memory, and its split.
+    let peak = rss.iter().copied().max_by_key(|r| r.total).unwrap_or_default();
+    let max_rss = mib(peak.total);
     Ok(BenchResult {
         name: "pods-110".into(),
         title: format!("{n} pause pods started, listed and deleted by the swiftlet binary; its RSS and CPU at rest"),
@@ -247,6 +264,8 @@ pub fn pods_110(ctx: &Ctx) -> Result<BenchResult> {
                 delete_all.as_secs_f64(),
             ),
             Figure::value(format!("agent RSS with {n} pods (max)"), "MiB", rss.len(), max_rss),
+            Figure::value(format!("of which anonymous (heap, stacks) with {n} pods"), "MiB", 1, mib(peak.anon)),
+            Figure::value(format!("of which file-backed (the binary's code) with {n} pods"), "MiB", 1, mib(peak.file)),
             Figure::value(format!("agent CPU at rest with {n} pods"), "% of a core", 1, cpu_pct),
         ],
         tables: vec![Table {
