@@ -58,6 +58,9 @@ pub fn command(workspace_root: &Path, host_arch: &str) -> Command {
         "-Dwarnings".to_owned(),
     ];
     cmd.env("CARGO_ENCODED_RUSTFLAGS", OsString::from(flags.join("\x1f")));
+    // The workspace's release LTO is for the agent; bpf-linker links the
+    // programs' bitcode itself, as it always has.
+    cmd.env("CARGO_PROFILE_RELEASE_LTO", "false");
     // The outer cargo's compiler wrappers (clippy, sccache) and flags are for
     // the host, not for the nested nightly build.
     for key in
