@@ -24,6 +24,15 @@ pub mod build;
 /// node, kubepods and QoS cgroups, with room to spare for churn.
 pub const MAX_SLOTS: u32 = 2048;
 
+/// Entries of the kernel's process table (indexed by tgid) when the agent
+/// cannot read `pid_max`: the kernel's default. The agent sizes the table to
+/// `pid_max` at load.
+pub const PROC_TABLE_DEFAULT: u32 = 32768;
+
+/// The largest `pid_max` a 64-bit kernel allows (PID_MAX_LIMIT): the process
+/// table is never sized beyond it.
+pub const PROC_TABLE_LIMIT: u32 = 4 * 1024 * 1024;
+
 /// How many slots one run of the refresh program covers (the agent runs it
 /// once per batch up to the highest slot in use).
 pub const REFRESH_BATCH: u32 = 64;
@@ -132,8 +141,9 @@ pub struct CgroupSlot {
     pub processes: i64,
     /// Inodes created minus freed by the subtree's tasks.
     pub inodes: i64,
-    /// `bpf_ktime_get_ns()` of the last update the kernel made.
-    pub updated_ns: u64,
+    /// Unused: the kernel no longer timestamps updates (a clock read on every
+    /// event, and nothing read it); kept for the layout.
+    pub _reserved: u64,
     /// Thresholds, indexed by [`Signal`]. Written by the agent.
     pub thresholds: [Threshold; NUM_SIGNALS],
     /// Kernel address of the cgroup's `struct mem_cgroup`, learnt from its
@@ -153,7 +163,7 @@ impl CgroupSlot {
         inactive_file_pages: 0,
         processes: 0,
         inodes: 0,
-        updated_ns: 0,
+        _reserved: 0,
         thresholds: [Threshold { trigger: 0, rearm: 0 }; NUM_SIGNALS],
         memcg: 0,
     };
@@ -193,9 +203,13 @@ pub struct Control {
     pub generation: u64,
     /// Events the ring buffer had no room for.
     pub ring_drops: u64,
-    /// Unused (resolutions no longer have a length limit); kept for the layout.
-    pub chain_overflows: u64,
-    /// Process-table entries that could not be inserted (map full).
+    /// Entries the agent may have in the exit-watch table: raised by the
+    /// agent before it adds one, lowered by the kernel when it reports one,
+    /// so the kernel skips the table's lookup at every exit while it is 0.
+    pub exit_watches: u64,
+    /// Processes the kernel could not remember for a later migration: their
+    /// tgid is beyond the process table (sized to `pid_max` at load, which
+    /// was raised since).
     pub proc_table_full: u64,
     /// Kernel kills performed (in-kernel eviction).
     pub kernel_kills: u64,

@@ -19,7 +19,6 @@
 //!   agent reads from /proc/kallsyms) read at every charge event.
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
     macros::{fentry, fexit},
     programs::{FEntryContext, FExitContext},
 };
@@ -27,20 +26,19 @@ use swiftlet_common::{NODE_SLOT, Signal};
 
 use crate::{
     kernel, kill,
-    maps::{LAYOUT, slot},
+    maps::{layout, slot},
     memory::update_chain,
-    threshold::{evaluate, resolve},
+    threshold::{PID_CURRENT, evaluate, resolve},
 };
 
 /// The node's usage (anon + file pages) and inactive file pages from the
 /// kernel's global counters, and its threshold evaluated.
 #[inline(always)]
-pub fn node_from_vmstat(now: u64, pid: u32, may_kill: bool) {
-    let l = LAYOUT.load();
+pub fn node_from_vmstat(pid: u32, may_kill: bool) {
     let (Some(anon), Some(file), Some(inactive)) = (
-        kernel::node_stat(l.nr_anon_mapped),
-        kernel::node_stat(l.nr_file_pages),
-        kernel::node_stat(l.nr_inactive_file),
+        kernel::node_stat(layout!(nr_anon_mapped)),
+        kernel::node_stat(layout!(nr_file_pages)),
+        kernel::node_stat(layout!(nr_inactive_file)),
     ) else {
         return;
     };
@@ -49,24 +47,17 @@ pub fn node_from_vmstat(now: u64, pid: u32, may_kill: bool) {
         let ws = unsafe {
             core::ptr::write_volatile(&mut (*node).usage_pages, anon + file);
             core::ptr::write_volatile(&mut (*node).inactive_file_pages, inactive);
-            core::ptr::write_volatile(&mut (*node).updated_ns, now);
             (*node).working_set_pages()
         };
         evaluate(NODE_SLOT, Signal::MemoryWorkingSet, ws, pid, may_kill);
     }
 }
 
-#[inline(always)]
-fn current_pid() -> u32 {
-    kernel::task_pid(kernel::current_task()).unwrap_or(0)
-}
-
 /// A page counter moved: bring the memcg's registered slots and the node up
 /// to date.
 #[inline(always)]
 fn counter_moved(counter: u64) -> i32 {
-    let l = LAYOUT.load();
-    if l.valid == 0 || l.charge_valid == 0 {
+    if layout!(valid) == 0 || layout!(charge_valid) == 0 {
         return 0;
     }
     let doomed = kill::doomed();
@@ -74,12 +65,9 @@ fn counter_moved(counter: u64) -> i32 {
         kill::kill_current_if_member(doomed);
     }
     let Some(memcg) = kernel::memcg_of_counter(counter) else { return 0 };
-    // SAFETY: no preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
-    let pid = current_pid();
-    node_from_vmstat(now, pid, true);
+    node_from_vmstat(PID_CURRENT, true);
     let Some(r) = resolve(memcg) else { return 0 };
-    update_chain(r, 0, pid);
+    update_chain(r, 0, PID_CURRENT);
     0
 }
 
@@ -111,7 +99,7 @@ fn inactive_moved(lruvec: u64, delta: i64) -> i32 {
     }
     let Some(memcg) = kernel::lruvec_memcg(lruvec) else { return 0 };
     let Some(r) = resolve(memcg) else { return 0 };
-    update_chain(r, delta, current_pid());
+    update_chain(r, delta, PID_CURRENT);
     0
 }
 
@@ -119,8 +107,7 @@ fn inactive_moved(lruvec: u64, delta: i64) -> i32 {
 ///                            int zid, int nr_pages)
 #[fentry(function = "mem_cgroup_update_lru_size")]
 pub fn lru_size(ctx: FEntryContext) -> i32 {
-    let l = LAYOUT.load();
-    if l.valid == 0 || l.charge_valid == 0 || ctx.arg::<u64>(1) as u32 != l.lru_inactive_file {
+    if layout!(valid) == 0 || layout!(charge_valid) == 0 || ctx.arg::<u64>(1) as u32 != layout!(lru_inactive_file) {
         return 0;
     }
     inactive_moved(kernel::scalar(ctx.arg::<u64>(0)), ctx.arg::<u64>(3) as i32 as i64)
@@ -129,8 +116,7 @@ pub fn lru_size(ctx: FEntryContext) -> i32 {
 /// __mod_lruvec_state(struct lruvec *lruvec, enum node_stat_item idx, int val)
 #[fentry(function = "__mod_lruvec_state")]
 pub fn lruvec_state(ctx: FEntryContext) -> i32 {
-    let l = LAYOUT.load();
-    if l.valid == 0 || l.charge_valid == 0 || ctx.arg::<u64>(1) as u32 != l.nr_inactive_file {
+    if layout!(valid) == 0 || layout!(charge_valid) == 0 || ctx.arg::<u64>(1) as u32 != layout!(nr_inactive_file) {
         return 0;
     }
     inactive_moved(kernel::scalar(ctx.arg::<u64>(0)), ctx.arg::<u64>(2) as i32 as i64)

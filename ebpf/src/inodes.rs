@@ -7,13 +7,13 @@ use swiftlet_common::Signal;
 
 use crate::{
     kernel,
-    maps::LAYOUT,
+    maps::layout,
     threshold::{apply_count, resolve},
 };
 
 #[inline(always)]
 fn count_current(delta: i64) {
-    if LAYOUT.load().valid == 0 {
+    if layout!(valid) == 0 {
         return;
     }
     let task = kernel::current_task();

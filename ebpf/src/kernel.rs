@@ -5,7 +5,7 @@
 
 use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
 
-use crate::maps::LAYOUT;
+use crate::maps::layout;
 
 #[inline(always)]
 pub fn read_u64(addr: u64) -> Option<u64> {
@@ -38,31 +38,29 @@ pub fn scalar(ptr: u64) -> u64 {
 /// The cgroup id (kernfs node id) of a css: `css->cgroup->kn->id`.
 #[inline(always)]
 pub fn css_cgroup_id(css: u64) -> Option<u64> {
-    let l = LAYOUT.load();
-    let cgrp = read_u64(css + l.css_cgroup as u64)?;
-    let kn = read_u64(cgrp + l.cgroup_kn as u64)?;
-    read_u64(kn + l.kn_id as u64)
+    let cgrp = read_u64(css + layout!(css_cgroup) as u64)?;
+    let kn = read_u64(cgrp + layout!(cgroup_kn) as u64)?;
+    read_u64(kn + layout!(kn_id) as u64)
 }
 
 /// The parent css, or 0 at the root.
 #[inline(always)]
 pub fn css_parent(css: u64) -> u64 {
-    read_u64(css + LAYOUT.load().css_parent as u64).unwrap_or(0)
+    read_u64(css + layout!(css_parent) as u64).unwrap_or(0)
 }
 
 /// A memcg's page counter, in pages.
 #[inline(always)]
 pub fn memcg_usage_pages(memcg: u64) -> Option<i64> {
-    read_i64(memcg + LAYOUT.load().memcg_usage as u64)
+    read_i64(memcg + layout!(memcg_usage) as u64)
 }
 
 /// The memory cgroup of a task: `task->cgroups->subsys[memory_cgrp_id]`.
 /// `struct mem_cgroup` starts with its css, so the css address is the memcg.
 #[inline(always)]
 pub fn task_memcg(task: u64) -> Option<u64> {
-    let l = LAYOUT.load();
-    let cset = read_u64(task + l.task_cgroups as u64)?;
-    let css = read_u64(cset + l.cset_memcg as u64)?;
+    let cset = read_u64(task + layout!(task_cgroups) as u64)?;
+    let css = read_u64(cset + layout!(cset_memcg) as u64)?;
     if css == 0 { None } else { Some(css) }
 }
 
@@ -74,12 +72,24 @@ pub fn current_task() -> u64 {
 
 #[inline(always)]
 pub fn task_pid(task: u64) -> Option<u32> {
-    read_u32(task + LAYOUT.load().task_pid as u64)
+    read_u32(task + layout!(task_pid) as u64)
 }
 
 #[inline(always)]
 pub fn task_tgid(task: u64) -> Option<u32> {
-    read_u32(task + LAYOUT.load().task_tgid as u64)
+    read_u32(task + layout!(task_tgid) as u64)
+}
+
+/// A task's pid and tgid, in one read where they sit side by side (they do
+/// in every kernel we know of: `pid_t pid; pid_t tgid;`).
+#[inline(always)]
+pub fn task_pid_tgid(task: u64) -> Option<(u32, u32)> {
+    if layout!(task_tgid) == layout!(task_pid) + 4 {
+        let both = read_u64(task + layout!(task_pid) as u64)?;
+        Some((both as u32, (both >> 32) as u32))
+    } else {
+        Some((task_pid(task)?, task_tgid(task)?))
+    }
 }
 
 /// The memory cgroup whose `memory` page counter is at `counter`, or None
@@ -88,11 +98,10 @@ pub fn task_tgid(task: u64) -> Option<u32> {
 /// structural: a memcg's counter has the parent memcg's counter as parent.
 #[inline(always)]
 pub fn memcg_of_counter(counter: u64) -> Option<u64> {
-    let l = LAYOUT.load();
-    let memcg = counter.wrapping_sub(l.memcg_memory as u64);
-    let parent_counter = read_u64(counter + l.pc_parent as u64)?;
+    let memcg = counter.wrapping_sub(layout!(memcg_memory) as u64);
+    let parent_counter = read_u64(counter + layout!(pc_parent) as u64)?;
     let parent = css_parent(memcg);
-    let expected = if parent == 0 { 0 } else { parent + l.memcg_memory as u64 };
+    let expected = if parent == 0 { 0 } else { parent + layout!(memcg_memory) as u64 };
     if parent_counter == expected { Some(memcg) } else { None }
 }
 
@@ -100,8 +109,7 @@ pub fn memcg_of_counter(counter: u64) -> Option<u64> {
 /// mem_cgroup_per_node, lruvec)->memcg`.
 #[inline(always)]
 pub fn lruvec_memcg(lruvec: u64) -> Option<u64> {
-    let l = LAYOUT.load();
-    let memcg = read_u64(lruvec.wrapping_sub(l.mz_lruvec as u64) + l.mz_memcg as u64)?;
+    let memcg = read_u64(lruvec.wrapping_sub(layout!(mz_lruvec) as u64) + layout!(mz_memcg) as u64)?;
     if memcg == 0 { None } else { Some(memcg) }
 }
 
@@ -109,7 +117,7 @@ pub fn lruvec_memcg(lruvec: u64) -> Option<u64> {
 /// behind by at most the per-CPU deltas the kernel batches.
 #[inline(always)]
 pub fn node_stat(item: u32) -> Option<i64> {
-    let base = LAYOUT.load().vm_node_stat;
+    let base = layout!(vm_node_stat);
     if base == 0 {
         return None;
     }

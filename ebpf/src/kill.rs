@@ -24,7 +24,7 @@ use swiftlet_common::{EventKind, MAX_PLANS, Signal, slot_flags};
 
 use crate::{
     kernel,
-    maps::{KFUNC_KILL, PLANS, control, slot},
+    maps::{KFUNC_KILL, PLANS, control, layout, slot},
     threshold::{atomic_cas_u64, bump, emit},
 };
 
@@ -98,7 +98,7 @@ pub extern "C" fn swiftlet_kill_pass(victim: u64) -> u32 {
     if KFUNC_KILL.load() == 0 || victim == 0 {
         return 0;
     }
-    let flags_off = crate::maps::LAYOUT.load().task_flags as u64;
+    let flags_off = layout!(task_flags) as u64;
     let mut it = MaybeUninit::<[u64; 3]>::uninit();
     // SAFETY: the iterator lives on the stack between new and destroy, as
     // the kfunc contract requires; the tasks it yields are RCU pointers,

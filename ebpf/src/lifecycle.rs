@@ -9,7 +9,7 @@ use swiftlet_common::{EventKind, slot_flags};
 
 use crate::{
     kernel,
-    maps::{CGROUP_SLOT, LAYOUT, MARK_VICTIM_PID_ONLY, PROCS, control, slot},
+    maps::{CGROUP_SLOT, MARK_VICTIM_PID_ONLY, control, counted_memcg, layout, slot},
     threshold::{bump, emit},
 };
 
@@ -24,7 +24,7 @@ const CGROUP_EV_ID: usize = 16;
 fn memory_tree_changed(ctx: &TracePointContext) -> Option<u64> {
     // SAFETY: offsets within the tracepoint record.
     let root: i32 = unsafe { ctx.read_at(CGROUP_EV_ROOT) }.ok()?;
-    if root as u32 != LAYOUT.load().memory_hierarchy_id {
+    if root as u32 != layout!(memory_hierarchy_id) {
         return None;
     }
     let ctl = control()?;
@@ -62,8 +62,7 @@ pub fn cgroup_rmdir(ctx: TracePointContext) -> u32 {
 pub fn oom_mark_victim(ctx: BtfTracePointContext) -> i32 {
     let (memcg, pid) = if MARK_VICTIM_PID_ONLY.load() != 0 {
         let pid = ctx.arg::<u64>(0) as u32;
-        // SAFETY: read-only lookup of a u64 value.
-        (unsafe { PROCS.get(&pid) }.copied().unwrap_or(0), pid)
+        (counted_memcg(pid), pid)
     } else {
         let task = ctx.arg::<u64>(0);
         (kernel::task_memcg(task).unwrap_or(0), kernel::task_pid(task).unwrap_or(0))

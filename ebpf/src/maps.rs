@@ -4,7 +4,7 @@ use aya_ebpf::{
     Global,
     bindings::BPF_F_MMAPABLE,
     macros::map,
-    maps::{Array, HashMap, LruHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use swiftlet_common::{CgroupSlot, Control, EVENTS_RING_BYTES, KernelLayout, MAX_SLOTS, Resolution, VictimPlan};
 
@@ -34,6 +34,24 @@ pub static LAYOUT: Global<KernelLayout> = Global::new(KernelLayout {
     charge_valid: 0,
     vm_node_stat: 0,
 });
+
+/// One field of [`LAYOUT`], read on its own: `LAYOUT.load()` copies the
+/// whole struct (two dozen loads) at every use, and these run on every
+/// event.
+macro_rules! layout {
+    ($field:ident) => {
+        // SAFETY: `Global<T>` holds nothing but a `T` (its size is asserted
+        // below), so a pointer to it is a pointer to the layout.
+        unsafe {
+            core::ptr::read_volatile(
+                &raw const (*(&raw const $crate::maps::LAYOUT).cast::<swiftlet_common::KernelLayout>()).$field,
+            )
+        }
+    };
+}
+pub(crate) use layout;
+
+const _: () = assert!(core::mem::size_of::<Global<KernelLayout>>() == core::mem::size_of::<KernelLayout>());
 
 /// 1 when the kernel has the kfuncs for the kill pass (iterate every task,
 /// signal the victim's). The agent patched their call sites at load; with 0
@@ -68,10 +86,29 @@ pub static CGROUP_SLOT: HashMap<u64, u32> = HashMap::with_max_entries(MAX_SLOTS,
 #[map]
 pub static RESOLVE: LruHashMap<u64, Resolution> = LruHashMap::with_max_entries(8192, 0);
 
-/// Processes (by tgid) counted in some registered slot → the memcg they were
-/// counted under, so a migration can take them out of the right place.
+/// Processes counted in some registered slot, indexed by tgid → the memcg
+/// they were counted under (0: not counted), so a migration can take them
+/// out of the right place. An array rather than a hash: an update at every
+/// fork and exit is then a plain store, with no bucket lock, no element to
+/// allocate or free and no chain to walk (the hash's cache misses were most
+/// of the programs' cost). The agent sizes it to `pid_max` at load (8 bytes
+/// per possible pid: 256 KiB at the kernel's default 32768, 32 MiB at the
+/// 4194304 limit); a tgid beyond it is counted in `proc_table_full`.
 #[map]
-pub static PROCS: HashMap<u32, u64> = HashMap::with_max_entries(65536, 0);
+pub static PROCS: Array<u64> = Array::with_max_entries(swiftlet_common::PROC_TABLE_DEFAULT, 0);
+
+/// Per-CPU memory deltas for the node slot not yet added to it (statistics
+/// tracepoint strategy): flushed once they reach the kernel's own charge
+/// batch, so the node's figures stay as exact as the kernel's and its shared
+/// cache line is written once per batch rather than once per page.
+#[map]
+pub static NODE_PENDING: PerCpuArray<NodePending> = PerCpuArray::with_max_entries(1, 0);
+
+#[repr(C)]
+pub struct NodePending {
+    pub usage_pages: i64,
+    pub inactive_file_pages: i64,
+}
 
 /// Processes (by tgid) whose exit the agent wants reported. Agent-owned.
 #[map]
@@ -92,6 +129,16 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 #[inline(always)]
 pub fn control() -> Option<*mut Control> {
     CONTROL.get_ptr_mut(0)
+}
+
+/// The memcg process `tgid` was counted under, or 0.
+#[inline(always)]
+pub fn counted_memcg(tgid: u32) -> u64 {
+    match PROCS.get_ptr(tgid) {
+        // SAFETY: a pointer into the array.
+        Some(p) => unsafe { core::ptr::read_volatile(p) },
+        None => 0,
+    }
 }
 
 #[inline(always)]

@@ -8,22 +8,25 @@
 //! which is exactly what `memory.usage_in_bytes`/`memory.current` report,
 //! kernel memory included; inactive_file is kept from the deltas.
 
-use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::btf_tracepoint, programs::BtfTracePointContext};
+use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use swiftlet_common::{MAX_WALK, NODE_SLOT, Resolution, Signal};
 
 use crate::{
     kernel, kill,
-    maps::{LAYOUT, slot},
-    threshold::{atomic_add, evaluate, resolve, swiftlet_evaluate},
+    maps::{NODE_PENDING, layout, slot},
+    threshold::{PID_CURRENT, atomic_add, evaluate, resolve, swiftlet_evaluate},
 };
+
+/// MEMCG_CHARGE_BATCH: the pages a CPU may hold back from the kernel's own
+/// counters.
+const CHARGE_BATCH: u64 = 64;
 
 #[btf_tracepoint(function = "mod_memcg_lruvec_state")]
 pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
-    let l = LAYOUT.load();
     // The tracepoint passes (struct mem_cgroup *memcg, int item, int val).
     let item = ctx.arg::<u64>(1) as u32;
-    let inactive_file = item == l.nr_inactive_file;
-    if !(inactive_file || item == l.nr_anon_mapped || item == l.nr_file_pages) || l.valid == 0 {
+    let inactive_file = item == layout!(nr_inactive_file);
+    if !(inactive_file || item == layout!(nr_anon_mapped) || item == layout!(nr_file_pages)) || layout!(valid) == 0 {
         return 0;
     }
     // A victim being killed: whichever of its tasks charges memory next is
@@ -34,29 +37,51 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
     }
     let delta = ctx.arg::<u64>(2) as i32 as i64;
     let memcg = kernel::scalar(ctx.arg::<u64>(0));
-    // SAFETY: no preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
-    let pid = kernel::task_pid(kernel::current_task()).unwrap_or(0);
-
-    // The node: root-hierarchy anon + file pages, as v1's root
-    // memory.usage_in_bytes counts them, minus inactive file pages.
-    if let Some(node) = slot(NODE_SLOT) {
-        // SAFETY: `node` points into the slot array.
-        let ws = unsafe {
-            if inactive_file {
-                atomic_add(&mut (*node).inactive_file_pages, delta);
-            } else {
-                atomic_add(&mut (*node).usage_pages, delta);
-            }
-            core::ptr::write_volatile(&mut (*node).updated_ns, now);
-            (*node).working_set_pages()
-        };
-        evaluate(NODE_SLOT, Signal::MemoryWorkingSet, ws, pid, true);
-    }
-
+    node_delta(inactive_file, delta);
     let Some(r) = resolve(memcg) else { return 0 };
-    update_chain(r, if inactive_file { delta } else { 0 }, pid);
+    update_chain(r, if inactive_file { delta } else { 0 }, PID_CURRENT);
     0
+}
+
+/// The node: root-hierarchy anon + file pages, as v1's root
+/// memory.usage_in_bytes counts them, minus inactive file pages. Deltas
+/// gather per CPU and reach the node slot (and its threshold) once they make
+/// up a charge batch, MEMCG_CHARGE_BATCH (64) pages, as the kernel's own
+/// counters do: the node's figures are exact to 64 pages per CPU and per
+/// counter, and the slot's shared cache line is no longer written by every
+/// CPU on every page.
+#[inline(always)]
+fn node_delta(inactive_file: bool, delta: i64) {
+    let Some(pending) = NODE_PENDING.get_ptr_mut(0) else { return };
+    // SAFETY: this CPU's element. Only this program uses it, and the kernel
+    // never runs a program nested in itself on one CPU (an interrupt's
+    // event is counted as a miss instead), so plain loads and stores do.
+    let (usage, inactive) = unsafe {
+        if inactive_file {
+            (*pending).inactive_file_pages += delta;
+        } else {
+            (*pending).usage_pages += delta;
+        }
+        let (u, i) = ((*pending).usage_pages, (*pending).inactive_file_pages);
+        if u.unsigned_abs() < CHARGE_BATCH && i.unsigned_abs() < CHARGE_BATCH {
+            return;
+        }
+        (*pending).usage_pages = 0;
+        (*pending).inactive_file_pages = 0;
+        (u, i)
+    };
+    let Some(node) = slot(NODE_SLOT) else { return };
+    // SAFETY: `node` points into the slot array.
+    let ws = unsafe {
+        if usage != 0 {
+            atomic_add(&mut (*node).usage_pages, usage);
+        }
+        if inactive != 0 {
+            atomic_add(&mut (*node).inactive_file_pages, inactive);
+        }
+        (*node).working_set_pages()
+    };
+    evaluate(NODE_SLOT, Signal::MemoryWorkingSet, ws, PID_CURRENT, true);
 }
 
 /// Brings one registered slot up to date: its page counter read directly
@@ -83,7 +108,7 @@ pub extern "C" fn swiftlet_memory_slot(index: u32, memcg: u64, inactive_delta: i
     if unchanged {
         return 0;
     }
-    // SAFETY: `s` points into the slot array; no preconditions for the helper.
+    // SAFETY: `s` points into the slot array.
     let ws = unsafe {
         if inactive_delta != 0 {
             atomic_add(&mut (*s).inactive_file_pages, inactive_delta);
@@ -92,7 +117,6 @@ pub extern "C" fn swiftlet_memory_slot(index: u32, memcg: u64, inactive_delta: i
             core::ptr::write_volatile(&mut (*s).usage_pages, usage);
         }
         core::ptr::write_volatile(&mut (*s).memcg, memcg);
-        core::ptr::write_volatile(&mut (*s).updated_ns, bpf_ktime_get_ns());
         (*s).working_set_pages()
     };
     swiftlet_evaluate(index, Signal::MemoryWorkingSet as u32, ws, pid, 1)

@@ -9,11 +9,7 @@
 //! 64 cgroups: a loop short enough for the verifiers of older kernels (6.1
 //! gives up on long jump sequences) and cheap to verify on slow CPUs.
 
-use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::tracepoint,
-    programs::TracePointContext,
-};
+use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
 use swiftlet_common::{REFRESH_BATCH, Signal, memory_strategy, slot_flags};
 
 use crate::{
@@ -38,8 +34,7 @@ pub fn refresh(ctx: TracePointContext) -> u32 {
     if start == 0 {
         // SAFETY: as above.
         if unsafe { core::ptr::read_volatile(&(*ctl).memory_strategy) } == memory_strategy::PAGE_COUNTER {
-            // SAFETY: no preconditions.
-            crate::charge::node_from_vmstat(unsafe { bpf_ktime_get_ns() }, 0, false);
+            crate::charge::node_from_vmstat(0, false);
         }
     }
     let mut n: u32 = 0;

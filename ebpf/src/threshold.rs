@@ -96,15 +96,22 @@ pub extern "C" fn swiftlet_resolve(memcg: u64) -> u32 {
 
 /// The registered slots that `memcg` counts towards: a pointer into the
 /// `RESOLVE` map (no copy on the stack, which older verifiers limit to 512
-/// bytes across calls). Taken again once if another CPU replaced the entry
-/// between the check and the lookup.
+/// bytes across calls). The common case is one lookup of a current entry;
+/// otherwise the entry is (re)built and taken again, once more if another
+/// CPU replaced it between the build and the lookup.
 #[inline(always)]
 pub fn resolve(memcg: u64) -> Option<&'static Resolution> {
     let generation = control().map(|c| unsafe { core::ptr::read_volatile(&(*c).generation) })?;
+    // SAFETY: read-only; a concurrent rebuild replaces the whole element.
+    if let Some(r) = unsafe { RESOLVE.get(&memcg) } {
+        if r.generation == generation {
+            return Some(r);
+        }
+    }
     if swiftlet_resolve(memcg) == 0 {
         return None;
     }
-    // SAFETY: read-only; a concurrent rebuild replaces the whole element.
+    // SAFETY: as above.
     let r = unsafe { RESOLVE.get(&memcg) }?;
     if r.generation == generation {
         return Some(r);
@@ -160,6 +167,10 @@ pub fn emit(
     }
 }
 
+/// `pid` of an evaluation: the current task's, looked up only when there is
+/// a crossing to report (a helper call saved on every other update).
+pub const PID_CURRENT: u32 = u32::MAX;
+
 /// Compares `value` with slot `index`'s threshold for `signal` and, on a
 /// change of side, flips the slot's `above` bit with compare-and-swap so
 /// that exactly one CPU reports the crossing. Returns 1 on an upward
@@ -207,6 +218,7 @@ pub extern "C" fn swiftlet_evaluate(index: u32, signal: u32, value: u64, pid: u3
     }
     // SAFETY: no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
+    let pid = if pid == PID_CURRENT { kernel::task_pid(kernel::current_task()).unwrap_or(0) } else { pid };
     let generation = if may_kill != 0 && direction == DIRECTION_UP {
         crate::kill::swiftlet_execute_plan(index, signal as u32, now, value)
     } else {
@@ -233,8 +245,6 @@ pub extern "C" fn swiftlet_count_slot(index: u32, signal: u32, delta: i64, pid: 
     atomic_add(counter, delta);
     // SAFETY: as above.
     let value = unsafe { core::ptr::read_volatile(counter) }.max(0) as u64;
-    // SAFETY: as above; no preconditions for the helper.
-    unsafe { core::ptr::write_volatile(&mut (*s).updated_ns, bpf_ktime_get_ns()) };
     swiftlet_evaluate(index, signal, value, pid, may_kill)
 }
 

@@ -229,6 +229,7 @@ impl EbpfSource {
 
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&aya_btf))
+            .map_max_entries("PROCS", proc_table_entries(node::pid_max()))
             .override_global("LAYOUT", &layout, true)
             .override_global("EXIT_HAS_GROUP_DEAD", &exit_has_group_dead, true)
             .override_global("MARK_VICTIM_PID_ONLY", &mark_victim_pid_only, true)
@@ -430,7 +431,23 @@ impl EbpfSource {
     /// Reports the exit of process `pid` as [`SignalEvent::ProcessExit`],
     /// timestamped by the kernel.
     pub fn watch_exit(&self, pid: u32) -> Result<(), SignalError> {
-        self.watch_exit.lock().unwrap_or_else(|p| p.into_inner()).insert(pid, 1, 0).map_err(|e| err("WATCH_EXIT", e))
+        // The kernel looks the table up only while this count is non-zero:
+        // raised before the entry exists, so an exit right after the insert
+        // is not missed, and lowered again if the insert fails. The kernel
+        // lowers it for each entry it reports and removes.
+        // SAFETY: mapped control block; the counter is only changed atomically.
+        let watches = unsafe { AtomicU64::from_ptr(&mut (*self.shared.control.at(0)).exit_watches) };
+        watches.fetch_add(1, Ordering::SeqCst);
+        let inserted = self
+            .watch_exit
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pid, 1, 0)
+            .map_err(|e| err("WATCH_EXIT", e));
+        if inserted.is_err() {
+            watches.fetch_sub(1, Ordering::SeqCst);
+        }
+        inserted
     }
 
     /// The slot index of a registered cgroup (for plans and tests).
@@ -495,6 +512,16 @@ impl EbpfSource {
             Target::Node => Ok(NODE_SLOT),
             Target::Cgroup(c) => self.slot_of(c).ok_or_else(|| SignalError::NotRegistered(c.clone())),
         }
+    }
+}
+
+/// Entries of the kernel's process table (indexed by tgid): one per possible
+/// pid, `pid_max`, within the kernel's own limit; the kernel's default when
+/// pid_max cannot be read.
+fn proc_table_entries(pid_max: std::io::Result<u64>) -> u32 {
+    match pid_max {
+        Ok(n) => n.clamp(1, u64::from(swiftlet_common::PROC_TABLE_LIMIT)) as u32,
+        Err(_) => swiftlet_common::PROC_TABLE_DEFAULT,
     }
 }
 
@@ -1002,5 +1029,25 @@ fn decode(bytes: &[u8], shared: &Shared, page: u64, received_ns: u64) -> Option<
             at_ns: ev.ts_ns,
             received_ns,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_process_table_covers_every_pid_within_the_kernel_limit() {
+        let cases: [(std::io::Result<u64>, u32); 5] = [
+            (Ok(32768), 32768),
+            (Ok(4_194_304), 4_194_304),
+            (Ok(u64::MAX), swiftlet_common::PROC_TABLE_LIMIT),
+            (Ok(0), 1),
+            (Err(std::io::Error::other("no procfs")), swiftlet_common::PROC_TABLE_DEFAULT),
+        ];
+        for (pid_max, want) in cases {
+            let shown = format!("{pid_max:?}");
+            assert_eq!(proc_table_entries(pid_max), want, "pid_max {shown}");
+        }
     }
 }

@@ -12,6 +12,11 @@ pub fn pid_limit() -> io::Result<u64> {
     })
 }
 
+/// `kernel.pid_max`: every pid is below it.
+pub fn pid_max() -> io::Result<u64> {
+    read_u64("/proc/sys/kernel/pid_max")
+}
+
 /// Tasks on the node (threads included): the denominator of the fourth
 /// field of /proc/loadavg, the kernel's nr_threads.
 pub fn tasks() -> io::Result<u64> {
