@@ -117,6 +117,9 @@ impl Drop for NodeProcess {
         if std::thread::panicking() {
             eprintln!("---- swiftlet log ({}) ----\n{}", self.log.display(), self.log_text());
         }
+        // The agent makes its root dir a shared bind mount of itself (as
+        // the kubelet does) and, as the kubelet, leaves it when it stops.
+        crate::agent::unmount_under(self.dir.path());
     }
 }
 
