@@ -42,8 +42,14 @@ impl Args {
 pub fn run(args: Args) -> Result<()> {
     setup::require_root("the benchmarks")?;
     let tc = setup::all()?;
-    setup::ensure_apt(setup::APT_BENCH)?;
     setup::build_ebpf(&tc)?;
+    run_prepared(&tc, args)
+}
+
+/// [`run`] once the toolchain is set up and the eBPF object built (as
+/// `cargo xtask test` has done before its smoke run).
+pub fn run_prepared(tc: &setup::EbpfToolchain, args: Args) -> Result<()> {
+    setup::ensure_apt(setup::APT_BENCH)?;
     let root = cmd::workspace_root();
     let profile = if args.debug { "debug" } else { "release" };
     step(format!("building the benchmark runner ({profile})"));

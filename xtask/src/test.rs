@@ -51,13 +51,7 @@ pub fn run(args: Args) -> Result<()> {
     let mut stage = |name: &'static str, c: &mut Command| {
         step(name);
         let t = Instant::now();
-        let ok = match cmd::run(c) {
-            Ok(()) => true,
-            Err(e) => {
-                eprintln!("\x1b[1;31merror:\x1b[0m {e:#}");
-                false
-            }
-        };
+        let ok = succeeded(cmd::run(c));
         results.push((name, ok, t.elapsed().as_secs_f64()));
     };
 
@@ -140,13 +134,8 @@ pub fn run(args: Args) -> Result<()> {
     if !args.unit_only && !args.no_bench && args.filters.is_empty() {
         step("benchmarks --quick (smoke run on the dev build, nothing asserted)");
         let t = Instant::now();
-        let ok = match crate::bench::run(crate::bench::Args::smoke(cmd::workspace_root().join("target/bench-quick"))) {
-            Ok(()) => true,
-            Err(e) => {
-                eprintln!("\x1b[1;31merror:\x1b[0m {e:#}");
-                false
-            }
-        };
+        let smoke = crate::bench::Args::smoke(cmd::workspace_root().join("target/bench-quick"));
+        let ok = succeeded(crate::bench::run_prepared(&tc, smoke));
         results.push(("benchmarks --quick (smoke, dev build)", ok, t.elapsed().as_secs_f64()));
     }
 
@@ -159,4 +148,16 @@ pub fn run(args: Args) -> Result<()> {
         bail!("some checks failed (see above)");
     }
     Ok(())
+}
+
+/// Whether a stage succeeded; its error, if any, is printed where it failed
+/// so the run goes on to the next stage.
+fn succeeded(r: Result<()>) -> bool {
+    match r {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("\x1b[1;31merror:\x1b[0m {e:#}");
+            false
+        }
+    }
 }
