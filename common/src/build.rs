@@ -61,6 +61,9 @@ pub fn command(workspace_root: &Path, host_arch: &str) -> Command {
     // The workspace's release LTO is for the agent; bpf-linker links the
     // programs' bitcode itself, as it always has.
     cmd.env("CARGO_PROFILE_RELEASE_LTO", "false");
+    // And their optimisation level: the host's release profile optimises
+    // for size; the verifier and the programs' cost want full optimisation.
+    cmd.env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3");
     // The outer cargo's compiler wrappers (clippy, sccache) and flags are for
     // the host, not for the nested nightly build.
     for key in

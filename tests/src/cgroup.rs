@@ -32,6 +32,21 @@ impl TestCgroup {
         self.fs.create(&rel).unwrap_or_else(|e| panic!("cannot create test cgroup {rel}: {e}"));
         rel
     }
+
+    /// Whether the memory cgroup with kernel id `id` is this tree's root or
+    /// lies below it. Kernel OOM events name the victim's memory cgroup by
+    /// id, and other work on the machine has OOM kills of its own.
+    pub fn holds_cgroup_id(&self, id: u64) -> bool {
+        let mut stack = vec![self.fs.memory_dir(&self.root)];
+        while let Some(dir) = stack.pop() {
+            if std::fs::metadata(&dir).is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) == id) {
+                return true;
+            }
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            stack.extend(entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()));
+        }
+        false
+    }
 }
 
 impl Default for TestCgroup {

@@ -34,6 +34,33 @@ fn all_up(s: &State) -> bool {
     s.0.len() == 1 && cri::sandbox_ready(s.0[0].1) && running("a") && running("b")
 }
 
+/// The relist's lean decoding (id, state and labels only) of containerd's
+/// real responses agrees with the full messages.
+fn relist_matches_full_listing(agent: &AgentProcess, uid: &str) {
+    use swiftlet::cri::{Listed, RuntimeService, labels};
+    let (s, c) = agent.runtime_state(uid);
+    let mut sel = labels::managed_selector();
+    sel.insert(labels::POD_UID.into(), uid.into());
+    let (ls, lc) = agent
+        .rt
+        .block_on(agent.cri.list_states(
+            Some(api::PodSandboxFilter { label_selector: sel.clone(), ..Default::default() }),
+            Some(api::ContainerFilter { label_selector: sel, ..Default::default() }),
+        ))
+        .expect("list_states");
+    let sorted = |mut v: Vec<Listed>| {
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    };
+    let full_s = s.into_iter().map(|s| Listed { id: s.id, state: s.state, labels: s.labels }).collect();
+    let full_c = c.into_iter().map(|c| Listed { id: c.id, state: c.state, labels: c.labels }).collect();
+    assert_eq!(sorted(ls), sorted(full_s));
+    let lc = sorted(lc);
+    assert_eq!(lc.len(), 3, "{lc:?}");
+    assert!(lc.iter().all(|c| c.labels.get(labels::POD_UID).map(String::as_str) == Some(uid)), "{lc:?}");
+    assert_eq!(lc, sorted(full_c));
+}
+
 #[test]
 fn a_killed_agent_readopts_its_pods_with_zero_restarts() {
     let setup = AgentSetup::new("", &["--signal-source=cgroupfs"]);
@@ -52,6 +79,7 @@ fn a_killed_agent_readopts_its_pods_with_zero_restarts() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(before.1.len(), 3, "init, a and b: {before:?}");
+    relist_matches_full_listing(&agent, &uid);
 
     agent.kill();
     std::thread::sleep(Duration::from_secs(2));

@@ -7,6 +7,7 @@
 //! decisions (names, limits, who to kill) live in the container manager and
 //! the eviction manager.
 
+mod dir;
 mod stat;
 
 use std::{
@@ -17,6 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub use dir::CgroupDir;
 pub use stat::MemoryStat;
 use thiserror::Error;
 
@@ -158,15 +160,36 @@ impl CgroupFs {
     /// For the root on v2, which has no memory.current, anon + file from
     /// memory.stat, the same quantity the v1 root reports.
     pub fn memory_usage(&self, rel: &str) -> Result<u64> {
-        let dir = self.memory_dir(rel);
+        self.memory_usage_in(&self.open_memory_dir(rel)?, rel.trim_matches('/').is_empty())
+    }
+
+    /// Opens `rel`'s directory in the memory tree, to read several of its
+    /// files with one walk of the path.
+    pub fn open_memory_dir(&self, rel: &str) -> Result<CgroupDir> {
+        CgroupDir::open(&self.memory_dir(rel))
+    }
+
+    /// [`CgroupFs::memory_usage`] of an open memory directory; `is_root`
+    /// when it is the hierarchy's root.
+    pub fn memory_usage_in(&self, dir: &CgroupDir, is_root: bool) -> Result<u64> {
         match self.version {
-            Version::V1 => self.read_u64(&dir.join("memory.usage_in_bytes")),
-            Version::V2 if rel.trim_matches('/').is_empty() => {
-                let s = self.memory_stat(rel)?;
+            Version::V1 => dir.read_u64("memory.usage_in_bytes"),
+            Version::V2 if is_root => {
+                let s = MemoryStat::parse(&dir.read("memory.stat")?, self.version);
                 Ok(s.anon + s.file)
             }
-            Version::V2 => self.read_u64(&dir.join("memory.current")),
+            Version::V2 => dir.read_u64("memory.current"),
         }
+    }
+
+    /// [`CgroupFs::memory_limit`] of an open memory directory.
+    pub fn memory_limit_in(&self, dir: &CgroupDir) -> Result<Option<u64>> {
+        let v = match self.version {
+            Version::V1 => dir.read_u64("memory.limit_in_bytes")?,
+            Version::V2 => dir.read_u64("memory.max")?,
+        };
+        // v1 reports "unlimited" as the largest page-aligned i64.
+        Ok((v < (1 << 62)).then_some(v))
     }
 
     /// Parsed `memory.stat`, with hierarchical values on both versions.
@@ -195,6 +218,22 @@ impl CgroupFs {
         for child in self.children(rel)? {
             match self.procs_recursive(&child) {
                 Ok(mut p) => out.append(&mut p),
+                // A child removed while we walk has no processes left.
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every cgroup of the subtree at `rel` (itself first) with the number
+    /// of processes directly in it: one walk that gives the count of the
+    /// whole subtree and of each part ([`subtree_processes`]).
+    pub fn process_tree(&self, rel: &str) -> Result<Vec<(String, u64)>> {
+        let mut out = vec![(rel.trim_matches('/').to_owned(), self.procs(rel)?.len() as u64)];
+        for child in self.children(rel)? {
+            match self.process_tree(&child) {
+                Ok(mut t) => out.append(&mut t),
                 // A child removed while we walk has no processes left.
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e),
@@ -278,13 +317,7 @@ impl CgroupFs {
 
     /// Reads the memory limit (None when unlimited).
     pub fn memory_limit(&self, rel: &str) -> Result<Option<u64>> {
-        let dir = self.memory_dir(rel);
-        let v = match self.version {
-            Version::V1 => self.read_u64(&dir.join("memory.limit_in_bytes"))?,
-            Version::V2 => self.read_u64(&dir.join("memory.max"))?,
-        };
-        // v1 reports "unlimited" as the largest page-aligned i64.
-        Ok((v < (1 << 62)).then_some(v))
+        self.memory_limit_in(&self.open_memory_dir(rel)?)
     }
 
     /// Sets CPU shares/weight and the CFS quota.
@@ -438,9 +471,33 @@ pub fn shares_to_weight(shares: u64) -> u64 {
     1 + ((shares.clamp(2, 262_144) - 2) * 9999) / 262_142
 }
 
+/// Processes in the part of a [`CgroupFs::process_tree`] walk at `rel` and
+/// below it.
+pub fn subtree_processes(tree: &[(String, u64)], rel: &str) -> u64 {
+    let rel = rel.trim_matches('/');
+    tree.iter()
+        .filter(|(path, _)| path.strip_prefix(rel).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')))
+        .map(|(_, n)| n)
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn subtree_processes_counts_a_cgroup_and_its_descendants_only() {
+        let tree: Vec<(String, u64)> =
+            [("pod", 0), ("pod/pause", 1), ("pod/app", 2), ("pod/app/sub", 3), ("pod/apps", 5)]
+                .into_iter()
+                .map(|(p, n)| (p.to_owned(), n))
+                .collect();
+        for (rel, want) in
+            [("pod", 11), ("/pod/", 11), ("pod/app", 5), ("pod/pause", 1), ("pod/apps", 5), ("pod/none", 0)]
+        {
+            assert_eq!(subtree_processes(&tree, rel), want, "{rel}");
+        }
+    }
 
     #[test]
     fn shares_to_weight_matches_runc() {

@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use super::{CriError, ImageService, Result, RuntimeService, api};
+use super::{CriError, ImageService, Listed, Result, RuntimeService, api};
 
 /// kubelet's maxMsgSize for CRI responses (ListContainers on a busy node).
 const MAX_MESSAGE_BYTES: usize = 16 << 20;
@@ -53,6 +53,8 @@ struct HealthState {
 #[derive(Clone)]
 pub struct CriClient {
     runtime: api::runtime_service_client::RuntimeServiceClient<Channel>,
+    /// The runtime's channel, for calls decoded into [`lean`] messages.
+    runtime_channel: Channel,
     images: api::image_service_client::ImageServiceClient<Channel>,
     timeout: Duration,
     health: Arc<Mutex<HealthState>>,
@@ -96,6 +98,7 @@ impl CriClient {
         let image_channel =
             if image_endpoint == endpoint { runtime_channel.clone() } else { channel(socket_path(image_endpoint)?) };
         Ok(CriClient {
+            runtime_channel: runtime_channel.clone(),
             runtime: api::runtime_service_client::RuntimeServiceClient::new(runtime_channel)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
@@ -160,6 +163,66 @@ impl CriClient {
             }
         }
         out
+    }
+}
+
+impl CriClient {
+    /// A unary RuntimeService call whose response is decoded into `Resp`,
+    /// a message with a subset of the real one's fields.
+    async fn lean_call<Req, Resp>(
+        &self,
+        path: &'static str,
+        req: Req,
+    ) -> std::result::Result<tonic::Response<Resp>, tonic::Status>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let mut grpc = tonic::client::Grpc::new(self.runtime_channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        grpc.ready().await.map_err(|e| tonic::Status::unavailable(format!("runtime not ready: {e}")))?;
+        let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
+        grpc.unary(tonic::Request::new(req), tonic::codegen::http::uri::PathAndQuery::from_static(path), codec).await
+    }
+}
+
+/// Listing responses with only what a relist reads. prost skips the fields
+/// these messages leave out (annotations, metadata, image) without
+/// allocating; the tags are the CRI's (runtime.v1 api.proto).
+mod lean {
+    use std::collections::HashMap;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct PodSandbox {
+        #[prost(string, tag = "1")]
+        pub id: String,
+        #[prost(int32, tag = "3")]
+        pub state: i32,
+        #[prost(map = "string, string", tag = "5")]
+        pub labels: HashMap<String, String>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ListPodSandboxResponse {
+        #[prost(message, repeated, tag = "1")]
+        pub items: Vec<PodSandbox>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Container {
+        #[prost(string, tag = "1")]
+        pub id: String,
+        #[prost(int32, tag = "6")]
+        pub state: i32,
+        #[prost(map = "string, string", tag = "8")]
+        pub labels: HashMap<String, String>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ListContainersResponse {
+        #[prost(message, repeated, tag = "1")]
+        pub containers: Vec<Container>,
     }
 }
 
@@ -282,6 +345,37 @@ impl RuntimeService for CriClient {
         let mut c = self.runtime.clone();
         let req = api::RemoveContainerRequest { container_id: container_id.to_owned() };
         self.call("RemoveContainer", self.timeout, c.remove_container(req)).await.map(drop)
+    }
+
+    async fn list_states(
+        &self,
+        sandboxes: Option<api::PodSandboxFilter>,
+        containers: Option<api::ContainerFilter>,
+    ) -> Result<(Vec<Listed>, Vec<Listed>)> {
+        let s = self
+            .call(
+                "ListPodSandbox",
+                self.timeout,
+                self.lean_call::<_, lean::ListPodSandboxResponse>(
+                    "/runtime.v1.RuntimeService/ListPodSandbox",
+                    api::ListPodSandboxRequest { filter: sandboxes },
+                ),
+            )
+            .await?;
+        let c = self
+            .call(
+                "ListContainers",
+                self.timeout,
+                self.lean_call::<_, lean::ListContainersResponse>(
+                    "/runtime.v1.RuntimeService/ListContainers",
+                    api::ListContainersRequest { filter: containers },
+                ),
+            )
+            .await?;
+        Ok((
+            s.items.into_iter().map(|s| Listed { id: s.id, state: s.state, labels: s.labels }).collect(),
+            c.containers.into_iter().map(|c| Listed { id: c.id, state: c.state, labels: c.labels }).collect(),
+        ))
     }
 
     async fn list_containers(&self, filter: Option<api::ContainerFilter>) -> Result<Vec<api::Container>> {

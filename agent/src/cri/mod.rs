@@ -23,6 +23,15 @@ pub use k8s_cri::v1 as api;
 
 pub type Result<T> = std::result::Result<T, CriError>;
 
+/// A sandbox or container as a relist sees it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Listed {
+    pub id: String,
+    /// `PodSandboxState` or `ContainerState`.
+    pub state: i32,
+    pub labels: std::collections::HashMap<String, String>,
+}
+
 /// The RuntimeService calls the kubelet makes.
 #[async_trait]
 pub trait RuntimeService: Send + Sync {
@@ -50,6 +59,22 @@ pub trait RuntimeService: Send + Sync {
     async fn stop_container(&self, container_id: &str, timeout: Duration) -> Result<()>;
     async fn remove_container(&self, container_id: &str) -> Result<()>;
     async fn list_containers(&self, filter: Option<api::ContainerFilter>) -> Result<Vec<api::Container>>;
+    /// The id, state and labels of the sandboxes and of the containers the
+    /// filters select: all a relist needs. The default lists them in full;
+    /// the gRPC client decodes only these fields, since the relist runs
+    /// every second and annotations are most of a listing.
+    async fn list_states(
+        &self,
+        sandboxes: Option<api::PodSandboxFilter>,
+        containers: Option<api::ContainerFilter>,
+    ) -> Result<(Vec<Listed>, Vec<Listed>)> {
+        let s = self.list_pod_sandbox(sandboxes).await?;
+        let c = self.list_containers(containers).await?;
+        Ok((
+            s.into_iter().map(|s| Listed { id: s.id, state: s.state, labels: s.labels }).collect(),
+            c.into_iter().map(|c| Listed { id: c.id, state: c.state, labels: c.labels }).collect(),
+        ))
+    }
     async fn container_status(&self, container_id: &str) -> Result<api::ContainerStatus>;
     /// Runs `cmd` in the container and waits at most `timeout`.
     async fn exec_sync(&self, container_id: &str, cmd: Vec<String>, timeout: Duration)

@@ -582,24 +582,31 @@ impl Inner {
             let alive = self.cgroupfs.procs_recursive(&v.cgroup).is_ok_and(|p| !p.is_empty());
             (listed || alive) && since.elapsed() < Duration::from_secs(300)
         });
-        let mut want: HashSet<String> = pods.iter().map(|p| p.cgroup.clone()).collect();
-        want.extend(lock(&self.in_flight).values().map(|(_, v)| v.cgroup.clone()));
-        want.insert(kubepods.clone());
+        // Runs every plan interval: the common case, nothing to change,
+        // allocates nothing per pod.
+        let in_flight: Vec<String> = lock(&self.in_flight).values().map(|(_, v)| v.cgroup.clone()).collect();
+        let mut want: HashSet<&str> = pods.iter().map(|p| p.cgroup.as_str()).collect();
+        want.extend(in_flight.iter().map(String::as_str));
+        want.insert(kubepods.as_str());
         let mut registered = lock(&self.registered);
-        for cg in want.difference(&registered.clone()) {
-            let kind = if *cg == kubepods { CgroupKind::Kubepods } else { CgroupKind::Pod };
+        for cg in want.iter().filter(|cg| !registered.contains(**cg)).copied().collect::<Vec<_>>() {
+            let kind = if cg == kubepods { CgroupKind::Kubepods } else { CgroupKind::Pod };
             match self.source.register(cg, kind) {
                 Ok(()) => {
-                    registered.insert(cg.clone());
+                    registered.insert(cg.to_owned());
                 }
                 // A pod whose cgroup is not created yet: next time.
                 Err(e) => debug!("cannot register {cg} yet: {e}"),
             }
         }
-        for cg in registered.clone().difference(&want) {
-            self.source.unregister(cg);
-            registered.remove(cg);
-        }
+        registered.retain(|cg| {
+            let keep = want.contains(cg.as_str());
+            if !keep {
+                self.source.unregister(cg);
+            }
+            keep
+        });
+        drop(registered);
         pods
     }
 

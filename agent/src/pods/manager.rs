@@ -340,11 +340,12 @@ impl Inner {
     async fn relist(&self, previous: &mut HashMap<String, Vec<(String, i32)>>) -> crate::cri::Result<()> {
         let rt = &self.deps.runtime;
         let sel = labels::managed_selector();
-        let sandboxes = rt
-            .list_pod_sandbox(Some(api::PodSandboxFilter { label_selector: sel.clone(), ..Default::default() }))
+        let (sandboxes, containers) = rt
+            .list_states(
+                Some(api::PodSandboxFilter { label_selector: sel.clone(), ..Default::default() }),
+                Some(api::ContainerFilter { label_selector: sel, ..Default::default() }),
+            )
             .await?;
-        let containers =
-            rt.list_containers(Some(api::ContainerFilter { label_selector: sel, ..Default::default() })).await?;
         let mut now: HashMap<String, Vec<(String, i32)>> = HashMap::new();
         let mut identity: HashMap<String, labels::PodIdentity> = HashMap::new();
         for s in &sandboxes {

@@ -24,7 +24,7 @@ use super::summary::{
     ProcessStats, RlimitStats, RuntimeStats, SYSTEM_CONTAINER_PODS, Summary,
 };
 use crate::{
-    cgroups::{CgroupFs, MemoryStat, Version},
+    cgroups::{CgroupDir, CgroupFs, MemoryStat, Version, subtree_processes},
     cm::{
         naming::{CgroupDriver, CgroupNaming},
         qos::{QosClass, qos_class},
@@ -407,48 +407,51 @@ fn keyed(text: &str, key: &str) -> Option<u64> {
     })
 }
 
-/// Cumulative CPU time of a cgroup in nanoseconds.
-pub fn cpu_usage_ns(fs: &CgroupFs, rel: &str) -> Option<u64> {
+/// Cumulative CPU time of a cgroup in nanoseconds; `memory` is its open
+/// memory directory, which on v2 is also its cpu directory.
+pub fn cpu_usage_ns(fs: &CgroupFs, rel: &str, memory: Option<&CgroupDir>) -> Option<u64> {
     match fs.version() {
         Version::V1 => read_to_string(&fs.controller_dir("cpuacct", rel).join("cpuacct.usage"))?.trim().parse().ok(),
         Version::V2 => {
-            keyed(&read_to_string(&fs.controller_dir("cpu", rel).join("cpu.stat"))?, "usage_usec").map(|us| us * 1000)
+            let text = match memory {
+                Some(dir) => dir.read("cpu.stat").ok()?,
+                None => read_to_string(&fs.controller_dir("cpu", rel).join("cpu.stat"))?,
+            };
+            keyed(&text, "usage_usec").map(|us| us * 1000)
         }
     }
 }
 
 /// OOM kills inside a cgroup (memory.oom_control on v1, memory.events on v2).
-pub fn oom_kills(fs: &CgroupFs, rel: &str) -> Option<u64> {
+pub fn oom_kills(fs: &CgroupFs, memory: &CgroupDir) -> Option<u64> {
     let file = match fs.version() {
         Version::V1 => "memory.oom_control",
         Version::V2 => "memory.events",
     };
-    keyed(&read_to_string(&fs.memory_dir(rel).join(file))?, "oom_kill")
+    keyed(&memory.read(file).ok()?, "oom_kill")
 }
 
-/// Everything cgroupfs says about one cgroup; None when it does not exist.
-pub fn sample_cgroup(fs: &CgroupFs, rel: &str, with_processes: bool) -> Option<CgroupSample> {
-    if !fs.exists(rel) {
-        return None;
-    }
-    let mut s = CgroupSample { path: rel.to_owned(), cpu_usage_ns: cpu_usage_ns(fs, rel), ..Default::default() };
-    if let Some(text) = read_to_string(&fs.memory_dir(rel).join("memory.stat")) {
+/// What cgroupfs says about one cgroup, its process count aside (one walk
+/// per pod counts those: [`CgroupFs::process_tree`]); None when it does not
+/// exist. Its memory files are read through one open of its directory.
+pub fn sample_cgroup(fs: &CgroupFs, rel: &str) -> Option<CgroupSample> {
+    let memory = fs.open_memory_dir(rel).ok()?;
+    let mut s =
+        CgroupSample { path: rel.to_owned(), cpu_usage_ns: cpu_usage_ns(fs, rel, Some(&memory)), ..Default::default() };
+    if let Ok(text) = memory.read("memory.stat") {
         let stat = MemoryStat::parse(&text, fs.version());
         let pgfault_key = if fs.version() == Version::V1 { "total_pgfault" } else { "pgfault" };
         s.page_faults = keyed(&text, pgfault_key);
         s.major_page_faults = Some(stat.pgmajfault);
         s.rss = Some(stat.rss);
-        if let Ok(usage) = fs.memory_usage(rel) {
+        if let Ok(usage) = fs.memory_usage_in(&memory, rel.trim_matches('/').is_empty()) {
             s.memory_usage = Some(usage);
             s.working_set = Some(usage.saturating_sub(stat.inactive_file));
         }
     }
     if !rel.is_empty() {
-        s.memory_limit = fs.memory_limit(rel).ok().flatten();
-        s.oom_kills = oom_kills(fs, rel);
-    }
-    if with_processes {
-        s.processes = fs.procs_recursive(rel).ok().map(|p| p.len() as u64);
+        s.memory_limit = fs.memory_limit_in(&memory).ok().flatten();
+        s.oom_kills = oom_kills(fs, &memory);
     }
     Some(s)
 }
@@ -483,12 +486,13 @@ pub fn pod_log_dir(pod_logs_dir: &Path, namespace: &str, name: &str, uid: &str) 
 
 /// Where the runtime puts a container's cgroup under its pod's: containerd
 /// names it by id with cgroupfs, `cri-containerd-<id>.scope` with systemd.
-fn container_cgroup(fs: &CgroupFs, driver: CgroupDriver, pod_cgroup: &str, id: &str) -> Option<String> {
+/// `exists` says which cgroups there are.
+fn container_cgroup(driver: CgroupDriver, pod_cgroup: &str, id: &str, exists: impl Fn(&str) -> bool) -> Option<String> {
     let candidates = match driver {
         CgroupDriver::Cgroupfs => [format!("{pod_cgroup}/{id}"), format!("{pod_cgroup}/cri-containerd-{id}.scope")],
         CgroupDriver::Systemd => [format!("{pod_cgroup}/cri-containerd-{id}.scope"), format!("{pod_cgroup}/{id}")],
     };
-    candidates.into_iter().find(|c| fs.exists(c))
+    candidates.into_iter().find(|c| exists(c))
 }
 
 /// The QoS class a pod's cgroup sits under.
@@ -535,7 +539,7 @@ fn read_cgroups(
 ) -> (NodeSample, Vec<PodSample>, Vec<String>) {
     let mut errors = vec![];
     let memory_capacity = node::mem_total().unwrap_or(0);
-    let root = sample_cgroup(fs, "", false).unwrap_or_default();
+    let root = sample_cgroup(fs, "").unwrap_or_default();
     let nodefs = match node::statfs(&cfg.root_dir) {
         Ok(s) => Some(FsSample::of(s)),
         Err(e) => {
@@ -550,8 +554,7 @@ fn read_cgroups(
     });
     let logs_fs = node::statfs(&cfg.pod_logs_dir).ok().map(FsSample::of).or(nodefs);
     let kubepods = cfg.naming.kubepods();
-    let system =
-        sample_cgroup(fs, &kubepods, false).map(|s| vec![(SYSTEM_CONTAINER_PODS.to_owned(), s)]).unwrap_or_default();
+    let system = sample_cgroup(fs, &kubepods).map(|s| vec![(SYSTEM_CONTAINER_PODS.to_owned(), s)]).unwrap_or_default();
     let node = NodeSample {
         start_time: boot_time().unwrap_or(Timestamp::UNIX_EPOCH),
         root,
@@ -569,7 +572,12 @@ fn read_cgroups(
         let (Some(uid), Some(name)) = (m.uid.clone(), m.name.clone()) else { continue };
         let namespace = m.namespace.clone().unwrap_or_else(|| "default".into());
         let pod_cgroup_path = cfg.naming.pod(pod_qos(pod), &uid);
-        let pod_cgroup = sample_cgroup(fs, &pod_cgroup_path, true);
+        // One walk counts the processes of the pod and of each container.
+        let tree = fs.process_tree(&pod_cgroup_path).ok();
+        let pod_cgroup = sample_cgroup(fs, &pod_cgroup_path).map(|mut s| {
+            s.processes = tree.as_deref().map(|t| subtree_processes(t, &pod_cgroup_path));
+            s
+        });
         let log_dir = pod_log_dir(&cfg.pod_logs_dir, &namespace, &name, &uid);
         let mut containers: Vec<ContainerSample> = vec![];
         let mut listed: Vec<&api::Container> = rt.containers.get(&uid).map(|v| v.iter().collect()).unwrap_or_default();
@@ -580,8 +588,17 @@ fn read_cgroups(
             if containers.iter().any(|x| x.name == cname) {
                 continue;
             }
-            let cgroup = container_cgroup(fs, cfg.naming.driver, &pod_cgroup_path, &c.id)
-                .and_then(|p| sample_cgroup(fs, &p, true))
+            // The walk listed the pod's cgroups; without it, ask cgroupfs.
+            let exists = |rel: &str| match &tree {
+                Some(t) => t.iter().any(|(p, _)| p == rel.trim_matches('/')),
+                None => fs.exists(rel),
+            };
+            let cgroup = container_cgroup(cfg.naming.driver, &pod_cgroup_path, &c.id, exists)
+                .and_then(|p| {
+                    let mut s = sample_cgroup(fs, &p)?;
+                    s.processes = tree.as_deref().map(|t| subtree_processes(t, &p));
+                    Some(s)
+                })
                 .unwrap_or_default();
             let rootfs =
                 rt.writable.get(&c.id).map(|(used, inodes)| FsSample::usage_on(imagefs_base(&node), *used, *inodes));

@@ -106,8 +106,8 @@ fn pod(uid: &str, cgroup: &str, request: u64) -> EvictionPod {
 }
 
 /// What the observer saw in one run: the line crossed, the hog's exit (both
-/// kernel ns), and whether the kernel OOM killer fired.
-type Seen = (Option<u64>, Option<u64>, bool);
+/// kernel ns), and the memory cgroups of the kernel OOM killer's victims.
+type Seen = (Option<u64>, Option<u64>, Vec<u64>);
 
 /// The observer: its own instance of the kernel programs, reporting the line
 /// crossing on kubepods and the hog's exit.
@@ -120,7 +120,7 @@ struct Observer {
 impl Observer {
     fn new(tc: &TestCgroup) -> Result<Observer> {
         let src = Arc::new(EbpfSource::load(tc.fs.clone(), &EbpfOptions::default()).context("observer")?);
-        let seen = Arc::new(Mutex::new((None, None, false)));
+        let seen = Arc::new(Mutex::new((None, None, vec![])));
         let hog = Arc::new(AtomicU64::new(0));
         let (s, h) = (seen.clone(), hog.clone());
         src.subscribe(Arc::new(move |e: SignalEvent| {
@@ -134,7 +134,7 @@ impl Observer {
                 SignalEvent::ProcessExit { pid, at_ns, .. } if u64::from(pid) == h.load(Ordering::SeqCst) => {
                     s.1 = Some(at_ns)
                 }
-                SignalEvent::OomKill { .. } => s.2 = true,
+                SignalEvent::OomKill { cgroup_id, .. } => s.2.push(cgroup_id),
                 _ => {}
             }
         }));
@@ -149,7 +149,7 @@ fn run_once(obs: &Observer, mode: Mode, agent: &Arc<EbpfSource>) -> Result<Run> 
     let hog_pod = tc.child("kubepods/besteffort/podhog");
     let steady_pod = tc.child("kubepods/podsteady");
     let line = ALLOCATABLE - THRESHOLD;
-    *obs.seen.lock().unwrap_or_else(|p| p.into_inner()) = (None, None, false);
+    *obs.seen.lock().unwrap_or_else(|p| p.into_inner()) = (None, None, vec![]);
     obs.src.register(&kubepods, CgroupKind::Kubepods)?;
     obs.src.set_threshold(
         &Target::Cgroup(kubepods.clone()),
@@ -243,7 +243,9 @@ fn run_once(obs: &Observer, mode: Mode, agent: &Arc<EbpfSource>) -> Result<Run> 
         source.unregister(cg);
     }
     obs.src.unregister(&kubepods);
-    let (crossing, dead, oom_event) = *obs.seen.lock().unwrap_or_else(|p| p.into_inner());
+    let (crossing, dead, oom_victims) = obs.seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    // Only this run's tree counts: other work on the machine OOM-kills too.
+    let oom_event = oom_victims.iter().any(|id| tc.holds_cgroup_id(*id));
     let decided = evictor.first_ns.load(Ordering::SeqCst);
     let since = |t: u64| crossing.filter(|c| t >= *c).map(|c| (t - c) as f64 / 1e6);
     Ok(Run {

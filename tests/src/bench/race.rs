@@ -180,7 +180,7 @@ fn run_once(scenario: Scenario, mode: Mode, rate: u64) -> Result<Run> {
         Signal::MemoryWorkingSet,
         Some(Threshold { trigger: line_used + 1, rearm: line_used.saturating_sub(64 * MIB) }),
     )?;
-    let seen = Arc::new(Mutex::new((None::<u64>, None::<u64>, false)));
+    let seen = Arc::new(Mutex::new((None::<u64>, None::<u64>, Vec::<u64>::new())));
     let hog_pid = Arc::new(Mutex::new(0u32));
     {
         let (seen, hog_pid, target) = (seen.clone(), hog_pid.clone(), target.clone());
@@ -193,7 +193,7 @@ fn run_once(scenario: Scenario, mode: Mode, rate: u64) -> Result<Run> {
                     s.0 = Some(at_ns)
                 }
                 SignalEvent::ProcessExit { pid, at_ns, .. } if pid == *hog_pid.lock().unwrap() => s.1 = Some(at_ns),
-                SignalEvent::OomKill { .. } => s.2 = true,
+                SignalEvent::OomKill { cgroup_id, .. } => s.2.push(cgroup_id),
                 _ => {}
             }
         }));
@@ -337,7 +337,11 @@ fn run_once(scenario: Scenario, mode: Mode, rate: u64) -> Result<Run> {
     if let Some((_, task, _)) = agent.take() {
         let _ = rt.block_on(task);
     }
-    let (crossing, dead, oom_event) = *seen.lock().unwrap();
+    let (crossing, dead, oom_victims) = seen.lock().unwrap().clone();
+    // Only victims in this run's tree count: other work on the machine has
+    // OOM kills of its own. A node-wide OOM picks the hog first while it
+    // lives (oom_score_adj 1000), so a kill the ramp causes lands here.
+    let oom_event = oom_victims.iter().any(|id| tc.holds_cgroup_id(*id));
     let oom_counter = std::fs::read_to_string(tc.fs.memory_dir(&kubepods).join("memory.oom_control"))
         .or_else(|_| std::fs::read_to_string(tc.fs.memory_dir(&kubepods).join("memory.events")))
         .unwrap_or_default()
@@ -558,7 +562,16 @@ fn race_scenario(ctx: &Ctx, scenario: Scenario) -> Result<BenchResult> {
                         mode.label(),
                         i + 1
                     );
-                    runs.push(run_once(scenario, mode, rate)?);
+                    let run = run_once(scenario, mode, rate)?;
+                    let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3} ms"));
+                    eprintln!(
+                        "      crossing → dead {}, → decision {}, overshoot {:.1} MiB{}",
+                        ms(run.crossing_to_dead_ms),
+                        ms(run.crossing_to_decision_ms),
+                        run.overshoot_mib,
+                        if run.oom_killed { ", kernel OOM kill" } else { "" }
+                    );
+                    runs.push(run);
                 }
             }
         }

@@ -1,0 +1,91 @@
+//! One cgroup directory, opened once.
+//!
+//! The stats pass reads five or six files in each of hundreds of cgroups
+//! every housekeeping interval. Opening each by its full path walks every
+//! component of the path (kernfs revalidates each) every time; opening the
+//! directory once and the files relative to it walks it once.
+
+use std::{
+    ffi::CString,
+    fs::File,
+    io::{self, Read},
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::ffi::OsStrExt,
+    },
+    path::{Path, PathBuf},
+};
+
+use super::{CgroupError, Result};
+
+#[derive(Debug)]
+pub struct CgroupDir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl CgroupDir {
+    pub fn open(path: &Path) -> Result<CgroupDir> {
+        let fd =
+            open_at(libc::AT_FDCWD, path, libc::O_PATH | libc::O_DIRECTORY).map_err(|e| CgroupError::io(path, e))?;
+        Ok(CgroupDir { fd, path: path.to_owned() })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The contents of the file `name` in this directory.
+    pub fn read(&self, name: &str) -> Result<String> {
+        let mut text = String::new();
+        open_at(self.fd.as_raw_fd(), Path::new(name), libc::O_RDONLY)
+            .map(File::from)
+            .and_then(|mut f| f.read_to_string(&mut text))
+            .map_err(|e| CgroupError::io(&self.path.join(name), e))?;
+        Ok(text)
+    }
+
+    /// A file holding one number, or `max` (read as u64::MAX).
+    pub fn read_u64(&self, name: &str) -> Result<u64> {
+        let text = self.read(name)?;
+        let t = text.trim();
+        if t == "max" {
+            return Ok(u64::MAX);
+        }
+        t.parse().map_err(|_| CgroupError::Parse { path: self.path.join(name), value: t.to_owned() })
+    }
+}
+
+fn open_at(dir: libc::c_int, path: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    // SAFETY: `c` is NUL-terminated and outlives the call; `dir` is a
+    // descriptor this module owns, or AT_FDCWD.
+    let raw = unsafe { libc::openat(dir, c.as_ptr(), flags | libc::O_CLOEXEC) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_files_relative_to_the_directory_and_names_them_in_errors() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("memory.max"), "max\n").unwrap();
+        std::fs::write(tmp.path().join("memory.current"), "4096\n").unwrap();
+        std::fs::write(tmp.path().join("bad"), "12k\n").unwrap();
+        let dir = CgroupDir::open(tmp.path()).unwrap();
+        assert_eq!(dir.read_u64("memory.max").unwrap(), u64::MAX);
+        assert_eq!(dir.read_u64("memory.current").unwrap(), 4096);
+        let e = dir.read_u64("bad").unwrap_err().to_string();
+        assert!(e.contains("bad") && e.contains("12k"), "{e}");
+        let e = dir.read("missing").unwrap_err();
+        assert!(e.is_not_found() && e.to_string().contains("missing"), "{e}");
+        assert!(CgroupDir::open(&tmp.path().join("gone")).unwrap_err().is_not_found());
+    }
+}
