@@ -194,6 +194,34 @@ pub struct Resolution {
     pub memcg: [u64; MAX_WALK],
 }
 
+/// Per-CPU state of the process programs (fork, exit): what each CPU
+/// keeps to itself so that the common path touches no line another CPU
+/// writes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcCpu {
+    /// Node tasks forked (+) or exited (−) on this CPU and not yet added to
+    /// the node slot: added once they reach ±[`NODE_TASK_BATCH`]. A reader
+    /// that wants the exact count adds every CPU's value to the slot's.
+    pub node_tasks: i64,
+    /// The last memcg this CPU resolved, and the [`Control::generation`] of
+    /// that resolution: the process programs take `present` and `slots`
+    /// from here rather than from the shared `RESOLVE` hash while both match.
+    pub memcg: u64,
+    pub generation: u64,
+    pub present: u32,
+    pub _pad: u32,
+    pub slots: [u32; MAX_WALK],
+    /// Where a kernel pointer the program read is stored and loaded back, to
+    /// turn it into a plain number for the verifier.
+    pub scratch: u64,
+}
+
+/// How many tasks a CPU may fork or exit before the node slot (and its
+/// pid.available line) sees them: the node's task count lags the truth by
+/// less than this per CPU (see [`ProcCpu::node_tasks`]).
+pub const NODE_TASK_BATCH: i64 = 16;
+
 /// Global state shared by agent and kernel: array map of one element.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -406,4 +434,5 @@ mod user {
     unsafe impl aya::Pod for Event {}
     unsafe impl aya::Pod for KernelLayout {}
     unsafe impl aya::Pod for Threshold {}
+    unsafe impl aya::Pod for ProcCpu {}
 }

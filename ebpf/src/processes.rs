@@ -12,23 +12,67 @@
 //! exit-watch table is looked up only while the agent watches something.
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
-use swiftlet_common::{EventKind, NODE_SLOT, Signal};
+use swiftlet_common::{EventKind, NODE_SLOT, NODE_TASK_BATCH, ProcCpu, Signal};
 
 use crate::{
     kernel,
-    maps::{EXIT_HAS_GROUP_DEAD, PROCS, WATCH_EXIT, control, counted_memcg, layout, slot},
-    threshold::{apply_count, atomic_add, bump, emit, evaluate, resolve},
+    maps::{EXIT_HAS_GROUP_DEAD, PROC_CPU, PROCS, WATCH_EXIT, control, counted_memcg, layout, slot},
+    threshold::{apply_count, apply_slots, atomic_add, bump, emit, evaluate, resolve},
 };
 
+/// Counts a task forked (+1) or exited (−1) on this CPU for the node. The
+/// deltas gather in this CPU's `ProcCpu::node_tasks` and reach the node
+/// slot, and its pid.available line, once they make up ±NODE_TASK_BATCH:
+/// the slot's shared line is then written once per batch rather than at
+/// every fork and exit (its transfer between CPUs was the largest single
+/// cost left). The agent adds the CPUs' pending deltas when it reads the
+/// node, so its figure stays exact; a crossing is seen at most
+/// NODE_TASK_BATCH − 1 tasks per CPU late.
 #[inline(always)]
-fn count_node_task(delta: i64, pid: u32) {
+fn count_node_task(cpu: *mut ProcCpu, delta: i64, pid: u32) {
+    // SAFETY: this CPU's element. Only the fork and exit programs use this
+    // field, and neither can run nested in the other on one CPU (both run
+    // in task context with preemption disabled), so plain stores do.
+    let pending = unsafe { (*cpu).node_tasks } + delta;
+    if pending > -NODE_TASK_BATCH && pending < NODE_TASK_BATCH {
+        unsafe { (*cpu).node_tasks = pending };
+        return;
+    }
+    unsafe { (*cpu).node_tasks = 0 };
     if let Some(node) = slot(NODE_SLOT) {
         // SAFETY: `node` points into the slot array.
         let value = unsafe {
-            atomic_add(&mut (*node).processes, delta);
+            atomic_add(&mut (*node).processes, pending);
             core::ptr::read_volatile(&(*node).processes).max(0) as u64
         };
         evaluate(NODE_SLOT, Signal::Processes, value, pid, true);
+    }
+}
+
+/// Applies a process delta to the registered slots `memcg` counts towards.
+/// Fork storms and their exits come from few cgroups, so each CPU keeps its
+/// last resolution (`ProcCpu`): one compare with the control generation
+/// instead of a lookup in the shared `RESOLVE` hash (hashing, the bucket
+/// array and the element, lines that fork and exit had evicted).
+#[inline(always)]
+fn count_process(cpu: *mut ProcCpu, memcg: u64, delta: i64, pid: u32) -> bool {
+    let Some(ctl) = control() else { return false };
+    // SAFETY: ctl points at the control map's single element; `cpu` is this
+    // CPU's element, used by these programs only (see count_node_task).
+    unsafe {
+        let generation = core::ptr::read_volatile(&(*ctl).generation);
+        if (*cpu).memcg != memcg || (*cpu).generation != generation {
+            let Some(r) = resolve(memcg) else { return false };
+            (*cpu).present = r.present;
+            (*cpu).slots = r.slots;
+            (*cpu).generation = r.generation;
+            (*cpu).memcg = memcg;
+        }
+        let present = (*cpu).present;
+        if present != 0 {
+            apply_slots(present, &(*cpu).slots, Signal::Processes, delta, pid, true);
+        }
+        present != 0
     }
 }
 
@@ -55,16 +99,19 @@ pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
     if layout!(valid) == 0 {
         return 0;
     }
+    let Some(cpu) = PROC_CPU.get_ptr_mut(0) else { return 0 };
     let child = ctx.arg::<u64>(1);
-    let Some((pid, tgid)) = kernel::task_pid_tgid(child) else { return 0 };
-    count_node_task(1, pid);
+    let (pid, tgid) = kernel::btf_task_pid_tgid(child);
+    count_node_task(cpu, 1, pid);
     if pid != tgid {
         return 0; // a new thread, not a new process
     }
-    let Some(memcg) = kernel::task_memcg(child) else { return 0 };
-    let Some(r) = resolve(memcg) else { return 0 };
-    if r.present != 0 {
-        apply_count(r, Signal::Processes, 1, pid, true);
+    // SAFETY: `cpu` is this CPU's element.
+    let memcg = kernel::btf_task_memcg(child, unsafe { &raw mut (*cpu).scratch });
+    if memcg == 0 {
+        return 0;
+    }
+    if count_process(cpu, memcg, 1, pid) {
         remember(tgid, memcg);
     } else if counted_memcg(tgid) != 0 {
         // A stale entry of an earlier process with this tgid.
@@ -79,9 +126,10 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
     if layout!(valid) == 0 {
         return 0;
     }
+    let Some(cpu) = PROC_CPU.get_ptr_mut(0) else { return 0 };
     let task = ctx.arg::<u64>(0);
-    let Some((pid, tgid)) = kernel::task_pid_tgid(task) else { return 0 };
-    count_node_task(-1, pid);
+    let (pid, tgid) = kernel::btf_task_pid_tgid(task);
+    count_node_task(cpu, -1, pid);
     // An exit is a context where signals go out at once: finish killing a
     // doomed victim whose first signal went out from an event context.
     let doomed = crate::kill::doomed();
@@ -101,14 +149,12 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
     // tgid overwrites it at its fork, and a store here would pull the line
     // from the CPU that forked this process for nothing.
     let memcg = match counted_memcg(tgid) {
-        0 => match kernel::task_memcg(task) {
-            Some(m) => m,
-            None => return 0,
-        },
+        // SAFETY: `cpu` is this CPU's element.
+        0 => kernel::btf_task_memcg(task, unsafe { &raw mut (*cpu).scratch }),
         m => m,
     };
-    if let Some(r) = resolve(memcg) {
-        apply_count(r, Signal::Processes, -1, pid, true);
+    if memcg != 0 {
+        count_process(cpu, memcg, -1, pid);
     }
     0
 }
@@ -148,12 +194,17 @@ pub fn cgroup_attach(ctx: BtfTracePointContext) -> i32 {
     if layout!(valid) == 0 {
         return 0;
     }
+    let Some(cpu) = PROC_CPU.get_ptr_mut(0) else { return 0 };
     let task = ctx.arg::<u64>(2);
-    let Some((pid, tgid)) = kernel::task_pid_tgid(task) else { return 0 };
+    let (pid, tgid) = kernel::btf_task_pid_tgid(task);
     if pid != tgid {
         return 0;
     }
-    let Some(new) = kernel::task_memcg(task) else { return 0 };
+    // SAFETY: `cpu` is this CPU's element.
+    let new = kernel::btf_task_memcg(task, unsafe { &raw mut (*cpu).scratch });
+    if new == 0 {
+        return 0;
+    }
     let old = counted_memcg(tgid);
     if old == new {
         return 0;
