@@ -17,7 +17,7 @@ use swiftlet_common::{EventKind, NODE_SLOT, NODE_TASK_BATCH, ProcCpu, Signal};
 use crate::{
     kernel,
     maps::{EXIT_HAS_GROUP_DEAD, PROC_CPU, PROCS, WATCH_EXIT, control, counted_memcg, layout, slot},
-    threshold::{apply_count, apply_slots, atomic_add, bump, emit, evaluate, resolve},
+    threshold::{apply_processes, apply_count, atomic_add, bump, emit, evaluate, resolve},
 };
 
 /// Counts a task forked (+1) or exited (−1) on this CPU for the node. The
@@ -70,7 +70,7 @@ fn count_process(cpu: *mut ProcCpu, memcg: u64, delta: i64, pid: u32) -> bool {
         }
         let present = (*cpu).present;
         if present != 0 {
-            apply_slots(present, &(*cpu).slots, Signal::Processes, delta, pid, true);
+            apply_processes(present, &(*cpu).slots, delta, pid);
         }
         present != 0
     }

@@ -810,11 +810,19 @@ impl SignalSource for EbpfSource {
             _ => (t.trigger, t.rearm),
         };
         let s = self.shared.slots.at(index);
-        // SAFETY: mapped slot; the kernel only reads thresholds.
+        // SAFETY: mapped slot; the kernel only reads thresholds and lines.
         unsafe {
             let th = &mut (*s).thresholds[signal as usize];
             std::ptr::write_volatile(&mut th.rearm, rearm);
             std::ptr::write_volatile(&mut th.trigger, trigger);
+            // Which signals have a line: the kernel's counting skips the
+            // evaluation of the others (set after the line is in place).
+            let lines = std::sync::atomic::AtomicU32::from_ptr(&mut (*s).lines);
+            if trigger != 0 {
+                lines.fetch_or(signal.bit(), Ordering::SeqCst);
+            } else {
+                lines.fetch_and(!signal.bit(), Ordering::SeqCst);
+            }
             // Re-arm, so the kernel reports anew against the new line.
             std::sync::atomic::AtomicU32::from_ptr(&mut (*s).above).fetch_and(!signal.bit(), Ordering::SeqCst);
         }
