@@ -1,7 +1,10 @@
 //! Reads of kernel structures at the offsets the agent found in BTF.
 //!
-//! Every read goes through `bpf_probe_read_kernel`, so a stale pointer yields
-//! an error, never a fault.
+//! Reads through plain numbers go through `bpf_probe_read_kernel`, so a
+//! stale pointer yields an error, never a fault. The `btf_task_*` reads
+//! take a tracepoint's BTF-typed task pointer and load directly: the
+//! verifier checks them against the kernel's BTF and the JIT guards them
+//! with an exception-table entry (a fault reads 0).
 
 use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
 

@@ -6,9 +6,21 @@
 //! out at exit. The node slot counts every task, threads included, which is
 //! what `sysinfo().procs` (the kubelet's pid.available input) reports.
 //!
-//! Cost: these run at every fork and exit on the machine, so the common
-//! path is array stores and loads (the process table, the slots), one
-//! lookup of the memcg's cached resolution and a few kernel reads; the
+//! The node slot's count is batched per CPU (`ProcCpu::node_tasks`, up to
+//! ±NODE_TASK_BATCH tasks per CPU before they reach the slot and its
+//! pid.available line); the agent adds the CPUs' pending deltas when it
+//! reads the node, so its figure is exact.
+//!
+//! Cost: these run at every fork and exit on the machine, and fork and exit
+//! leave the caches cold, so what they cost is mostly the cache lines they
+//! touch and the calls they make (each call and return pays retpoline and
+//! return-thunk mitigations). The common path: the task's pid, tgid and
+//! memcg loaded straight through the tracepoint's BTF-typed task pointer
+//! (no helper), this CPU's `ProcCpu` (the node delta and a one-entry
+//! resolution cache, so no `RESOLVE` hash lookup while the CPU keeps
+//! forking in the same cgroup), the control generation, an atomic add on
+//! each registered slot with no call unless the slot has a process line
+//! (`CgroupSlot::lines`), and one store or load in the process table. The
 //! exit-watch table is looked up only while the agent watches something.
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
