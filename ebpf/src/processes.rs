@@ -29,7 +29,7 @@ use swiftlet_common::{EventKind, NODE_SLOT, NODE_TASK_BATCH, ProcCpu, Signal};
 use crate::{
     kernel,
     maps::{EXIT_HAS_GROUP_DEAD, PROC_CPU, PROCS, WATCH_EXIT, control, counted_memcg, layout, slot},
-    threshold::{apply_processes, apply_count, atomic_add, bump, emit, evaluate, resolve},
+    threshold::{apply_processes, atomic_add, bump, emit, evaluate, resolve},
 };
 
 /// Counts a task forked (+1) or exited (−1) on this CPU for the node. The
@@ -223,15 +223,21 @@ pub fn cgroup_attach(ctx: BtfTracePointContext) -> i32 {
     }
     if old != 0 {
         if let Some(r) = resolve(old) {
-            apply_count(r, Signal::Processes, -1, pid, true);
+            apply_processes(r.present, &r.slots, -1, pid);
         }
     }
-    if let Some(r) = resolve(new) {
-        if r.present != 0 {
-            apply_count(r, Signal::Processes, 1, pid, true);
+    // Not through this CPU's resolution cache: a migration is the one event
+    // that meets two memcgs at once, and refilling the cache cost more than
+    // the lookup it saves (measured with a process moved in and out of a pod).
+    match resolve(new) {
+        Some(r) if r.present != 0 => {
+            apply_processes(r.present, &r.slots, 1, pid);
             remember(tgid, new);
-        } else if old != 0 {
-            remember(tgid, 0);
+        }
+        _ => {
+            if old != 0 {
+                remember(tgid, 0);
+            }
         }
     }
     0
