@@ -6,7 +6,9 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
-use swiftlet_common::{CgroupSlot, Control, EVENTS_RING_BYTES, KernelLayout, MAX_SLOTS, ProcCpu, Resolution, VictimPlan};
+use swiftlet_common::{
+    CgroupSlot, Control, EVENTS_RING_BYTES, KernelLayout, MAX_SLOTS, ProcCpu, Resolution, VictimPlan,
+};
 
 /// Kernel offsets and enum values from the running kernel's BTF.
 #[unsafe(no_mangle)]
