@@ -141,9 +141,14 @@ pub struct CgroupSlot {
     pub processes: i64,
     /// Inodes created minus freed by the subtree's tasks.
     pub inodes: i64,
-    /// Unused: the kernel no longer timestamps updates (a clock read on every
-    /// event, and nothing read it); kept for the layout.
-    pub _reserved: u64,
+    /// Bit per [`Signal`]: set while the slot has a line (a non-zero
+    /// trigger) on that signal. Written by the agent with the threshold. The
+    /// kernel's counting reads it from the line it has just updated and
+    /// skips the evaluation, and the thresholds' own cache line, for signals
+    /// without one (most: process lines are on the node only). Was
+    /// `_reserved`, an unused timestamp.
+    pub lines: u32,
+    pub _pad: u32,
     /// Thresholds, indexed by [`Signal`]. Written by the agent.
     pub thresholds: [Threshold; NUM_SIGNALS],
     /// Kernel address of the cgroup's `struct mem_cgroup`, learnt from its
@@ -163,7 +168,8 @@ impl CgroupSlot {
         inactive_file_pages: 0,
         processes: 0,
         inodes: 0,
-        _reserved: 0,
+        lines: 0,
+        _pad: 0,
         thresholds: [Threshold { trigger: 0, rearm: 0 }; NUM_SIGNALS],
         memcg: 0,
     };
@@ -193,6 +199,37 @@ pub struct Resolution {
     pub slots: [u32; MAX_WALK],
     pub memcg: [u64; MAX_WALK],
 }
+
+/// Per-CPU state of the process programs (fork, exit): what each CPU
+/// keeps to itself so that the common path touches no line another CPU
+/// writes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcCpu {
+    /// Node tasks forked (+) or exited (−) on this CPU and not yet added to
+    /// the node slot: added once they reach ±[`NODE_TASK_BATCH`]. A reader
+    /// that wants the exact count adds every CPU's value to the slot's.
+    pub node_tasks: i64,
+    /// The last memcg this CPU resolved, and the [`Control::generation`] of
+    /// that resolution: the process programs take `present` and `slots`
+    /// from here rather than from the shared `RESOLVE` hash while both match.
+    pub memcg: u64,
+    pub generation: u64,
+    /// Where a kernel pointer the program read is stored and loaded back, to
+    /// turn it into a plain number for the verifier.
+    pub scratch: u64,
+    pub present: u32,
+    /// `memcg`'s registered slots by depth, as in [`Resolution`]. The
+    /// fields are ordered so that a shallow resolution (a pod and its
+    /// parents) is read from the element's first cache line only.
+    pub slots: [u32; MAX_WALK],
+    pub _pad: u32,
+}
+
+/// How many tasks a CPU may fork or exit before the node slot (and its
+/// pid.available line) sees them: the node's task count lags the truth by
+/// less than this per CPU (see [`ProcCpu::node_tasks`]).
+pub const NODE_TASK_BATCH: i64 = 16;
 
 /// Global state shared by agent and kernel: array map of one element.
 #[repr(C)]
@@ -388,6 +425,7 @@ pub struct KernelLayout {
 
 // Layout checks: the kernel side and the agent compile these types separately.
 const _: () = assert!(core::mem::size_of::<CgroupSlot>() == 128);
+const _: () = assert!(core::mem::offset_of!(ProcCpu, slots) == 36);
 const _: () = assert!(core::mem::size_of::<Resolution>() == 208);
 const _: () = assert!(core::mem::size_of::<Control>() == 64);
 const _: () = assert!(core::mem::size_of::<VictimPlan>() == 40);
@@ -406,4 +444,5 @@ mod user {
     unsafe impl aya::Pod for Event {}
     unsafe impl aya::Pod for KernelLayout {}
     unsafe impl aya::Pod for Threshold {}
+    unsafe impl aya::Pod for ProcCpu {}
 }

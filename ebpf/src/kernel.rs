@@ -1,7 +1,10 @@
 //! Reads of kernel structures at the offsets the agent found in BTF.
 //!
-//! Every read goes through `bpf_probe_read_kernel`, so a stale pointer yields
-//! an error, never a fault.
+//! Reads through plain numbers go through `bpf_probe_read_kernel`, so a
+//! stale pointer yields an error, never a fault. The `btf_task_*` reads
+//! take a tracepoint's BTF-typed task pointer and load directly: the
+//! verifier checks them against the kernel's BTF and the JIT guards them
+//! with an exception-table entry (a fault reads 0).
 
 use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
 
@@ -80,15 +83,44 @@ pub fn task_tgid(task: u64) -> Option<u32> {
     read_u32(task + layout!(task_tgid) as u64)
 }
 
-/// A task's pid and tgid, in one read where they sit side by side (they do
-/// in every kernel we know of: `pid_t pid; pid_t tgid;`).
+/// A task's pid and tgid, loaded straight through a BTF-typed `struct
+/// task_struct *` (a tp_btf argument, kept as the register the context
+/// gave): `LAYOUT` sits in a frozen read-only map, so the verifier knows
+/// the offsets as constants and checks each load against the kernel's BTF,
+/// and the JIT emits a plain load with an exception-table fixup. No helper
+/// is called: on fork and exit, which leave the caches cold, the helper's
+/// own code (`bpf_probe_read_kernel`, `copy_from_kernel_nofault`) was a
+/// good part of what these programs cost.
 #[inline(always)]
-pub fn task_pid_tgid(task: u64) -> Option<(u32, u32)> {
-    if layout!(task_tgid) == layout!(task_pid) + 4 {
-        let both = read_u64(task + layout!(task_pid) as u64)?;
-        Some((both as u32, (both >> 32) as u32))
-    } else {
-        Some((task_pid(task)?, task_tgid(task)?))
+pub fn btf_task_pid_tgid(task: u64) -> (u32, u32) {
+    let t = task as *const u8;
+    let (pid_off, tgid_off) = (layout!(task_pid) as usize, layout!(task_tgid) as usize);
+    // SAFETY: `task` is the tracepoint's task; the verifier checks these
+    // loads against its BTF type and a fault yields 0.
+    unsafe {
+        (
+            core::ptr::read_volatile(t.wrapping_add(pid_off) as *const u32),
+            core::ptr::read_volatile(t.wrapping_add(tgid_off) as *const u32),
+        )
+    }
+}
+
+/// `task->cgroups->subsys[memory_cgrp_id]` through a BTF-typed task, as
+/// [`btf_task_pid_tgid`]. The verifier types the result as a kernel pointer,
+/// which global functions and comparisons with plain numbers do not take:
+/// it goes through `scratch`, a map value the program owns (loads from a
+/// map value are plain numbers), to come back as one. 0 when the memory
+/// controller is not there.
+#[inline(always)]
+pub fn btf_task_memcg(task: u64, scratch: *mut u64) -> u64 {
+    let t = task as *const u8;
+    let (cgroups_off, memcg_off) = (layout!(task_cgroups) as usize, layout!(cset_memcg) as usize);
+    // SAFETY: as above; `scratch` points into a map value.
+    unsafe {
+        let cset = core::ptr::read_volatile(t.wrapping_add(cgroups_off) as *const u64) as *const u8;
+        let css = core::ptr::read_volatile(cset.wrapping_add(memcg_off) as *const u64);
+        core::ptr::write_volatile(scratch, css);
+        core::ptr::read_volatile(scratch)
     }
 }
 

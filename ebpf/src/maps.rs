@@ -6,7 +6,9 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
-use swiftlet_common::{CgroupSlot, Control, EVENTS_RING_BYTES, KernelLayout, MAX_SLOTS, Resolution, VictimPlan};
+use swiftlet_common::{
+    CgroupSlot, Control, EVENTS_RING_BYTES, KernelLayout, MAX_SLOTS, ProcCpu, Resolution, VictimPlan,
+};
 
 /// Kernel offsets and enum values from the running kernel's BTF.
 #[unsafe(no_mangle)]
@@ -109,6 +111,12 @@ pub struct NodePending {
     pub usage_pages: i64,
     pub inactive_file_pages: i64,
 }
+
+/// The process programs' per-CPU state: the node's pending task delta and
+/// a one-entry resolution cache (see [`ProcCpu`]). Read by the agent for
+/// the exact node task count.
+#[map]
+pub static PROC_CPU: PerCpuArray<ProcCpu> = PerCpuArray::with_max_entries(1, 0);
 
 /// Processes (by tgid) whose exit the agent wants reported. Agent-owned.
 #[map]

@@ -6,29 +6,85 @@
 //! out at exit. The node slot counts every task, threads included, which is
 //! what `sysinfo().procs` (the kubelet's pid.available input) reports.
 //!
-//! Cost: these run at every fork and exit on the machine, so the common
-//! path is array stores and loads (the process table, the slots), one
-//! lookup of the memcg's cached resolution and a few kernel reads; the
+//! The node slot's count is batched per CPU (`ProcCpu::node_tasks`, up to
+//! ±NODE_TASK_BATCH tasks per CPU before they reach the slot and its
+//! pid.available line); the agent adds the CPUs' pending deltas when it
+//! reads the node, so its figure is exact.
+//!
+//! Cost: these run at every fork and exit on the machine, and fork and exit
+//! leave the caches cold, so what they cost is mostly the cache lines they
+//! touch and the calls they make (each call and return pays retpoline and
+//! return-thunk mitigations). The common path: the task's pid, tgid and
+//! memcg loaded straight through the tracepoint's BTF-typed task pointer
+//! (no helper), this CPU's `ProcCpu` (the node delta and a one-entry
+//! resolution cache, so no `RESOLVE` hash lookup while the CPU keeps
+//! forking in the same cgroup), the control generation, an atomic add on
+//! each registered slot with no call unless the slot has a process line
+//! (`CgroupSlot::lines`), and one store or load in the process table. The
 //! exit-watch table is looked up only while the agent watches something.
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
-use swiftlet_common::{EventKind, NODE_SLOT, Signal};
+use swiftlet_common::{EventKind, NODE_SLOT, NODE_TASK_BATCH, ProcCpu, Signal};
 
 use crate::{
     kernel,
-    maps::{EXIT_HAS_GROUP_DEAD, PROCS, WATCH_EXIT, control, counted_memcg, layout, slot},
-    threshold::{apply_count, atomic_add, bump, emit, evaluate, resolve},
+    maps::{EXIT_HAS_GROUP_DEAD, PROC_CPU, PROCS, WATCH_EXIT, control, counted_memcg, layout, slot},
+    threshold::{apply_processes, atomic_add, bump, emit, evaluate, resolve},
 };
 
+/// Counts a task forked (+1) or exited (−1) on this CPU for the node. The
+/// deltas gather in this CPU's `ProcCpu::node_tasks` and reach the node
+/// slot, and its pid.available line, once they make up ±NODE_TASK_BATCH:
+/// the slot's shared line is then written once per batch rather than at
+/// every fork and exit (its transfer between CPUs was the largest single
+/// cost left). The agent adds the CPUs' pending deltas when it reads the
+/// node, so its figure stays exact; a crossing is seen at most
+/// NODE_TASK_BATCH − 1 tasks per CPU late.
 #[inline(always)]
-fn count_node_task(delta: i64, pid: u32) {
+fn count_node_task(cpu: *mut ProcCpu, delta: i64, pid: u32) {
+    // SAFETY: this CPU's element. Only the fork and exit programs use this
+    // field, and neither can run nested in the other on one CPU (both run
+    // in task context with preemption disabled), so plain stores do.
+    let pending = unsafe { (*cpu).node_tasks } + delta;
+    if pending > -NODE_TASK_BATCH && pending < NODE_TASK_BATCH {
+        unsafe { (*cpu).node_tasks = pending };
+        return;
+    }
+    unsafe { (*cpu).node_tasks = 0 };
     if let Some(node) = slot(NODE_SLOT) {
         // SAFETY: `node` points into the slot array.
         let value = unsafe {
-            atomic_add(&mut (*node).processes, delta);
+            atomic_add(&mut (*node).processes, pending);
             core::ptr::read_volatile(&(*node).processes).max(0) as u64
         };
         evaluate(NODE_SLOT, Signal::Processes, value, pid, true);
+    }
+}
+
+/// Applies a process delta to the registered slots `memcg` counts towards.
+/// Fork storms and their exits come from few cgroups, so each CPU keeps its
+/// last resolution (`ProcCpu`): one compare with the control generation
+/// instead of a lookup in the shared `RESOLVE` hash (hashing, the bucket
+/// array and the element, lines that fork and exit had evicted).
+#[inline(always)]
+fn count_process(cpu: *mut ProcCpu, memcg: u64, delta: i64, pid: u32) -> bool {
+    let Some(ctl) = control() else { return false };
+    // SAFETY: ctl points at the control map's single element; `cpu` is this
+    // CPU's element, used by these programs only (see count_node_task).
+    unsafe {
+        let generation = core::ptr::read_volatile(&(*ctl).generation);
+        if (*cpu).memcg != memcg || (*cpu).generation != generation {
+            let Some(r) = resolve(memcg) else { return false };
+            (*cpu).present = r.present;
+            (*cpu).slots = r.slots;
+            (*cpu).generation = r.generation;
+            (*cpu).memcg = memcg;
+        }
+        let present = (*cpu).present;
+        if present != 0 {
+            apply_processes(present, &(*cpu).slots, delta, pid);
+        }
+        present != 0
     }
 }
 
@@ -55,16 +111,19 @@ pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
     if layout!(valid) == 0 {
         return 0;
     }
+    let Some(cpu) = PROC_CPU.get_ptr_mut(0) else { return 0 };
     let child = ctx.arg::<u64>(1);
-    let Some((pid, tgid)) = kernel::task_pid_tgid(child) else { return 0 };
-    count_node_task(1, pid);
+    let (pid, tgid) = kernel::btf_task_pid_tgid(child);
+    count_node_task(cpu, 1, pid);
     if pid != tgid {
         return 0; // a new thread, not a new process
     }
-    let Some(memcg) = kernel::task_memcg(child) else { return 0 };
-    let Some(r) = resolve(memcg) else { return 0 };
-    if r.present != 0 {
-        apply_count(r, Signal::Processes, 1, pid, true);
+    // SAFETY: `cpu` is this CPU's element.
+    let memcg = kernel::btf_task_memcg(child, unsafe { &raw mut (*cpu).scratch });
+    if memcg == 0 {
+        return 0;
+    }
+    if count_process(cpu, memcg, 1, pid) {
         remember(tgid, memcg);
     } else if counted_memcg(tgid) != 0 {
         // A stale entry of an earlier process with this tgid.
@@ -79,9 +138,10 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
     if layout!(valid) == 0 {
         return 0;
     }
+    let Some(cpu) = PROC_CPU.get_ptr_mut(0) else { return 0 };
     let task = ctx.arg::<u64>(0);
-    let Some((pid, tgid)) = kernel::task_pid_tgid(task) else { return 0 };
-    count_node_task(-1, pid);
+    let (pid, tgid) = kernel::btf_task_pid_tgid(task);
+    count_node_task(cpu, -1, pid);
     // An exit is a context where signals go out at once: finish killing a
     // doomed victim whose first signal went out from an event context.
     let doomed = crate::kill::doomed();
@@ -101,14 +161,12 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
     // tgid overwrites it at its fork, and a store here would pull the line
     // from the CPU that forked this process for nothing.
     let memcg = match counted_memcg(tgid) {
-        0 => match kernel::task_memcg(task) {
-            Some(m) => m,
-            None => return 0,
-        },
+        // SAFETY: `cpu` is this CPU's element.
+        0 => kernel::btf_task_memcg(task, unsafe { &raw mut (*cpu).scratch }),
         m => m,
     };
-    if let Some(r) = resolve(memcg) {
-        apply_count(r, Signal::Processes, -1, pid, true);
+    if memcg != 0 {
+        count_process(cpu, memcg, -1, pid);
     }
     0
 }
@@ -148,27 +206,38 @@ pub fn cgroup_attach(ctx: BtfTracePointContext) -> i32 {
     if layout!(valid) == 0 {
         return 0;
     }
+    let Some(cpu) = PROC_CPU.get_ptr_mut(0) else { return 0 };
     let task = ctx.arg::<u64>(2);
-    let Some((pid, tgid)) = kernel::task_pid_tgid(task) else { return 0 };
+    let (pid, tgid) = kernel::btf_task_pid_tgid(task);
     if pid != tgid {
         return 0;
     }
-    let Some(new) = kernel::task_memcg(task) else { return 0 };
+    // SAFETY: `cpu` is this CPU's element.
+    let new = kernel::btf_task_memcg(task, unsafe { &raw mut (*cpu).scratch });
+    if new == 0 {
+        return 0;
+    }
     let old = counted_memcg(tgid);
     if old == new {
         return 0;
     }
     if old != 0 {
         if let Some(r) = resolve(old) {
-            apply_count(r, Signal::Processes, -1, pid, true);
+            apply_processes(r.present, &r.slots, -1, pid);
         }
     }
-    if let Some(r) = resolve(new) {
-        if r.present != 0 {
-            apply_count(r, Signal::Processes, 1, pid, true);
+    // Not through this CPU's resolution cache: a migration is the one event
+    // that meets two memcgs at once, and refilling the cache cost more than
+    // the lookup it saves (measured with a process moved in and out of a pod).
+    match resolve(new) {
+        Some(r) if r.present != 0 => {
+            apply_processes(r.present, &r.slots, 1, pid);
             remember(tgid, new);
-        } else if old != 0 {
-            remember(tgid, 0);
+        }
+        _ => {
+            if old != 0 {
+                remember(tgid, 0);
+            }
         }
     }
     0

@@ -243,6 +243,13 @@ pub extern "C" fn swiftlet_count_slot(index: u32, signal: u32, delta: i64, pid: 
     let counter =
         unsafe { if signal == Signal::Processes as u32 { &raw mut (*s).processes } else { &raw mut (*s).inodes } };
     atomic_add(counter, delta);
+    // Most slots have no line for this signal (the agent sets process lines
+    // on the node only): the evaluation is then skipped (see
+    // `CgroupSlot::lines`).
+    // SAFETY: as above.
+    if unsafe { core::ptr::read_volatile(&(*s).lines) } & 1u32.wrapping_shl(signal) == 0 {
+        return 0;
+    }
     // SAFETY: as above.
     let value = unsafe { core::ptr::read_volatile(counter) }.max(0) as u64;
     swiftlet_evaluate(index, signal, value, pid, may_kill)
@@ -259,6 +266,38 @@ pub fn apply_count(r: &Resolution, signal: Signal, delta: i64, pid: u32, may_kil
         }
         if present & (1 << i) != 0 {
             swiftlet_count_slot(r.slots[i], signal as u32, delta, pid, u32::from(may_kill));
+        }
+        i += 1;
+    }
+}
+
+/// Applies a process delta to the registered slots `slots` at the depths
+/// set in `present` (a copy of a resolution), as `swiftlet_count_slot` does
+/// but inline: the add and the check of `CgroupSlot::lines` cost less than
+/// the call (with return thunks) and the global function's cold code, which
+/// fork and exit paid at every event; the evaluation, for a slot with a
+/// line, stays a call.
+#[inline(always)]
+pub fn apply_processes(present: u32, slots: &[u32; MAX_WALK], delta: i64, pid: u32) {
+    let bit = Signal::Processes.bit();
+    let mut i = 0;
+    while i < MAX_WALK {
+        if present >> i == 0 {
+            break;
+        }
+        if present & (1 << i) != 0 {
+            let index = slots[i];
+            if let Some(s) = slot(index) {
+                // SAFETY: `s` points into the slot array.
+                unsafe {
+                    let counter = &raw mut (*s).processes;
+                    atomic_add(counter, delta);
+                    if core::ptr::read_volatile(&(*s).lines) & bit != 0 {
+                        let value = core::ptr::read_volatile(counter).max(0) as u64;
+                        swiftlet_evaluate(index, Signal::Processes as u32, value, pid, 1);
+                    }
+                }
+            }
         }
         i += 1;
     }

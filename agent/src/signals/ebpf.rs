@@ -19,10 +19,10 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap as BpfHashMap, MapData, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, FEntry, FExit, TracePoint},
 };
-use swiftlet_common::{CgroupSlot, Control, EventKind, MAX_SLOTS, NODE_SLOT, VictimPlan, slot_flags};
+use swiftlet_common::{CgroupSlot, Control, EventKind, MAX_SLOTS, NODE_SLOT, ProcCpu, VictimPlan, slot_flags};
 use tracing::{debug, info, warn};
 
 use super::{
@@ -164,6 +164,9 @@ pub struct EbpfSource {
     cgroup_slot: Mutex<BpfHashMap<MapData, u64, u32>>,
     plans: Mutex<Array<MapData, VictimPlan>>,
     watch_exit: Mutex<BpfHashMap<MapData, u32, u32>>,
+    /// The process programs' per-CPU state: the node task deltas each CPU
+    /// holds back from the node slot.
+    proc_cpu: Mutex<PerCpuArray<MapData, ProcCpu>>,
     /// Victim plans by kernel line: (plan index, generation written).
     plan_lines: Mutex<HashMap<(Target, Signal), (u32, u64)>>,
     strategies: Strategies,
@@ -181,6 +184,22 @@ fn err(context: &str, e: impl std::fmt::Display) -> SignalError {
 }
 
 impl EbpfSource {
+    /// Node tasks the CPUs have counted and not yet added to the node slot
+    /// (the process programs batch them per CPU, `ProcCpu::node_tasks`):
+    /// with them the node's task count is exact. One lookup of the per-CPU
+    /// map; 0 if it fails, which leaves the count behind by less than
+    /// `NODE_TASK_BATCH` per CPU.
+    fn pending_node_tasks(&self) -> i64 {
+        let map = self.proc_cpu.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get(&0, 0) {
+            Ok(values) => values.iter().map(|c| c.node_tasks).sum(),
+            Err(e) => {
+                debug!(error = %e, "reading the per-CPU node task deltas");
+                0
+            }
+        }
+    }
+
     /// Loads and attaches the kernel programs. Fails (and the caller falls
     /// back to cgroupfs) when there is no BTF, no CAP_BPF, or the verifier
     /// rejects a program.
@@ -327,6 +346,7 @@ impl EbpfSource {
         let plans = Array::try_from(take(&mut ebpf, "PLANS")?).map_err(|e| err("PLANS", e))?;
         let watch_exit = BpfHashMap::try_from(take(&mut ebpf, "WATCH_EXIT")?).map_err(|e| err("WATCH_EXIT", e))?;
         let ring = RingBuf::try_from(take(&mut ebpf, "EVENTS")?).map_err(|e| err("EVENTS", e))?;
+        let proc_cpu = PerCpuArray::try_from(take(&mut ebpf, "PROC_CPU")?).map_err(|e| err("PROC_CPU", e))?;
 
         let shared = Arc::new(Shared {
             slots,
@@ -390,6 +410,7 @@ impl EbpfSource {
             cgroup_slot: Mutex::new(cgroup_slot),
             plans: Mutex::new(plans),
             watch_exit: Mutex::new(watch_exit),
+            proc_cpu: Mutex::new(proc_cpu),
             plan_lines: Mutex::new(HashMap::new()),
             strategies,
             program_names,
@@ -810,11 +831,19 @@ impl SignalSource for EbpfSource {
             _ => (t.trigger, t.rearm),
         };
         let s = self.shared.slots.at(index);
-        // SAFETY: mapped slot; the kernel only reads thresholds.
+        // SAFETY: mapped slot; the kernel only reads thresholds and lines.
         unsafe {
             let th = &mut (*s).thresholds[signal as usize];
             std::ptr::write_volatile(&mut th.rearm, rearm);
             std::ptr::write_volatile(&mut th.trigger, trigger);
+            // Which signals have a line: the kernel's counting skips the
+            // evaluation of the others (set after the line is in place).
+            let lines = std::sync::atomic::AtomicU32::from_ptr(&mut (*s).lines);
+            if trigger != 0 {
+                lines.fetch_or(signal.bit(), Ordering::SeqCst);
+            } else {
+                lines.fetch_and(!signal.bit(), Ordering::SeqCst);
+            }
             // Re-arm, so the kernel reports anew against the new line.
             std::sync::atomic::AtomicU32::from_ptr(&mut (*s).above).fetch_and(!signal.bit(), Ordering::SeqCst);
         }
@@ -842,7 +871,7 @@ impl SignalSource for EbpfSource {
                 usage_bytes: node.usage_pages.max(0) as u64 * self.page,
                 inactive_file_bytes: node.inactive_file_pages.max(0) as u64 * self.page,
                 working_set_bytes: node.working_set_pages() * self.page,
-                tasks: node.processes.max(0) as u64,
+                tasks: (node.processes + self.pending_node_tasks()).max(0) as u64,
             },
             cgroups,
             taken_at: std::time::Instant::now(),
