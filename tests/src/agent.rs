@@ -361,9 +361,18 @@ pub fn unmount_under(dir: &Path) {
 
 fn write_manifest(dir: &Path, node: &str, file: &str, yaml: &str) -> String {
     let path = dir.join(file);
-    std::fs::write(&path, yaml).unwrap();
+    write_atomically(&path, yaml);
     let pod = swiftlet::pods::manifest::load(&path, node).unwrap_or_else(|e| panic!("{e}"));
     pod.metadata.name.unwrap()
+}
+
+/// Writes `path` through a dotfile and a rename, as careful tools do: the
+/// agent's static pod source (which ignores dotfiles) never reads it half
+/// written, whenever its scan runs.
+pub fn write_atomically(path: &Path, contents: &str) {
+    let tmp = path.with_file_name(format!(".{}.tmp", path.file_name().unwrap().to_string_lossy()));
+    std::fs::write(&tmp, contents).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
 }
 
 pub fn runtime_state(

@@ -314,7 +314,10 @@ fn static_pod_edit_replaces_the_pod_and_delete_removes_it() {
 #[test]
 fn a_bad_manifest_is_reported_and_the_others_run() {
     let a = TestAgent::start("", &["--signal-source=cgroupfs"]);
-    std::fs::write(a.manifests.join("broken.yaml"), "apiVersion: v1\nkind: Pod\nmetadata: {name: broken}\nspec:\n  containers:\n  - name: c\n    image: x\n    resources: {limits: {memory: 2Gx}}\n").unwrap();
+    swiftlet_tests::agent::write_atomically(
+        &a.manifests.join("broken.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: broken}\nspec:\n  containers:\n  - name: c\n    image: x\n    resources: {limits: {memory: 2Gx}}\n",
+    );
     let good = a.add_manifest("good.yaml", &manifest("good", "Always", "", &container("c", "sleep 3600")));
     a.wait_status(&good, T, "Running", |s| phase(s) == "Running");
     assert_eq!(a.pods().len(), 1, "only the good pod runs");
