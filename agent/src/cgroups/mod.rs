@@ -214,15 +214,11 @@ impl CgroupFs {
 
     /// Processes in `rel` and all its descendants.
     pub fn procs_recursive(&self, rel: &str) -> Result<Vec<u32>> {
-        let mut out = self.procs(rel)?;
-        for child in self.children(rel)? {
-            match self.procs_recursive(&child) {
-                Ok(mut p) => out.append(&mut p),
-                // A child removed while we walk has no processes left.
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(e),
-            }
-        }
+        let mut out = vec![];
+        self.each_in_tree(rel, &mut |cgroup| {
+            out.extend(self.procs(cgroup)?);
+            Ok(())
+        })?;
         Ok(out)
     }
 
@@ -230,16 +226,26 @@ impl CgroupFs {
     /// of processes directly in it: one walk that gives the count of the
     /// whole subtree and of each part ([`subtree_processes`]).
     pub fn process_tree(&self, rel: &str) -> Result<Vec<(String, u64)>> {
-        let mut out = vec![(rel.trim_matches('/').to_owned(), self.procs(rel)?.len() as u64)];
+        let mut out = vec![];
+        self.each_in_tree(rel, &mut |cgroup| {
+            out.push((cgroup.trim_matches('/').to_owned(), self.procs(cgroup)?.len() as u64));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Calls `visit` on `rel`, then on each of its descendants, parents
+    /// first, in the memory tree.
+    fn each_in_tree(&self, rel: &str, visit: &mut dyn FnMut(&str) -> Result<()>) -> Result<()> {
+        visit(rel)?;
         for child in self.children(rel)? {
-            match self.process_tree(&child) {
-                Ok(mut t) => out.append(&mut t),
+            match self.each_in_tree(&child, visit) {
                 // A child removed while we walk has no processes left.
                 Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(e),
+                other => other?,
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Child cgroups of `rel` (relative paths), in the memory tree.
@@ -484,6 +490,25 @@ pub fn subtree_processes(tree: &[(String, u64)], rel: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_walk_lists_a_tree_and_its_processes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fs = CgroupFs::with_layout(tmp.path(), Version::V1);
+        for (rel, procs) in [("pod", ""), ("pod/pause", "7\n"), ("pod/app", "8\n9\n"), ("pod/app/sub", "10\n")] {
+            let dir = fs.memory_dir(rel);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("cgroup.procs"), procs).unwrap();
+        }
+        let mut tree = fs.process_tree("/pod").unwrap();
+        tree.sort();
+        let want = [("pod", 0), ("pod/app", 2), ("pod/app/sub", 1), ("pod/pause", 1)];
+        assert_eq!(tree, want.map(|(p, n)| (p.to_owned(), n)));
+        let mut procs = fs.procs_recursive("pod").unwrap();
+        procs.sort();
+        assert_eq!(procs, [7, 8, 9, 10]);
+        assert!(fs.process_tree("gone").unwrap_err().is_not_found());
+    }
 
     #[test]
     fn subtree_processes_counts_a_cgroup_and_its_descendants_only() {
