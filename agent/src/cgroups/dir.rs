@@ -3,7 +3,8 @@
 //! The stats pass reads five or six files in each of hundreds of cgroups
 //! every housekeeping interval. Opening each by its full path walks every
 //! component of the path (kernfs revalidates each) every time; opening the
-//! directory once and the files relative to it walks it once.
+//! directory once and the files relative to it walks it once. A single
+//! read goes by full path ([`CgroupDir::at`]), one open fewer.
 
 use std::{
     ffi::CString,
@@ -20,7 +21,9 @@ use super::{CgroupError, Result};
 
 #[derive(Debug)]
 pub struct CgroupDir {
-    fd: OwnedFd,
+    /// The open directory; None for a single read by full path, where
+    /// opening the directory first would only add a syscall.
+    fd: Option<OwnedFd>,
     path: PathBuf,
 }
 
@@ -28,7 +31,13 @@ impl CgroupDir {
     pub fn open(path: &Path) -> Result<CgroupDir> {
         let fd =
             open_at(libc::AT_FDCWD, path, libc::O_PATH | libc::O_DIRECTORY).map_err(|e| CgroupError::io(path, e))?;
-        Ok(CgroupDir { fd, path: path.to_owned() })
+        Ok(CgroupDir { fd: Some(fd), path: path.to_owned() })
+    }
+
+    /// The directory by path, not opened: each read opens its file by full
+    /// path, as for one read.
+    pub fn at(path: PathBuf) -> CgroupDir {
+        CgroupDir { fd: None, path }
     }
 
     pub fn path(&self) -> &Path {
@@ -38,10 +47,13 @@ impl CgroupDir {
     /// The contents of the file `name` in this directory.
     pub fn read(&self, name: &str) -> Result<String> {
         let mut text = String::new();
-        open_at(self.fd.as_raw_fd(), Path::new(name), libc::O_RDONLY)
-            .map(File::from)
-            .and_then(|mut f| f.read_to_string(&mut text))
-            .map_err(|e| CgroupError::io(&self.path.join(name), e))?;
+        match &self.fd {
+            Some(fd) => open_at(fd.as_raw_fd(), Path::new(name), libc::O_RDONLY),
+            None => open_at(libc::AT_FDCWD, &self.path.join(name), libc::O_RDONLY),
+        }
+        .map(File::from)
+        .and_then(|mut f| f.read_to_string(&mut text))
+        .map_err(|e| CgroupError::io(&self.path.join(name), e))?;
         Ok(text)
     }
 
@@ -79,13 +91,14 @@ mod tests {
         std::fs::write(tmp.path().join("memory.max"), "max\n").unwrap();
         std::fs::write(tmp.path().join("memory.current"), "4096\n").unwrap();
         std::fs::write(tmp.path().join("bad"), "12k\n").unwrap();
-        let dir = CgroupDir::open(tmp.path()).unwrap();
-        assert_eq!(dir.read_u64("memory.max").unwrap(), u64::MAX);
-        assert_eq!(dir.read_u64("memory.current").unwrap(), 4096);
-        let e = dir.read_u64("bad").unwrap_err().to_string();
-        assert!(e.contains("bad") && e.contains("12k"), "{e}");
-        let e = dir.read("missing").unwrap_err();
-        assert!(e.is_not_found() && e.to_string().contains("missing"), "{e}");
+        for dir in [CgroupDir::open(tmp.path()).unwrap(), CgroupDir::at(tmp.path().to_owned())] {
+            assert_eq!(dir.read_u64("memory.max").unwrap(), u64::MAX);
+            assert_eq!(dir.read_u64("memory.current").unwrap(), 4096);
+            let e = dir.read_u64("bad").unwrap_err().to_string();
+            assert!(e.contains("bad") && e.contains("12k"), "{e}");
+            let e = dir.read("missing").unwrap_err();
+            assert!(e.is_not_found() && e.to_string().contains("missing"), "{e}");
+        }
         assert!(CgroupDir::open(&tmp.path().join("gone")).unwrap_err().is_not_found());
     }
 }

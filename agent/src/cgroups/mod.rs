@@ -143,15 +143,6 @@ impl CgroupFs {
         fs::read_to_string(path).map_err(|e| CgroupError::io(path, e))
     }
 
-    fn read_u64(&self, path: &Path) -> Result<u64> {
-        let s = self.read(path)?;
-        let t = s.trim();
-        if t == "max" {
-            return Ok(u64::MAX);
-        }
-        t.parse().map_err(|_| CgroupError::Parse { path: path.to_owned(), value: t.to_owned() })
-    }
-
     fn write(&self, path: &Path, value: &str) -> Result<()> {
         fs::write(path, value).map_err(|e| CgroupError::io(path, e))
     }
@@ -160,7 +151,7 @@ impl CgroupFs {
     /// For the root on v2, which has no memory.current, anon + file from
     /// memory.stat, the same quantity the v1 root reports.
     pub fn memory_usage(&self, rel: &str) -> Result<u64> {
-        self.memory_usage_in(&self.open_memory_dir(rel)?, rel.trim_matches('/').is_empty())
+        self.memory_usage_in(&CgroupDir::at(self.memory_dir(rel)), rel.trim_matches('/').is_empty())
     }
 
     /// Opens `rel`'s directory in the memory tree, to read several of its
@@ -266,7 +257,7 @@ impl CgroupFs {
 
     /// `pids.current` of `rel` (tasks, threads included).
     pub fn pids_current(&self, rel: &str) -> Result<u64> {
-        self.read_u64(&self.controller_dir("pids", rel).join("pids.current"))
+        CgroupDir::at(self.controller_dir("pids", rel)).read_u64("pids.current")
     }
 
     /// Creates `rel` (and missing parents) in every tree a pod needs; on v2
@@ -323,7 +314,7 @@ impl CgroupFs {
 
     /// Reads the memory limit (None when unlimited).
     pub fn memory_limit(&self, rel: &str) -> Result<Option<u64>> {
-        self.memory_limit_in(&self.open_memory_dir(rel)?)
+        self.memory_limit_in(&CgroupDir::at(self.memory_dir(rel)))
     }
 
     /// Sets CPU shares/weight and the CFS quota.

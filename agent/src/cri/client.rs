@@ -164,16 +164,11 @@ impl CriClient {
         }
         out
     }
-}
 
-impl CriClient {
-    /// A unary RuntimeService call whose response is decoded into `Resp`,
-    /// a message with a subset of the real one's fields.
-    async fn lean_call<Req, Resp>(
-        &self,
-        path: &'static str,
-        req: Req,
-    ) -> std::result::Result<tonic::Response<Resp>, tonic::Status>
+    /// The unary RuntimeService call `method`, with [`CriClient::call`]'s
+    /// timeout and accounting, its response decoded into `Resp`: a message
+    /// with a subset of the real one's fields.
+    async fn lean_call<Req, Resp>(&self, method: &'static str, req: Req) -> Result<Resp>
     where
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
@@ -181,9 +176,14 @@ impl CriClient {
         let mut grpc = tonic::client::Grpc::new(self.runtime_channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        grpc.ready().await.map_err(|e| tonic::Status::unavailable(format!("runtime not ready: {e}")))?;
-        let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
-        grpc.unary(tonic::Request::new(req), tonic::codegen::http::uri::PathAndQuery::from_static(path), codec).await
+        let path = format!("/runtime.v1.RuntimeService/{method}");
+        let fut = async move {
+            grpc.ready().await.map_err(|e| tonic::Status::unavailable(format!("runtime not ready: {e}")))?;
+            let path = tonic::codegen::http::uri::PathAndQuery::try_from(path)
+                .map_err(|e| tonic::Status::internal(format!("CRI method path: {e}")))?;
+            grpc.unary(tonic::Request::new(req), path, tonic_prost::ProstCodec::<Req, Resp>::default()).await
+        };
+        self.call(method, self.timeout, fut).await
     }
 }
 
@@ -352,26 +352,10 @@ impl RuntimeService for CriClient {
         sandboxes: Option<api::PodSandboxFilter>,
         containers: Option<api::ContainerFilter>,
     ) -> Result<(Vec<Listed>, Vec<Listed>)> {
-        let s = self
-            .call(
-                "ListPodSandbox",
-                self.timeout,
-                self.lean_call::<_, lean::ListPodSandboxResponse>(
-                    "/runtime.v1.RuntimeService/ListPodSandbox",
-                    api::ListPodSandboxRequest { filter: sandboxes },
-                ),
-            )
-            .await?;
-        let c = self
-            .call(
-                "ListContainers",
-                self.timeout,
-                self.lean_call::<_, lean::ListContainersResponse>(
-                    "/runtime.v1.RuntimeService/ListContainers",
-                    api::ListContainersRequest { filter: containers },
-                ),
-            )
-            .await?;
+        let s: lean::ListPodSandboxResponse =
+            self.lean_call("ListPodSandbox", api::ListPodSandboxRequest { filter: sandboxes }).await?;
+        let c: lean::ListContainersResponse =
+            self.lean_call("ListContainers", api::ListContainersRequest { filter: containers }).await?;
         Ok((
             s.items.into_iter().map(|s| Listed { id: s.id, state: s.state, labels: s.labels }).collect(),
             c.containers.into_iter().map(|c| Listed { id: c.id, state: c.state, labels: c.labels }).collect(),

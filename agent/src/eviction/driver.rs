@@ -606,7 +606,6 @@ impl Inner {
             }
             keep
         });
-        drop(registered);
         pods
     }
 

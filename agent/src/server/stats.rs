@@ -409,16 +409,10 @@ fn keyed(text: &str, key: &str) -> Option<u64> {
 
 /// Cumulative CPU time of a cgroup in nanoseconds; `memory` is its open
 /// memory directory, which on v2 is also its cpu directory.
-pub fn cpu_usage_ns(fs: &CgroupFs, rel: &str, memory: Option<&CgroupDir>) -> Option<u64> {
+pub fn cpu_usage_ns(fs: &CgroupFs, rel: &str, memory: &CgroupDir) -> Option<u64> {
     match fs.version() {
         Version::V1 => read_to_string(&fs.controller_dir("cpuacct", rel).join("cpuacct.usage"))?.trim().parse().ok(),
-        Version::V2 => {
-            let text = match memory {
-                Some(dir) => dir.read("cpu.stat").ok()?,
-                None => read_to_string(&fs.controller_dir("cpu", rel).join("cpu.stat"))?,
-            };
-            keyed(&text, "usage_usec").map(|us| us * 1000)
-        }
+        Version::V2 => keyed(&memory.read("cpu.stat").ok()?, "usage_usec").map(|us| us * 1000),
     }
 }
 
@@ -437,7 +431,7 @@ pub fn oom_kills(fs: &CgroupFs, memory: &CgroupDir) -> Option<u64> {
 pub fn sample_cgroup(fs: &CgroupFs, rel: &str) -> Option<CgroupSample> {
     let memory = fs.open_memory_dir(rel).ok()?;
     let mut s =
-        CgroupSample { path: rel.to_owned(), cpu_usage_ns: cpu_usage_ns(fs, rel, Some(&memory)), ..Default::default() };
+        CgroupSample { path: rel.to_owned(), cpu_usage_ns: cpu_usage_ns(fs, rel, &memory), ..Default::default() };
     if let Ok(text) = memory.read("memory.stat") {
         let stat = MemoryStat::parse(&text, fs.version());
         let pgfault_key = if fs.version() == Version::V1 { "total_pgfault" } else { "pgfault" };
@@ -561,7 +555,7 @@ fn read_cgroups(
         memory_capacity,
         fs: nodefs,
         imagefs,
-        maxpid: std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|s| s.trim().parse().ok()),
+        maxpid: node::pid_max().ok(),
         curproc: node::tasks().ok(),
         interfaces: read_to_string(Path::new("/proc/net/dev")).map(|t| parse_net_dev(&t)).unwrap_or_default(),
         system,
@@ -574,10 +568,13 @@ fn read_cgroups(
         let pod_cgroup_path = cfg.naming.pod(pod_qos(pod), &uid);
         // One walk counts the processes of the pod and of each container.
         let tree = fs.process_tree(&pod_cgroup_path).ok();
-        let pod_cgroup = sample_cgroup(fs, &pod_cgroup_path).map(|mut s| {
-            s.processes = tree.as_deref().map(|t| subtree_processes(t, &pod_cgroup_path));
-            s
-        });
+        let sample = |rel: &str| {
+            sample_cgroup(fs, rel).map(|mut s| {
+                s.processes = tree.as_deref().map(|t| subtree_processes(t, rel));
+                s
+            })
+        };
+        let pod_cgroup = sample(&pod_cgroup_path);
         let log_dir = pod_log_dir(&cfg.pod_logs_dir, &namespace, &name, &uid);
         let mut containers: Vec<ContainerSample> = vec![];
         let mut listed: Vec<&api::Container> = rt.containers.get(&uid).map(|v| v.iter().collect()).unwrap_or_default();
@@ -594,11 +591,7 @@ fn read_cgroups(
                 None => fs.exists(rel),
             };
             let cgroup = container_cgroup(cfg.naming.driver, &pod_cgroup_path, &c.id, exists)
-                .and_then(|p| {
-                    let mut s = sample_cgroup(fs, &p)?;
-                    s.processes = tree.as_deref().map(|t| subtree_processes(t, &p));
-                    Some(s)
-                })
+                .and_then(|p| sample(&p))
                 .unwrap_or_default();
             let rootfs =
                 rt.writable.get(&c.id).map(|(used, inodes)| FsSample::usage_on(imagefs_base(&node), *used, *inodes));

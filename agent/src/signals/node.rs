@@ -5,7 +5,7 @@ use std::{fs, io, path::Path};
 /// The kubelet's pid limit: the smaller of `kernel.pid_max` and
 /// `kernel.threads-max`.
 pub fn pid_limit() -> io::Result<u64> {
-    let pid_max = read_u64("/proc/sys/kernel/pid_max")?;
+    let pid_max = pid_max()?;
     Ok(match read_u64("/proc/sys/kernel/threads-max") {
         Ok(t) => pid_max.min(t),
         Err(_) => pid_max,
