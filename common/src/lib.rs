@@ -231,6 +231,22 @@ pub struct ProcCpu {
 /// less than this per CPU (see [`ProcCpu::node_tasks`]).
 pub const NODE_TASK_BATCH: i64 = 16;
 
+/// Per-CPU memory deltas for the node slot not yet added to it (statistics
+/// tracepoint strategy). A reader that wants the exact node figures adds
+/// every CPU's values to the slot's.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NodePending {
+    pub usage_pages: i64,
+    pub inactive_file_pages: i64,
+}
+
+/// MEMCG_CHARGE_BATCH: how many pages a CPU holds back from the node slot
+/// (and its memory.available line) by default, as the kernel holds them
+/// back from its own counters. The programs take the value actually used
+/// from the `NODE_MEMORY_BATCH` global set at load.
+pub const NODE_MEMORY_BATCH: u32 = 64;
+
 /// Global state shared by agent and kernel: array map of one element.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -261,14 +277,15 @@ pub struct Control {
     /// The doomed victim's slot.
     pub doomed_slot: u32,
     /// How the attached programs keep memory ([`memory_strategy`]), set by
-    /// the agent after attaching; the refresh program reads the node's
-    /// figures accordingly.
+    /// the agent after attaching, for whoever reads the block (`bpftool map
+    /// dump`); no program depends on it.
     pub memory_strategy: u32,
 }
 
 /// Values of [`Control::memory_strategy`].
 pub mod memory_strategy {
-    /// The memcg statistics tracepoint: node figures kept from its deltas.
+    /// The memcg statistics tracepoint: node figures read from `vm_node_stat`
+    /// every batch of pages per CPU, or kept from the deltas without it.
     pub const STAT_EVENTS: u32 = 1;
     /// Page-counter charge/uncharge hooks: node figures read from the
     /// kernel's global `vm_node_stat` counters.
@@ -445,4 +462,5 @@ mod user {
     unsafe impl aya::Pod for KernelLayout {}
     unsafe impl aya::Pod for Threshold {}
     unsafe impl aya::Pod for ProcCpu {}
+    unsafe impl aya::Pod for NodePending {}
 }

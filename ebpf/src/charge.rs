@@ -22,36 +22,13 @@ use aya_ebpf::{
     macros::{fentry, fexit},
     programs::{FEntryContext, FExitContext},
 };
-use swiftlet_common::{NODE_SLOT, Signal};
 
 use crate::{
     kernel, kill,
-    maps::{layout, slot},
-    memory::update_chain,
-    threshold::{PID_CURRENT, evaluate, resolve},
+    maps::layout,
+    memory::{node_from_vmstat, update_chain},
+    threshold::{PID_CURRENT, resolve},
 };
-
-/// The node's usage (anon + file pages) and inactive file pages from the
-/// kernel's global counters, and its threshold evaluated.
-#[inline(always)]
-pub fn node_from_vmstat(pid: u32, may_kill: bool) {
-    let (Some(anon), Some(file), Some(inactive)) = (
-        kernel::node_stat(layout!(nr_anon_mapped)),
-        kernel::node_stat(layout!(nr_file_pages)),
-        kernel::node_stat(layout!(nr_inactive_file)),
-    ) else {
-        return;
-    };
-    if let Some(node) = slot(NODE_SLOT) {
-        // SAFETY: `node` points into the slot array.
-        let ws = unsafe {
-            core::ptr::write_volatile(&mut (*node).usage_pages, anon + file);
-            core::ptr::write_volatile(&mut (*node).inactive_file_pages, inactive);
-            (*node).working_set_pages()
-        };
-        evaluate(NODE_SLOT, Signal::MemoryWorkingSet, ws, pid, may_kill);
-    }
-}
 
 /// A page counter moved: bring the memcg's registered slots and the node up
 /// to date.

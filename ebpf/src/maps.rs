@@ -7,7 +7,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use swiftlet_common::{
-    CgroupSlot, Control, EVENTS_RING_BYTES, KernelLayout, MAX_SLOTS, ProcCpu, Resolution, VictimPlan,
+    CgroupSlot, Control, EVENTS_RING_BYTES, KernelLayout, MAX_SLOTS, NodePending, ProcCpu, Resolution, VictimPlan,
 };
 
 /// Kernel offsets and enum values from the running kernel's BTF.
@@ -100,17 +100,18 @@ pub static RESOLVE: LruHashMap<u64, Resolution> = LruHashMap::with_max_entries(8
 pub static PROCS: Array<u64> = Array::with_max_entries(swiftlet_common::PROC_TABLE_DEFAULT, 0);
 
 /// Per-CPU memory deltas for the node slot not yet added to it (statistics
-/// tracepoint strategy): flushed once they reach the kernel's own charge
-/// batch, so the node's figures stay as exact as the kernel's and its shared
-/// cache line is written once per batch rather than once per page.
+/// tracepoint strategy): flushed once they reach `NODE_MEMORY_BATCH` pages,
+/// so the node's figures stay as exact as the kernel's and its shared cache
+/// line is written once per batch rather than once per page. Read by the
+/// agent for the exact node figures.
 #[map]
 pub static NODE_PENDING: PerCpuArray<NodePending> = PerCpuArray::with_max_entries(1, 0);
 
-#[repr(C)]
-pub struct NodePending {
-    pub usage_pages: i64,
-    pub inactive_file_pages: i64,
-}
+/// The pages a CPU gathers before it adds them to the node slot: the
+/// kernel's charge batch by default; 1 for an observer that must see the
+/// node's line crossed at the very page (the eviction race).
+#[unsafe(no_mangle)]
+pub static NODE_MEMORY_BATCH: Global<u32> = Global::new(swiftlet_common::NODE_MEMORY_BATCH);
 
 /// The process programs' per-CPU state: the node's pending task delta and
 /// a one-entry resolution cache (see [`ProcCpu`]). Read by the agent for

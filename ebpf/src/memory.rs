@@ -6,20 +6,18 @@
 //! and inactive file pages (the part of usage the working set leaves out).
 //! For registered cgroups, usage is read from the memcg's own page counter,
 //! which is exactly what `memory.usage_in_bytes`/`memory.current` report,
-//! kernel memory included; inactive_file is kept from the deltas.
+//! kernel memory included; inactive_file is kept from the deltas. The node
+//! is read from the kernel's global statistics once a CPU has seen a batch
+//! of pages (from its own deltas only where their address is unknown).
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use swiftlet_common::{MAX_WALK, NODE_SLOT, Resolution, Signal};
 
 use crate::{
     kernel, kill,
-    maps::{NODE_PENDING, layout, slot},
+    maps::{NODE_MEMORY_BATCH, NODE_PENDING, layout, slot},
     threshold::{PID_CURRENT, atomic_add, evaluate, resolve, swiftlet_evaluate},
 };
-
-/// MEMCG_CHARGE_BATCH: the pages a CPU may hold back from the kernel's own
-/// counters.
-const CHARGE_BATCH: u64 = 64;
 
 #[btf_tracepoint(function = "mod_memcg_lruvec_state")]
 pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
@@ -43,13 +41,19 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// The node: root-hierarchy anon + file pages, as v1's root
-/// memory.usage_in_bytes counts them, minus inactive file pages. Deltas
-/// gather per CPU and reach the node slot (and its threshold) once they make
-/// up a charge batch, MEMCG_CHARGE_BATCH (64) pages, as the kernel's own
-/// counters do: the node's figures are exact to 64 pages per CPU and per
-/// counter, and the slot's shared cache line is no longer written by every
-/// CPU on every page.
+/// The node: anon + file pages, as v1's root memory.usage_in_bytes counts
+/// them, minus inactive file pages. Deltas gather per CPU; once they make up
+/// `NODE_MEMORY_BATCH` pages, by default a charge batch (64) as the kernel's
+/// own counters do, the node slot is brought up to date and its threshold
+/// evaluated: the node's line is crossed within 64 pages per CPU and per
+/// counter, and the slot's shared cache line is not written by every CPU on
+/// every page.
+///
+/// The slot takes the kernel's global counters (`vm_node_stat`) when their
+/// address is known: every instance of these programs, the agent's and any
+/// observer's, then holds the same figure, with no drift from a seed read
+/// while pages moved or from events the kernel dropped. Otherwise the
+/// deltas are added to the seed the agent wrote.
 #[inline(always)]
 fn node_delta(inactive_file: bool, delta: i64) {
     let Some(pending) = NODE_PENDING.get_ptr_mut(0) else { return };
@@ -63,13 +67,18 @@ fn node_delta(inactive_file: bool, delta: i64) {
             (*pending).usage_pages += delta;
         }
         let (u, i) = ((*pending).usage_pages, (*pending).inactive_file_pages);
-        if u.unsigned_abs() < CHARGE_BATCH && i.unsigned_abs() < CHARGE_BATCH {
+        let batch = NODE_MEMORY_BATCH.load() as u64;
+        if u.unsigned_abs() < batch && i.unsigned_abs() < batch {
             return;
         }
         (*pending).usage_pages = 0;
         (*pending).inactive_file_pages = 0;
         (u, i)
     };
+    if layout!(vm_node_stat) != 0 {
+        node_from_vmstat(PID_CURRENT, true);
+        return;
+    }
     let Some(node) = slot(NODE_SLOT) else { return };
     // SAFETY: `node` points into the slot array.
     let ws = unsafe {
@@ -82,6 +91,28 @@ fn node_delta(inactive_file: bool, delta: i64) {
         (*node).working_set_pages()
     };
     evaluate(NODE_SLOT, Signal::MemoryWorkingSet, ws, PID_CURRENT, true);
+}
+
+/// The node's usage (anon + file pages) and inactive file pages from the
+/// kernel's global counters, and its threshold evaluated.
+#[inline(always)]
+pub fn node_from_vmstat(pid: u32, may_kill: bool) {
+    let (Some(anon), Some(file), Some(inactive)) = (
+        kernel::node_stat(layout!(nr_anon_mapped)),
+        kernel::node_stat(layout!(nr_file_pages)),
+        kernel::node_stat(layout!(nr_inactive_file)),
+    ) else {
+        return;
+    };
+    if let Some(node) = slot(NODE_SLOT) {
+        // SAFETY: `node` points into the slot array.
+        let ws = unsafe {
+            core::ptr::write_volatile(&mut (*node).usage_pages, anon + file);
+            core::ptr::write_volatile(&mut (*node).inactive_file_pages, inactive);
+            (*node).working_set_pages()
+        };
+        evaluate(NODE_SLOT, Signal::MemoryWorkingSet, ws, pid, may_kill);
+    }
 }
 
 /// Brings one registered slot up to date: its page counter read directly

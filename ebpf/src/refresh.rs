@@ -10,7 +10,7 @@
 //! gives up on long jump sequences) and cheap to verify on slow CPUs.
 
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext};
-use swiftlet_common::{REFRESH_BATCH, Signal, memory_strategy, slot_flags};
+use swiftlet_common::{REFRESH_BATCH, Signal, slot_flags};
 
 use crate::{
     kernel,
@@ -32,10 +32,9 @@ pub fn refresh(ctx: TracePointContext) -> u32 {
     // SAFETY: ctl points at the control map's single element.
     let high = unsafe { core::ptr::read_volatile(&(*ctl).slot_high_water) };
     if start == 0 {
-        // SAFETY: as above.
-        if unsafe { core::ptr::read_volatile(&(*ctl).memory_strategy) } == memory_strategy::PAGE_COUNTER {
-            crate::charge::node_from_vmstat(0, false);
-        }
+        // The node, from the kernel's global counters when their address is
+        // known (with either memory strategy); a no-op otherwise.
+        crate::memory::node_from_vmstat(0, false);
     }
     let mut n: u32 = 0;
     while n < REFRESH_BATCH {

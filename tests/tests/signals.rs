@@ -133,6 +133,44 @@ fn ebpf_working_set_matches_cgroupfs() {
     working_set_tracks_cgroupfs(&*src, &tc, &|| {});
 }
 
+/// The node's memory deltas wait per CPU for a charge batch by default; an
+/// observer loaded with a batch of one (the eviction race's) adds every page
+/// to the node slot at once and holds nothing back.
+#[test]
+fn a_node_memory_batch_of_one_holds_nothing_back() {
+    let tc = TestCgroup::new();
+    let batched = load_ebpf(&tc.fs);
+    let exact = EbpfSource::load(tc.fs.clone(), &EbpfOptions { node_memory_batch: Some(1), ..Default::default() })
+        .unwrap_or_else(|e| panic!("the eBPF programs must load with a node memory batch of 1: {e}"));
+    let cg = tc.child("node-batch");
+    let mut w = Steps::spawn(&tc.fs, &cg);
+    let cpus = std::thread::available_parallelism().map(|n| n.get() as i64).unwrap_or(2);
+    let most = i64::from(swiftlet_common::NODE_MEMORY_BATCH) * cpus;
+    for step in ["anon 16", "free-anon", "anon 8"] {
+        w.run(step);
+        let (b, e) = (batched.pending_node_memory(), exact.pending_node_memory());
+        println!("after `{step}`: pending with the default batch {b:?}, with a batch of one {e:?}");
+        assert_eq!((e.usage_pages, e.inactive_file_pages), (0, 0), "a batch of one holds nothing back");
+        assert!(
+            b.usage_pages.abs() < most && b.inactive_file_pages.abs() < most,
+            "the default batch holds back less than {most} pages"
+        );
+    }
+    // Two instances hold the same node figure (the race compares the
+    // agent's crossing with an observer's): both read the kernel's global
+    // counters, or both complete their deltas. What the machine allocates
+    // between the two reads is the only difference.
+    let (b, e) = (batched.snapshot().unwrap().node, exact.snapshot().unwrap().node);
+    let diff = b.working_set_bytes.abs_diff(e.working_set_bytes);
+    println!(
+        "node working set: {} KiB with the default batch, {} KiB with a batch of one, diff {} KiB",
+        b.working_set_bytes / 1024,
+        e.working_set_bytes / 1024,
+        diff / 1024
+    );
+    assert!(diff <= 2 * MIB, "two instances disagree on the node's working set by {diff} bytes");
+}
+
 #[test]
 fn auto_mode_falls_back_to_cgroupfs_when_ebpf_cannot_load() {
     let tc = TestCgroup::new();

@@ -22,7 +22,10 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, FEntry, FExit, TracePoint},
 };
-use swiftlet_common::{CgroupSlot, Control, EventKind, MAX_SLOTS, NODE_SLOT, ProcCpu, VictimPlan, slot_flags};
+use swiftlet_common::{
+    CgroupSlot, Control, EventKind, MAX_SLOTS, NODE_MEMORY_BATCH, NODE_SLOT, NodePending, ProcCpu, VictimPlan,
+    slot_flags,
+};
 use tracing::{debug, info, warn};
 
 use super::{
@@ -83,6 +86,11 @@ pub struct EbpfOptions {
     /// Use this memory strategy or fail, instead of the most exact one this
     /// kernel supports (tests and benchmarks compare them).
     pub memory_strategy: Option<MemoryStrategy>,
+    /// Pages each CPU gathers before adding them to the node's memory
+    /// figures and line; `None` is the kernel's charge batch
+    /// ([`NODE_MEMORY_BATCH`]). An observer that must see the node's line
+    /// crossed at the very page (the eviction race) uses 1.
+    pub node_memory_batch: Option<u32>,
 }
 
 /// A shared mapping of a BPF array map created with BPF_F_MMAPABLE.
@@ -167,6 +175,11 @@ pub struct EbpfSource {
     /// The process programs' per-CPU state: the node task deltas each CPU
     /// holds back from the node slot.
     proc_cpu: Mutex<PerCpuArray<MapData, ProcCpu>>,
+    /// The node memory deltas each CPU holds back from the node slot.
+    node_pending: Mutex<PerCpuArray<MapData, NodePending>>,
+    /// The node's memory figures are the seed plus the kernel's deltas (no
+    /// address for `vm_node_stat`): the pending deltas complete them.
+    node_from_deltas: bool,
     /// Victim plans by kernel line: (plan index, generation written).
     plan_lines: Mutex<HashMap<(Target, Signal), (u32, u64)>>,
     strategies: Strategies,
@@ -196,6 +209,24 @@ impl EbpfSource {
             Err(e) => {
                 debug!(error = %e, "reading the per-CPU node task deltas");
                 0
+            }
+        }
+    }
+
+    /// Node memory pages each CPU has counted since it last brought the node
+    /// slot up to date (usage, inactive file), summed. Where the node's
+    /// figures are kept from deltas, these complete them, as
+    /// [`Self::pending_node_tasks`] does for tasks.
+    pub fn pending_node_memory(&self) -> NodePending {
+        let map = self.node_pending.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get(&0, 0) {
+            Ok(values) => values.iter().fold(NodePending::default(), |sum, c| NodePending {
+                usage_pages: sum.usage_pages + c.usage_pages,
+                inactive_file_pages: sum.inactive_file_pages + c.inactive_file_pages,
+            }),
+            Err(e) => {
+                debug!(error = %e, "reading the per-CPU node memory deltas");
+                NodePending::default()
             }
         }
     }
@@ -255,6 +286,7 @@ impl EbpfSource {
             .override_global("AYA_LOG_LEVEL", &log_level, false)
             .override_global("AGENT_TGID", &std::process::id(), true)
             .override_global("KFUNC_KILL", &kfunc_kill, true)
+            .override_global("NODE_MEMORY_BATCH", &opts.node_memory_batch.unwrap_or(NODE_MEMORY_BATCH).max(1), true)
             .load(&object)
             .map_err(|e| err("loading the object", e))?;
         let logger = if opts.kernel_log {
@@ -347,6 +379,8 @@ impl EbpfSource {
         let watch_exit = BpfHashMap::try_from(take(&mut ebpf, "WATCH_EXIT")?).map_err(|e| err("WATCH_EXIT", e))?;
         let ring = RingBuf::try_from(take(&mut ebpf, "EVENTS")?).map_err(|e| err("EVENTS", e))?;
         let proc_cpu = PerCpuArray::try_from(take(&mut ebpf, "PROC_CPU")?).map_err(|e| err("PROC_CPU", e))?;
+        let node_pending =
+            PerCpuArray::try_from(take(&mut ebpf, "NODE_PENDING")?).map_err(|e| err("NODE_PENDING", e))?;
 
         let shared = Arc::new(Shared {
             slots,
@@ -368,7 +402,10 @@ impl EbpfSource {
             std::ptr::write_volatile(&mut (*c).kernel_eviction, u32::from(opts.kernel_eviction));
             std::ptr::write_volatile(&mut (*c).memory_strategy, memory_strategy);
         }
-        seed_node(&shared, &cgroupfs, page, memory);
+        // The node's memory figures come from the kernel's global counters
+        // when their address is known, else from deltas on a seed.
+        let node_from_deltas = !features.vm_node_stat;
+        seed_node(&shared, &cgroupfs, page, node_from_deltas);
 
         // SAFETY: eventfd has no preconditions; the fd is owned below.
         let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -411,6 +448,8 @@ impl EbpfSource {
             plans: Mutex::new(plans),
             watch_exit: Mutex::new(watch_exit),
             proc_cpu: Mutex::new(proc_cpu),
+            node_pending: Mutex::new(node_pending),
+            node_from_deltas,
             plan_lines: Mutex::new(HashMap::new()),
             strategies,
             program_names,
@@ -547,9 +586,10 @@ fn proc_table_entries(pid_max: std::io::Result<u64>) -> u32 {
 }
 
 /// Seeds the node slot. The programs are already attached, so deltas since
-/// the reading are counted on top of it. With the page-counter strategy the
-/// kernel reads the node's memory itself (the refresh program, run here).
-fn seed_node(shared: &Shared, cgroupfs: &CgroupFs, page: u64, memory: MemoryStrategy) {
+/// the reading are counted on top of it. With the address of the kernel's
+/// global counters, the kernel reads the node's memory itself (the refresh
+/// program, run here).
+fn seed_node(shared: &Shared, cgroupfs: &CgroupFs, page: u64, node_from_deltas: bool) {
     let s = shared.slots.at(NODE_SLOT);
     let tasks = node::tasks().unwrap_or(0);
     // SAFETY: mapped slot; counters are updated atomically by the kernel.
@@ -558,18 +598,17 @@ fn seed_node(shared: &Shared, cgroupfs: &CgroupFs, page: u64, memory: MemoryStra
         (*s).flags = slot_flags::ACTIVE | slot_flags::NODE;
         AtomicI64::from_ptr(&mut (*s).processes).fetch_add(tasks as i64, Ordering::SeqCst);
     }
-    match memory {
-        MemoryStrategy::StatTracepoint => {
-            let stat = cgroupfs.memory_stat("").unwrap_or_default();
-            // SAFETY: as above.
-            unsafe {
-                AtomicI64::from_ptr(&mut (*s).usage_pages)
-                    .fetch_add(((stat.anon + stat.file) / page) as i64, Ordering::SeqCst);
-                AtomicI64::from_ptr(&mut (*s).inactive_file_pages)
-                    .fetch_add((stat.inactive_file / page) as i64, Ordering::SeqCst);
-            }
+    if node_from_deltas {
+        let stat = cgroupfs.memory_stat("").unwrap_or_default();
+        // SAFETY: as above.
+        unsafe {
+            AtomicI64::from_ptr(&mut (*s).usage_pages)
+                .fetch_add(((stat.anon + stat.file) / page) as i64, Ordering::SeqCst);
+            AtomicI64::from_ptr(&mut (*s).inactive_file_pages)
+                .fetch_add((stat.inactive_file / page) as i64, Ordering::SeqCst);
         }
-        MemoryStrategy::PageCounter(_) => refresh_kernel_side(1),
+    } else {
+        refresh_kernel_side(1);
     }
 }
 
@@ -858,7 +897,12 @@ impl SignalSource for EbpfSource {
 
     fn snapshot(&self) -> Result<Snapshot, SignalError> {
         refresh_kernel_side(self.high_water());
-        let node = read_slot(&self.shared, NODE_SLOT);
+        let mut node = read_slot(&self.shared, NODE_SLOT);
+        if self.node_from_deltas {
+            let pending = self.pending_node_memory();
+            node.usage_pages += pending.usage_pages;
+            node.inactive_file_pages += pending.inactive_file_pages;
+        }
         let has_inodes = self.strategies.inodes != "none";
         let reg = self.shared.registry.read().unwrap_or_else(|p| p.into_inner());
         let cgroups = reg

@@ -109,6 +109,13 @@ pub struct Run {
     /// (ms since the hog started, used MiB relative to the line)
     pub trace: Vec<(f64, f64)>,
     pub dead_ms: Option<f64>,
+    /// The agent's own crossing of its line, from the observer's crossing
+    /// (negative when the agent's instance crossed first).
+    pub agent_crossing_ms: Option<f64>,
+    /// The kernel's kill of the planned victim, from the observer's crossing,
+    /// and whether it signalled the allocating task itself.
+    pub kernel_kill_ms: Option<f64>,
+    pub kernel_kill_current: bool,
 }
 
 /// A process killed (and reaped) when dropped.
@@ -156,7 +163,11 @@ fn run_once(scenario: Scenario, mode: Mode, rate: u64) -> Result<Run> {
     let steady_pod = tc.child("kubepods/podsteady");
     let capacity = node::mem_total()?;
 
-    let observer = Arc::new(EbpfSource::load(tc.fs.clone(), &EbpfOptions::default()).context("observer")?);
+    // The observer adds every page to the node at once: with the agent's
+    // per-CPU batching it would see the node's line crossed up to a batch
+    // per CPU late, or after the agent had already killed.
+    let observer_opts = EbpfOptions { node_memory_batch: Some(1), ..Default::default() };
+    let observer = Arc::new(EbpfSource::load(tc.fs.clone(), &observer_opts).context("observer")?);
     observer.register(&kubepods, CgroupKind::Kubepods)?;
     // The line, as "used" bytes of the observed target, and the threshold.
     let (target, line_used, threshold) = match scenario {
@@ -227,6 +238,7 @@ fn run_once(scenario: Scenario, mode: Mode, rate: u64) -> Result<Run> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut agent = None;
+    let mut agent_events = None;
     let mut earlyoom = None;
     let metrics = Arc::new(Metrics::new());
     match mode {
@@ -292,6 +304,7 @@ fn run_once(scenario: Scenario, mode: Mode, rate: u64) -> Result<Run> {
                 None,
                 metrics.clone(),
             );
+            agent_events = Some(manager.events());
             let task = rt.spawn(event_loop.run(stop_rx));
             let deadline = Instant::now() + Duration::from_secs(10);
             while manager.plan(signal).first().map(|v| v.uid.as_str()) != Some("hog") {
@@ -338,6 +351,27 @@ fn run_once(scenario: Scenario, mode: Mode, rate: u64) -> Result<Run> {
         let _ = rt.block_on(task);
     }
     let (crossing, dead, oom_victims) = seen.lock().unwrap().clone();
+    // What the agent's own instance saw, for runs that need explaining.
+    let (mut agent_crossing_ns, mut kernel_kill) = (None, None);
+    if let Some(rx) = agent_events.as_mut() {
+        loop {
+            let e = match rx.try_recv() {
+                Ok(e) => e,
+                Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => continue,
+                Err(_) => break,
+            };
+            match e {
+                SignalEvent::Crossing { direction: Direction::Up, target: t, at_ns, .. }
+                    if t == target && agent_crossing_ns.is_none() =>
+                {
+                    agent_crossing_ns = Some(at_ns)
+                }
+                SignalEvent::KernelKill { at_ns, pid, .. } if kernel_kill.is_none() => kernel_kill = Some((at_ns, pid)),
+                _ => {}
+            }
+        }
+    }
+    let since_crossing = |ns: u64| crossing.map(|c| (ns as f64 - c as f64) / 1e6);
     // Only victims in this run's tree count: other work on the machine has
     // OOM kills of its own. A node-wide OOM picks the hog first while it
     // lives (oom_score_adj 1000), so a kill the ramp causes lands here.
@@ -372,6 +406,9 @@ fn run_once(scenario: Scenario, mode: Mode, rate: u64) -> Result<Run> {
         oom_killed: oom_event || oom_counter > 0,
         trace,
         dead_ms: dead.map(|ns| ns.saturating_sub(start_ns) as f64 / 1e6),
+        agent_crossing_ms: agent_crossing_ns.and_then(since_crossing),
+        kernel_kill_ms: kernel_kill.and_then(|(ns, _)| since_crossing(ns)),
+        kernel_kill_current: kernel_kill.is_some_and(|(_, pid)| pid != 0),
     })
 }
 
@@ -571,6 +608,14 @@ fn race_scenario(ctx: &Ctx, scenario: Scenario) -> Result<BenchResult> {
                         run.overshoot_mib,
                         if run.oom_killed { ", kernel OOM kill" } else { "" }
                     );
+                    if run.agent_crossing_ms.is_some() || run.kernel_kill_ms.is_some() {
+                        eprintln!(
+                            "      from the observer's crossing: the agent's crossing {}, the kernel's kill {}{}",
+                            ms(run.agent_crossing_ms),
+                            ms(run.kernel_kill_ms),
+                            if run.kernel_kill_current { " (the allocating task)" } else { "" }
+                        );
+                    }
                     runs.push(run);
                 }
             }
