@@ -113,6 +113,12 @@ pub static NODE_PENDING: PerCpuArray<NodePending> = PerCpuArray::with_max_entrie
 #[unsafe(no_mangle)]
 pub static NODE_MEMORY_BATCH: Global<u32> = Global::new(swiftlet_common::NODE_MEMORY_BATCH);
 
+/// How close to the node's memory line (in pages) every page is added to the
+/// node at once: the agent sets a batch on every possible CPU, the most the
+/// node's figure can lag behind.
+#[unsafe(no_mangle)]
+pub static NODE_LINE_SLACK: Global<u64> = Global::new(0);
+
 /// The process programs' per-CPU state: the node's pending task delta and
 /// a one-entry resolution cache (see [`ProcCpu`]). Read by the agent for
 /// the exact node task count.

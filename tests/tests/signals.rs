@@ -171,6 +171,80 @@ fn a_node_memory_batch_of_one_holds_nothing_back() {
     assert!(diff <= 2 * MIB, "two instances disagree on the node's working set by {diff} bytes");
 }
 
+/// Far from the node's memory line, pages reach the node slot a batch per
+/// CPU at a time; within a batch per CPU of the line, every page at once, so
+/// the line is crossed at the page that crosses it, not when each CPU's
+/// batch happens to fill. A large batch (1024 pages) makes the zone wide
+/// enough (8 MiB on 2 CPUs) that the machine's own churn stays inside it.
+#[test]
+fn near_the_node_line_no_cpu_holds_pages_back() {
+    let tc = TestCgroup::new();
+    prereq::require_root();
+    prereq::require_btf();
+    let src = EbpfSource::load(tc.fs.clone(), &EbpfOptions { node_memory_batch: Some(1024), ..Default::default() })
+        .unwrap_or_else(|e| panic!("the eBPF programs must load with a node memory batch of 1024: {e}"));
+    let page = page_size();
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    // Touches fresh pages on every CPU in turn, so each CPU sees memory events.
+    let touch_on_every_cpu = || {
+        for cpu in 0..cpus {
+            // SAFETY: a cpu_set_t for this thread only, filled by the libc macros.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                assert_eq!(libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set), 0, "pin to CPU {cpu}");
+            }
+            // A fresh mapping each time (malloc would hand back pages it
+            // already touched, which fault nothing).
+            let len = 64 * page as usize;
+            // SAFETY: an anonymous private mapping, touched within its
+            // length and unmapped here.
+            unsafe {
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                );
+                assert_ne!(p, libc::MAP_FAILED, "mmap");
+                for off in (0..len).step_by(page as usize) {
+                    p.cast::<u8>().add(off).write_volatile(1);
+                }
+                libc::munmap(p, len);
+            }
+        }
+        // SAFETY: as above, every CPU again.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            (0..cpus).for_each(|c| libc::CPU_SET(c, &mut set));
+            libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
+        }
+    };
+    let used = src.snapshot().unwrap().node.working_set_bytes;
+    let far = Threshold { trigger: used + 4096 * MIB, rearm: used };
+    src.set_threshold(&Target::Node, Signal::MemoryWorkingSet, Some(far)).unwrap();
+    touch_on_every_cpu();
+    let held_far = src.pending_node_memory();
+    // Halfway into the zone: 4 MiB above what the node uses.
+    let used = src.snapshot().unwrap().node.working_set_bytes;
+    let near = Threshold { trigger: used + 4 * MIB, rearm: used.saturating_sub(64 * MIB) };
+    src.set_threshold(&Target::Node, Signal::MemoryWorkingSet, Some(near)).unwrap();
+    touch_on_every_cpu();
+    let held_near = src.pending_node_memory();
+    println!("held back with the line 4 GiB away: {held_far:?}; 4 MiB away: {held_near:?}");
+    assert!(
+        held_far.usage_pages != 0 || held_far.inactive_file_pages != 0,
+        "far from the line, CPUs gather pages (a batch of 1024 rarely fills exactly)"
+    );
+    assert_eq!(
+        (held_near.usage_pages, held_near.inactive_file_pages),
+        (0, 0),
+        "near the line, every CPU adds each page to the node at once"
+    );
+}
+
 #[test]
 fn auto_mode_falls_back_to_cgroupfs_when_ebpf_cannot_load() {
     let tc = TestCgroup::new();

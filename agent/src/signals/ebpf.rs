@@ -277,6 +277,8 @@ impl EbpfSource {
         };
         let mark_victim_pid_only = u32::from(features.mark_victim == Some(MarkVictim::Pid));
 
+        let node_memory_batch = opts.node_memory_batch.unwrap_or(NODE_MEMORY_BATCH).max(1);
+        let node_line_slack = u64::from(node_memory_batch) * possible_cpus();
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&aya_btf))
             .map_max_entries("PROCS", proc_table_entries(node::pid_max()))
@@ -286,7 +288,8 @@ impl EbpfSource {
             .override_global("AYA_LOG_LEVEL", &log_level, false)
             .override_global("AGENT_TGID", &std::process::id(), true)
             .override_global("KFUNC_KILL", &kfunc_kill, true)
-            .override_global("NODE_MEMORY_BATCH", &opts.node_memory_batch.unwrap_or(NODE_MEMORY_BATCH).max(1), true)
+            .override_global("NODE_MEMORY_BATCH", &node_memory_batch, true)
+            .override_global("NODE_LINE_SLACK", &node_line_slack, true)
             .load(&object)
             .map_err(|e| err("loading the object", e))?;
         let logger = if opts.kernel_log {
@@ -754,6 +757,11 @@ pub fn refresh_kernel_side(high_water: u32) {
 fn refresh_batch(start: u32) {
     // SAFETY: getpgid takes a pid and only reads.
     unsafe { libc::syscall(libc::SYS_getpgid, start as libc::pid_t) };
+}
+
+/// CPUs the kernel may bring online: the length of every per-CPU map.
+fn possible_cpus() -> u64 {
+    aya::util::nr_cpus().map_or(1, |n| n as u64)
 }
 
 fn read_slot(shared: &Shared, index: u32) -> CgroupSlot {
