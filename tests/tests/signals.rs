@@ -185,8 +185,16 @@ fn near_the_node_line_no_cpu_holds_pages_back() {
         .unwrap_or_else(|e| panic!("the eBPF programs must load with a node memory batch of 1024: {e}"));
     let page = page_size();
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
-    // Touches fresh pages on every CPU in turn, so each CPU sees memory events.
+    // Touches 64 fresh pages on every CPU in turn and keeps them, so each
+    // CPU counts them; returns the mappings to unmap once read.
     let touch_on_every_cpu = || {
+        let mut mapped = vec![];
+        // SAFETY: reads this thread's CPU mask into a zeroed cpu_set_t.
+        let original = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set), 0, "read CPU mask");
+            set
+        };
         for cpu in 0..cpus {
             // SAFETY: a cpu_set_t for this thread only, filled by the libc macros.
             unsafe {
@@ -198,7 +206,7 @@ fn near_the_node_line_no_cpu_holds_pages_back() {
             // already touched, which fault nothing).
             let len = 64 * page as usize;
             // SAFETY: an anonymous private mapping, touched within its
-            // length and unmapped here.
+            // length; the caller unmaps it.
             unsafe {
                 let p = libc::mmap(
                     std::ptr::null_mut(),
@@ -212,31 +220,36 @@ fn near_the_node_line_no_cpu_holds_pages_back() {
                 for off in (0..len).step_by(page as usize) {
                     p.cast::<u8>().add(off).write_volatile(1);
                 }
-                libc::munmap(p, len);
+                mapped.push((p, len));
             }
         }
-        // SAFETY: as above, every CPU again.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            (0..cpus).for_each(|c| libc::CPU_SET(c, &mut set));
-            libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
-        }
+        // SAFETY: the mask read above, restored.
+        unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&original), &original) };
+        mapped
     };
     let used = src.snapshot().unwrap().node.working_set_bytes;
     let far = Threshold { trigger: used + 4096 * MIB, rearm: used };
     src.set_threshold(&Target::Node, Signal::MemoryWorkingSet, Some(far)).unwrap();
-    touch_on_every_cpu();
+    let unmap = |mapped: Vec<(*mut libc::c_void, usize)>| {
+        for (p, len) in mapped {
+            // SAFETY: a mapping made above, unmapped once.
+            unsafe { libc::munmap(p, len) };
+        }
+    };
+    let mapped = touch_on_every_cpu();
     let held_far = src.pending_node_memory();
+    unmap(mapped);
     // Halfway into the zone: 4 MiB above what the node uses.
     let used = src.snapshot().unwrap().node.working_set_bytes;
     let near = Threshold { trigger: used + 4 * MIB, rearm: used.saturating_sub(64 * MIB) };
     src.set_threshold(&Target::Node, Signal::MemoryWorkingSet, Some(near)).unwrap();
-    touch_on_every_cpu();
+    let mapped = touch_on_every_cpu();
     let held_near = src.pending_node_memory();
+    unmap(mapped);
     println!("held back with the line 4 GiB away: {held_far:?}; 4 MiB away: {held_near:?}");
     assert!(
         held_far.usage_pages != 0 || held_far.inactive_file_pages != 0,
-        "far from the line, CPUs gather pages (a batch of 1024 rarely fills exactly)"
+        "far from the line, each CPU holds the 64 pages it just counted (a batch is 1024)"
     );
     assert_eq!(
         (held_near.usage_pages, held_near.inactive_file_pages),
