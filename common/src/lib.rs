@@ -284,11 +284,12 @@ pub struct Control {
 
 /// Values of [`Control::memory_strategy`].
 pub mod memory_strategy {
-    /// The memcg statistics tracepoint: node figures read from `vm_node_stat`
-    /// every batch of pages per CPU, or kept from the deltas without it.
+    /// The memcg statistics tracepoint: node figures read from the kernel's
+    /// per-node statistics every batch of pages per CPU, or kept from the
+    /// deltas where their layout is unknown.
     pub const STAT_EVENTS: u32 = 1;
     /// Page-counter charge/uncharge hooks: node figures read from the
-    /// kernel's global `vm_node_stat` counters.
+    /// kernel's per-node statistics.
     pub const PAGE_COUNTER: u32 = 2;
 }
 
@@ -435,10 +436,22 @@ pub struct KernelLayout {
     /// 1 when the page-counter fields above were found (the charge hooks do
     /// nothing otherwise).
     pub charge_valid: u32,
-    /// Kernel address of `vm_node_stat` (the node's global statistics,
-    /// from /proc/kallsyms); 0 when unknown.
-    pub vm_node_stat: u64,
+    /// The path to the node's statistics from any memory cgroup:
+    /// `struct mem_cgroup` → `nodeinfo` (one pointer per NUMA node),
+    /// `struct lruvec` → `pgdat`, and `struct pglist_data` → `vm_stat`
+    /// (the counters `vm_node_stat` sums, folded from the same per-CPU
+    /// diffs at the same moment).
+    pub memcg_nodeinfo: u32,
+    pub lruvec_pgdat: u32,
+    pub pgdat_vm_stat: u32,
+    /// The kernel's `nr_node_ids`; 0 when the path above is unknown or the
+    /// node has more than [`MAX_NUMA_NODES`] nodes, and the node's figures
+    /// are then kept from the deltas.
+    pub nr_node_ids: u32,
 }
+
+/// The most NUMA nodes whose statistics the programs sum.
+pub const MAX_NUMA_NODES: u32 = 16;
 
 // Layout checks: the kernel side and the agent compile these types separately.
 const _: () = assert!(core::mem::size_of::<CgroupSlot>() == 128);
@@ -447,7 +460,7 @@ const _: () = assert!(core::mem::size_of::<Resolution>() == 208);
 const _: () = assert!(core::mem::size_of::<Control>() == 64);
 const _: () = assert!(core::mem::size_of::<VictimPlan>() == 40);
 const _: () = assert!(core::mem::size_of::<Event>() == 56);
-const _: () = assert!(core::mem::size_of::<KernelLayout>() == 96);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 100);
 
 #[cfg(feature = "user")]
 mod user {

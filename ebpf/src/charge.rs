@@ -15,8 +15,8 @@
 //!   NR_INACTIVE_FILE: MGLRU moves pages between generations without the
 //!   former, while every LRU size update, MGLRU's included, goes through
 //!   `__update_lru_size`, which calls the latter from other files.
-//! - The node: its global statistics (`vm_node_stat`, whose address the
-//!   agent reads from /proc/kallsyms) read at every charge event.
+//! - The node: the kernel's per-node statistics, read at every charge
+//!   event.
 
 use aya_ebpf::{
     macros::{fentry, fexit},
@@ -26,7 +26,7 @@ use aya_ebpf::{
 use crate::{
     kernel, kill,
     maps::layout,
-    memory::{node_from_vmstat, update_chain},
+    memory::{node_from_kernel, update_chain},
     threshold::{PID_CURRENT, resolve},
 };
 
@@ -42,7 +42,7 @@ fn counter_moved(counter: u64) -> i32 {
         kill::kill_current_if_member(doomed);
     }
     let Some(memcg) = kernel::memcg_of_counter(counter) else { return 0 };
-    node_from_vmstat(PID_CURRENT, true);
+    node_from_kernel(memcg, PID_CURRENT, true);
     let Some(r) = resolve(memcg) else { return 0 };
     update_chain(r, 0, PID_CURRENT);
     0

@@ -8,7 +8,9 @@
 
 use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
 
-use crate::maps::layout;
+use swiftlet_common::MAX_NUMA_NODES;
+
+use crate::maps::{PGDATS, layout};
 
 #[inline(always)]
 pub fn read_u64(addr: u64) -> Option<u64> {
@@ -145,13 +147,54 @@ pub fn lruvec_memcg(lruvec: u64) -> Option<u64> {
     if memcg == 0 { None } else { Some(memcg) }
 }
 
-/// One of the node's global statistics (`vm_node_stat[item]`), in pages;
-/// behind by at most the per-CPU deltas the kernel batches.
+/// The node's anon mapped, file and inactive file pages: the kernel's
+/// per-node statistics (`pgdat->vm_stat`) summed over its NUMA nodes, each
+/// node's pgdat found through `memcg` (any memory cgroup) the first time.
+/// The same figures as `vm_node_stat` and /proc/meminfo, behind by at most
+/// the per-CPU diffs the kernel folds in at its stat threshold. None where
+/// the layout is unknown (`nr_node_ids` 0) or a read failed.
 #[inline(always)]
-pub fn node_stat(item: u32) -> Option<i64> {
-    let base = layout!(vm_node_stat);
-    if base == 0 {
-        return None;
+pub fn node_stats(memcg: u64) -> Option<(i64, i64, i64)> {
+    let nodes = layout!(nr_node_ids);
+    let vm_stat = layout!(pgdat_vm_stat) as u64;
+    let item = |pgdat: u64, item: u32| read_i64(pgdat + vm_stat + 8 * item as u64);
+    let (mut anon, mut file, mut inactive) = (0, 0, 0);
+    let mut n = 0;
+    while n < MAX_NUMA_NODES {
+        if n >= nodes {
+            break;
+        }
+        let pgdat = node_pgdat(n, memcg);
+        n += 1;
+        // A node whose pgdat no cgroup has used yet holds no user pages.
+        if pgdat == 0 {
+            continue;
+        }
+        anon += item(pgdat, layout!(nr_anon_mapped))?;
+        file += item(pgdat, layout!(nr_file_pages))?;
+        inactive += item(pgdat, layout!(nr_inactive_file))?;
     }
-    read_i64(base + 8 * item as u64)
+    if nodes == 0 { None } else { Some((anon, file, inactive)) }
+}
+
+/// NUMA node `n`'s pgdat from the cache, or through `memcg->nodeinfo[n]->
+/// lruvec.pgdat` (0 until that lruvec is first used), cached once found.
+#[inline(always)]
+fn node_pgdat(n: u32, memcg: u64) -> u64 {
+    let Some(cached) = PGDATS.get_ptr_mut(n) else { return 0 };
+    // SAFETY: an element of the cache; a racing writer stores the same value.
+    let known = unsafe { core::ptr::read_volatile(cached) };
+    if known != 0 || memcg == 0 {
+        return known;
+    }
+    let Some(mz) = read_u64(memcg + layout!(memcg_nodeinfo) as u64 + 8 * n as u64) else { return 0 };
+    if mz == 0 {
+        return 0;
+    }
+    let pgdat = read_u64(mz + layout!(mz_lruvec) as u64 + layout!(lruvec_pgdat) as u64).unwrap_or(0);
+    if pgdat != 0 {
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile(cached, pgdat) };
+    }
+    pgdat
 }

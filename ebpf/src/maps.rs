@@ -34,7 +34,10 @@ pub static LAYOUT: Global<KernelLayout> = Global::new(KernelLayout {
     mz_memcg: 0,
     lru_inactive_file: 0,
     charge_valid: 0,
-    vm_node_stat: 0,
+    memcg_nodeinfo: 0,
+    lruvec_pgdat: 0,
+    pgdat_vm_stat: 0,
+    nr_node_ids: 0,
 });
 
 /// One field of [`LAYOUT`], read on its own: `LAYOUT.load()` copies the
@@ -118,6 +121,12 @@ pub static NODE_MEMORY_BATCH: Global<u32> = Global::new(swiftlet_common::NODE_ME
 /// node's figure can lag behind.
 #[unsafe(no_mangle)]
 pub static NODE_LINE_SLACK: Global<u64> = Global::new(0);
+
+/// Each NUMA node's `struct pglist_data`, found once through the first
+/// memory cgroup whose lruvec on that node is in use (the kernel sets
+/// `lruvec->pgdat` on first use) and kept: a node's pgdat never moves.
+#[map]
+pub static PGDATS: Array<u64> = Array::with_max_entries(swiftlet_common::MAX_NUMA_NODES, 0);
 
 /// The process programs' per-CPU state: the node's pending task delta and
 /// a one-entry resolution cache (see [`ProcCpu`]). Read by the agent for

@@ -7,8 +7,8 @@
 //! For registered cgroups, usage is read from the memcg's own page counter,
 //! which is exactly what `memory.usage_in_bytes`/`memory.current` report,
 //! kernel memory included; inactive_file is kept from the deltas. The node
-//! is read from the kernel's global statistics once a CPU has seen a batch
-//! of pages (from its own deltas only where their address is unknown).
+//! is read from the kernel's per-node statistics once a CPU has seen a batch
+//! of pages (from its own deltas only where their layout is unknown).
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use swiftlet_common::{MAX_WALK, NODE_SLOT, Resolution, Signal};
@@ -35,7 +35,7 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
     }
     let delta = ctx.arg::<u64>(2) as i32 as i64;
     let memcg = kernel::scalar(ctx.arg::<u64>(0));
-    node_delta(inactive_file, delta);
+    node_delta(memcg, inactive_file, delta);
     let Some(r) = resolve(memcg) else { return 0 };
     update_chain(r, if inactive_file { delta } else { 0 }, PID_CURRENT);
     0
@@ -50,13 +50,14 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
 /// on each CPU would make the crossing late (64 pages per CPU is 1 ms of a
 /// 256 MiB/s ramp), every page is added at once.
 ///
-/// The slot takes the kernel's global counters (`vm_node_stat`) when their
-/// address is known: every instance of these programs, the agent's and any
-/// observer's, then holds the same figure, with no drift from a seed read
-/// while pages moved or from events the kernel dropped. Otherwise the
-/// deltas are added to the seed the agent wrote.
+/// The slot takes the kernel's per-node statistics (see
+/// [`kernel::node_stats`]) when their layout is known: every instance of
+/// these programs, the agent's and any observer's, then holds the same
+/// figure, with no drift from a seed read while pages moved or from events
+/// the kernel dropped. Otherwise the deltas are added to the seed the agent
+/// wrote.
 #[inline(always)]
-fn node_delta(inactive_file: bool, delta: i64) {
+fn node_delta(memcg: u64, inactive_file: bool, delta: i64) {
     let Some(pending) = NODE_PENDING.get_ptr_mut(0) else { return };
     let Some(node) = slot(NODE_SLOT) else { return };
     // SAFETY: this CPU's element. Only this program uses it, and the kernel
@@ -77,8 +78,8 @@ fn node_delta(inactive_file: bool, delta: i64) {
         (*pending).inactive_file_pages = 0;
         (u, i)
     };
-    if layout!(vm_node_stat) != 0 {
-        node_from_vmstat(PID_CURRENT, true);
+    if layout!(nr_node_ids) != 0 {
+        node_from_kernel(memcg, PID_CURRENT, true);
         return;
     }
     // SAFETY: `node` points into the slot array.
@@ -116,16 +117,12 @@ fn near_line(node: *mut swiftlet_common::CgroupSlot, pending: i64) -> bool {
 }
 
 /// The node's usage (anon + file pages) and inactive file pages from the
-/// kernel's global counters, and its threshold evaluated.
+/// kernel's per-node statistics (pgdats found through `memcg`, any memory
+/// cgroup), and its threshold evaluated; a no-op where their layout is
+/// unknown.
 #[inline(always)]
-pub fn node_from_vmstat(pid: u32, may_kill: bool) {
-    let (Some(anon), Some(file), Some(inactive)) = (
-        kernel::node_stat(layout!(nr_anon_mapped)),
-        kernel::node_stat(layout!(nr_file_pages)),
-        kernel::node_stat(layout!(nr_inactive_file)),
-    ) else {
-        return;
-    };
+pub fn node_from_kernel(memcg: u64, pid: u32, may_kill: bool) {
+    let Some((anon, file, inactive)) = kernel::node_stats(memcg) else { return };
     if let Some(node) = slot(NODE_SLOT) {
         // SAFETY: `node` points into the slot array.
         let ws = unsafe {

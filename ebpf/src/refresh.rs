@@ -32,9 +32,11 @@ pub fn refresh(ctx: TracePointContext) -> u32 {
     // SAFETY: ctl points at the control map's single element.
     let high = unsafe { core::ptr::read_volatile(&(*ctl).slot_high_water) };
     if start == 0 {
-        // The node, from the kernel's global counters when their address is
-        // known (with either memory strategy); a no-op otherwise.
-        crate::memory::node_from_vmstat(0, false);
+        // The node, from the kernel's per-node statistics when their layout
+        // is known (with either memory strategy); a no-op otherwise. The
+        // agent's own memory cgroup leads to the pgdats not yet cached.
+        let memcg = kernel::task_memcg(kernel::current_task()).unwrap_or(0);
+        crate::memory::node_from_kernel(memcg, 0, false);
     }
     let mut n: u32 = 0;
     while n < REFRESH_BATCH {

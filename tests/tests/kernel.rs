@@ -46,17 +46,16 @@ fn strategy_probe_picks_the_most_exact_hooks() {
     let t = Instant::now();
     let btf = btf();
     let parse_btf = t.elapsed();
-    let t = Instant::now();
-    let symbol = swiftlet::signals::layout::kernel_symbol("vm_node_stat");
-    let kallsyms = t.elapsed();
+    let layout = swiftlet::signals::layout::kernel_layout(&btf)
+        .unwrap_or_else(|e| panic!("this kernel's BTF must give the programs' layout: {e}"));
     let t = Instant::now();
     let src = EbpfSource::load(tc.fs.clone(), &EbpfOptions::default())
         .unwrap_or_else(|e| panic!("the eBPF programs must load and attach on this kernel: {e}"));
     println!(
-        "load: parsing BTF {:.2}s, kallsyms {:.2}s (vm_node_stat {symbol:#x?}), whole load {:.2}s",
+        "load: parsing BTF {:.2}s, whole load {:.2}s; node statistics over {} NUMA node(s) (0: from deltas)",
         parse_btf.as_secs_f64(),
-        kallsyms.as_secs_f64(),
-        t.elapsed().as_secs_f64()
+        t.elapsed().as_secs_f64(),
+        layout.nr_node_ids
     );
     let s = src.strategies();
     for (signal, strategy) in s.pairs() {

@@ -171,6 +171,51 @@ fn a_node_memory_batch_of_one_holds_nothing_back() {
     assert!(diff <= 2 * MIB, "two instances disagree on the node's working set by {diff} bytes");
 }
 
+/// The kernel's node statistics (anon mapped, file and inactive file pages,
+/// as /proc/vmstat shows them), summed over NUMA nodes.
+fn proc_vmstat_node_pages() -> (i64, i64) {
+    let text = std::fs::read_to_string("/proc/vmstat").expect("read /proc/vmstat");
+    let field = |name: &str| -> i64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("/proc/vmstat has no {name}"))
+    };
+    (field("nr_anon_pages") + field("nr_file_pages"), field("nr_inactive_file"))
+}
+
+/// Where BTF gives the path to the kernel's per-node statistics, the node
+/// slot holds exactly what /proc/vmstat reports (both read the counters the
+/// kernel folds its per-CPU diffs into): no seed, no drift, and every
+/// instance of the programs agrees. Memory moves all the time, so the
+/// snapshot is taken between two identical readings of /proc/vmstat.
+#[test]
+fn the_node_slot_holds_the_kernels_own_node_statistics() {
+    let tc = TestCgroup::new();
+    let btf = swiftlet::signals::btf::Btf::from_sys_fs().unwrap_or_else(|e| panic!("this test needs kernel BTF: {e}"));
+    let layout = swiftlet::signals::layout::kernel_layout(&btf).unwrap();
+    assert_ne!(
+        layout.nr_node_ids,
+        0,
+        "this kernel's BTF lacks the path to its node statistics (mem_cgroup.nodeinfo, lruvec.pgdat, pglist_data.vm_stat): {:?}",
+        swiftlet::signals::layout::node_stat_layout(&btf).err()
+    );
+    let src = load_ebpf(&tc.fs);
+    let page = page_size() as i64;
+    for attempt in 1..=500 {
+        let before = proc_vmstat_node_pages();
+        let node = src.snapshot().unwrap().node;
+        let after = proc_vmstat_node_pages();
+        if before != after {
+            continue;
+        }
+        let slot = (node.usage_bytes as i64 / page, node.inactive_file_bytes as i64 / page);
+        println!("attempt {attempt}: node slot {slot:?} pages, /proc/vmstat {before:?}");
+        assert_eq!(slot, before, "the node slot (usage, inactive file) against /proc/vmstat");
+        return;
+    }
+    panic!("/proc/vmstat changed across every one of 500 snapshots: the machine is too busy to compare");
+}
+
 /// Far from the node's memory line, pages reach the node slot a batch per
 /// CPU at a time; within a batch per CPU of the line, every page at once, so
 /// the line is crossed at the page that crosses it, not when each CPU's

@@ -177,8 +177,8 @@ pub struct EbpfSource {
     proc_cpu: Mutex<PerCpuArray<MapData, ProcCpu>>,
     /// The node memory deltas each CPU holds back from the node slot.
     node_pending: Mutex<PerCpuArray<MapData, NodePending>>,
-    /// The node's memory figures are the seed plus the kernel's deltas (no
-    /// address for `vm_node_stat`): the pending deltas complete them.
+    /// The node's memory figures are the seed plus the kernel's deltas (its
+    /// per-node statistics out of reach): the pending deltas complete them.
     node_from_deltas: bool,
     /// Victim plans by kernel line: (plan index, generation written).
     plan_lines: Mutex<HashMap<(Target, Signal), (u32, u64)>>,
@@ -239,7 +239,7 @@ impl EbpfSource {
             return Err(SignalError::Ebpf("load failure forced by --ebpf-force-failure".into()));
         }
         let btf = Btf::from_sys_fs().map_err(|e| err("kernel BTF", e))?;
-        let mut layout = layout::kernel_layout(&btf).map_err(|e| err("kernel layout", e))?;
+        let layout = layout::kernel_layout(&btf).map_err(|e| err("kernel layout", e))?;
         let aya_btf = aya::Btf::from_sys_fs().map_err(|e| err("kernel BTF (aya)", e))?;
         // sched_process_exit gained `group_dead` in 6.13.
         let exit_has_group_dead: u32 = u32::from(btf.tracepoint_args("sched_process_exit").unwrap_or(1) >= 2);
@@ -258,12 +258,8 @@ impl EbpfSource {
 
         // Feature probes: what this kernel offers, and from that the
         // strategies to try per signal, most exact first.
-        let mut features = KernelFeatures::from_btf(&btf, layout.charge_valid == 1);
+        let mut features = KernelFeatures::from_btf(&btf, &layout);
         features.kill_kfuncs = kfunc_kill == 1;
-        if let Some(addr) = layout::kernel_symbol("vm_node_stat") {
-            layout.vm_node_stat = addr;
-            features.vm_node_stat = true;
-        }
         let (memory_candidates, refused) = probe::memory_candidates(&features, opts.memory_strategy);
         let mut passed_over: Vec<String> = refused.iter().map(|(s, why)| format!("{s}: {why}")).collect();
         if memory_candidates.is_empty() {
@@ -405,9 +401,9 @@ impl EbpfSource {
             std::ptr::write_volatile(&mut (*c).kernel_eviction, u32::from(opts.kernel_eviction));
             std::ptr::write_volatile(&mut (*c).memory_strategy, memory_strategy);
         }
-        // The node's memory figures come from the kernel's global counters
-        // when their address is known, else from deltas on a seed.
-        let node_from_deltas = !features.vm_node_stat;
+        // The node's memory figures come from the kernel's per-node
+        // statistics when their layout is known, else from deltas on a seed.
+        let node_from_deltas = !features.node_stat;
         seed_node(&shared, &cgroupfs, page, node_from_deltas);
 
         // SAFETY: eventfd has no preconditions; the fd is owned below.
@@ -589,9 +585,9 @@ fn proc_table_entries(pid_max: std::io::Result<u64>) -> u32 {
 }
 
 /// Seeds the node slot. The programs are already attached, so deltas since
-/// the reading are counted on top of it. With the address of the kernel's
-/// global counters, the kernel reads the node's memory itself (the refresh
-/// program, run here).
+/// the reading are counted on top of it. With the layout of the kernel's
+/// per-node statistics, the kernel reads the node's memory itself (the
+/// refresh program, run here).
 fn seed_node(shared: &Shared, cgroupfs: &CgroupFs, page: u64, node_from_deltas: bool) {
     let s = shared.slots.at(NODE_SLOT);
     let tasks = node::tasks().unwrap_or(0);

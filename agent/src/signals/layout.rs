@@ -1,10 +1,9 @@
 //! Finds, in the running kernel's BTF, the offsets and enum values the
-//! kernel programs need ([`KernelLayout`]), and the kernel symbols they read
-//! (from /proc/kallsyms).
+//! kernel programs need ([`KernelLayout`]).
 
-use std::{collections::HashMap, fs, sync::OnceLock};
+use std::fs;
 
-use swiftlet_common::KernelLayout;
+use swiftlet_common::{KernelLayout, MAX_NUMA_NODES};
 
 use super::btf::{Btf, BtfError};
 
@@ -19,7 +18,7 @@ pub fn kernel_layout(btf: &Btf) -> Result<KernelLayout, BtfError> {
     let memory_cgrp_id = btf.enum_value("cgroup_subsys_id", "memory_cgrp_id")? as u32;
     let subsys = btf.member_offset("css_set", "subsys")?;
     let as_u32 = |v: i64| v as u32;
-    Ok(KernelLayout {
+    let mut layout = KernelLayout {
         css_cgroup: btf.member_offset("cgroup_subsys_state", "cgroup")?,
         css_parent: btf.member_offset("cgroup_subsys_state", "parent")?,
         cgroup_kn: btf.member_offset("cgroup", "kn")?,
@@ -36,12 +35,53 @@ pub fn kernel_layout(btf: &Btf) -> Result<KernelLayout, BtfError> {
         task_flags: btf.member_offset("task_struct", "flags")?,
         valid: 1,
         ..charge_layout(btf).unwrap_or_default()
+    };
+    if let (Ok(n), Some(nodes)) = (node_stat_layout(btf), nr_node_ids()) {
+        layout.memcg_nodeinfo = n.memcg_nodeinfo;
+        layout.mz_lruvec = n.mz_lruvec;
+        layout.lruvec_pgdat = n.lruvec_pgdat;
+        layout.pgdat_vm_stat = n.pgdat_vm_stat;
+        layout.nr_node_ids = if nodes <= MAX_NUMA_NODES { nodes } else { 0 };
+    }
+    Ok(layout)
+}
+
+/// The path from a memory cgroup to the kernel's per-node statistics
+/// (`memcg->nodeinfo[n]->lruvec.pgdat->vm_stat`); `nr_node_ids` is left 0
+/// for the caller.
+pub fn node_stat_layout(btf: &Btf) -> Result<KernelLayout, BtfError> {
+    Ok(KernelLayout {
+        memcg_nodeinfo: btf.member_offset("mem_cgroup", "nodeinfo")?,
+        mz_lruvec: btf.member_offset("mem_cgroup_per_node", "lruvec")?,
+        lruvec_pgdat: btf.member_offset("lruvec", "pgdat")?,
+        pgdat_vm_stat: btf.member_offset("pglist_data", "vm_stat")?,
+        ..KernelLayout::default()
     })
+}
+
+/// The kernel's `nr_node_ids`: one past the highest possible NUMA node in
+/// /sys/devices/system/node/possible, or 1 on a kernel built without NUMA
+/// (no such file, and `nodeinfo` has one entry).
+pub fn nr_node_ids() -> Option<u32> {
+    match fs::read_to_string("/sys/devices/system/node/possible") {
+        Ok(s) => parse_node_list(&s).map(|max| max + 1),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(1),
+        Err(_) => None,
+    }
+}
+
+/// The highest node of a sysfs node list ("0", "0-3", "0,2-5").
+fn parse_node_list(s: &str) -> Option<u32> {
+    let mut highest = None;
+    for range in s.trim().split(',') {
+        let last: u32 = range.rsplit('-').next()?.trim().parse().ok()?;
+        highest = highest.max(Some(last));
+    }
+    highest
 }
 
 /// What the page-counter hooks need ([`KernelLayout::charge_valid`] set);
 /// an error names what this kernel lacks, and the hooks stay unused.
-/// `vm_node_stat` is filled in separately (it needs /proc/kallsyms).
 pub fn charge_layout(btf: &Btf) -> Result<KernelLayout, BtfError> {
     let memcg_memory = btf.member_offset("mem_cgroup", "memory")?;
     let pc_usage = btf.member_offset("page_counter", "usage")?;
@@ -57,48 +97,6 @@ pub fn charge_layout(btf: &Btf) -> Result<KernelLayout, BtfError> {
         charge_valid: 1,
         ..KernelLayout::default()
     })
-}
-
-/// Addresses of kernel symbols from /proc/kallsyms (root sees them unless
-/// `kernel.kptr_restrict` is 2). Read once per process: on an emulated CPU
-/// the kernel takes seconds to produce the file.
-pub fn kernel_symbol(name: &str) -> Option<u64> {
-    static WANTED: OnceLock<HashMap<String, u64>> = OnceLock::new();
-    WANTED
-        .get_or_init(|| match fs::read_to_string("/proc/kallsyms") {
-            Ok(text) => parse_kallsyms(&text, KERNEL_SYMBOLS),
-            Err(_) => HashMap::new(),
-        })
-        .get(name)
-        .copied()
-}
-
-/// The symbols [`kernel_symbol`] can answer for.
-pub const KERNEL_SYMBOLS: &[&str] = &["vm_node_stat"];
-
-/// Finds `wanted` data or text symbols of the kernel proper (not modules,
-/// whose lines end in `[module]`); zero addresses (hidden by kptr_restrict)
-/// are left out. Searches the whole text for each name (std's substring
-/// search) rather than splitting 100k+ lines.
-pub fn parse_kallsyms(text: &str, wanted: &[&str]) -> HashMap<String, u64> {
-    let mut out = HashMap::new();
-    for name in wanted {
-        let needle = format!(" {name}\n");
-        let mut from = 0;
-        while let Some(at) = text[from..].find(&needle).map(|i| i + from) {
-            from = at + needle.len();
-            let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
-            let mut it = text[line_start..at].split_whitespace();
-            let (Some(addr), Some(_kind), None) = (it.next(), it.next(), it.next()) else { continue };
-            if let Ok(a) = u64::from_str_radix(addr, 16)
-                && a != 0
-            {
-                out.insert((*name).to_owned(), a);
-                break;
-            }
-        }
-    }
-    out
 }
 
 /// The hierarchy id of the memory controller from /proc/cgroups.
@@ -127,19 +125,12 @@ mod tests {
     }
 
     #[test]
-    fn kallsyms() {
-        let text =
-            "ffffffff81000000 T _text\nffffffff8f4093c0 D vm_node_stat\nffffffffc0001000 t vm_node_stat\t[mod]\n";
-        let m = parse_kallsyms(text, &["vm_node_stat", "nope"]);
-        assert_eq!(m.get("vm_node_stat"), Some(&0xffffffff8f4093c0));
-        assert_eq!(m.len(), 1);
-        // Hidden by kptr_restrict: all zeros, which is no address at all.
-        let hidden = "0000000000000000 D vm_node_stat\n";
-        assert!(parse_kallsyms(hidden, &["vm_node_stat"]).is_empty());
-        assert!(parse_kallsyms("garbage\n\n", &["vm_node_stat"]).is_empty());
-        // The first line, and a module's symbol of the same name only.
-        assert_eq!(parse_kallsyms("ffffffff81000010 D vm_node_stat\n", &["vm_node_stat"]).len(), 1);
-        assert!(parse_kallsyms("ffffffffc0001000 t vm_node_stat\t[mod]\n", &["vm_node_stat"]).is_empty());
+    fn node_lists() {
+        let table: [(&str, Option<u32>); 6] =
+            [("0\n", Some(0)), ("0-3\n", Some(3)), ("0,2-5", Some(5)), ("4,0-1", Some(4)), ("", None), ("0-x", None)];
+        for (list, want) in table {
+            assert_eq!(parse_node_list(list), want, "{list:?}");
+        }
     }
 
     /// The running kernel's BTF yields a complete layout (this reads
@@ -157,5 +148,8 @@ mod tests {
         // Every kernel we support has the page-counter layout too.
         assert_eq!(l.charge_valid, 1, "{:?}", charge_layout(&btf).err());
         assert!(l.memcg_memory > 0 && l.memcg_memory < l.memcg_usage + 1 && l.mz_memcg != l.mz_lruvec);
+        // And the path to the per-node statistics.
+        assert!(l.nr_node_ids >= 1, "{:?}", node_stat_layout(&btf).err());
+        assert!(l.memcg_nodeinfo > l.memcg_usage && l.pgdat_vm_stat > 0, "{l:?}");
     }
 }

@@ -12,6 +12,8 @@
 
 use std::fmt;
 
+use swiftlet_common::KernelLayout;
+
 use super::btf::Btf;
 
 /// How the memory working set is kept in the kernel.
@@ -91,8 +93,9 @@ pub struct KernelFeatures {
     pub mod_lruvec_state: bool,
     /// The multi-gen LRU is on (`/sys/kernel/mm/lru_gen/enabled` bit 0).
     pub lru_gen: bool,
-    /// The address of `vm_node_stat` is known (/proc/kallsyms).
-    pub vm_node_stat: bool,
+    /// The path from a memory cgroup to the kernel's per-node statistics is
+    /// known (BTF), for at most `MAX_NUMA_NODES` nodes.
+    pub node_stat: bool,
     /// BTF tracepoints sched_process_fork, sched_process_exit and
     /// cgroup_attach_task.
     pub process_tracepoints: bool,
@@ -105,19 +108,19 @@ pub struct KernelFeatures {
 }
 
 impl KernelFeatures {
-    /// Reads BTF and sysfs. `vm_node_stat` and `kill_kfuncs` are filled in
-    /// by the loader (they need kallsyms and the object's kfunc calls).
-    pub fn from_btf(btf: &Btf, charge_layout_found: bool) -> KernelFeatures {
+    /// Reads BTF and sysfs. `kill_kfuncs` is filled in by the loader (it
+    /// needs the object's kfunc calls).
+    pub fn from_btf(btf: &Btf, layout: &KernelLayout) -> KernelFeatures {
         KernelFeatures {
             memcg_tracepoint: btf.tracepoint_args("mod_memcg_lruvec_state").is_some(),
-            page_counter: charge_layout_found
+            page_counter: layout.charge_valid == 1
                 && ["page_counter_try_charge", "page_counter_charge", "page_counter_uncharge"]
                     .iter()
                     .all(|f| btf.has_func(f)),
             update_lru_size: btf.has_func("mem_cgroup_update_lru_size"),
             mod_lruvec_state: btf.has_func("__mod_lruvec_state"),
             lru_gen: lru_gen_enabled(),
-            vm_node_stat: false,
+            node_stat: layout.nr_node_ids != 0,
             process_tracepoints: ["sched_process_fork", "sched_process_exit", "cgroup_attach_task"]
                 .iter()
                 .all(|t| btf.tracepoint_args(t).is_some()),
@@ -169,8 +172,8 @@ pub fn memory_candidates(
             MemoryStrategy::PageCounter(_) if !f.page_counter => {
                 Some("no page_counter_{try_charge,charge,uncharge} in BTF, or struct layout unknown")
             }
-            MemoryStrategy::PageCounter(_) if !f.vm_node_stat => Some(
-                "no address for vm_node_stat: /proc/kallsyms lacks data symbols (CONFIG_KALLSYMS_ALL) or hides them (kptr_restrict)",
+            MemoryStrategy::PageCounter(_) if !f.node_stat => Some(
+                "the node's statistics are out of reach: mem_cgroup.nodeinfo, lruvec.pgdat or pglist_data.vm_stat not in BTF, or more than 16 NUMA nodes",
             ),
             MemoryStrategy::PageCounter(InactiveHook::UpdateLruSize) if !f.update_lru_size => {
                 Some("no mem_cgroup_update_lru_size in BTF")
@@ -217,7 +220,7 @@ mod tests {
             update_lru_size: true,
             mod_lruvec_state: true,
             lru_gen: false,
-            vm_node_stat: true,
+            node_stat: true,
             process_tracepoints: true,
             mark_victim: Some(MarkVictim::Task),
             ext4_tracepoints: true,
@@ -253,8 +256,8 @@ mod tests {
             ),
             ("6.12: MGLRU rules out mem_cgroup_update_lru_size", debian_612(), vec![PageCounter(ModLruvecState)]),
             (
-                "kallsyms hidden: only the tracepoint",
-                KernelFeatures { vm_node_stat: false, ..host_618() },
+                "no path to the node's statistics: only the tracepoint",
+                KernelFeatures { node_stat: false, ..host_618() },
                 vec![StatTracepoint],
             ),
             ("nothing at all", KernelFeatures { memcg_tracepoint: false, page_counter: false, ..host_618() }, vec![]),
