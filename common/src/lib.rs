@@ -451,7 +451,7 @@ pub struct KernelLayout {
 }
 
 /// The most NUMA nodes whose statistics the programs sum.
-pub const MAX_NUMA_NODES: u32 = 16;
+pub const MAX_NUMA_NODES: u32 = 8;
 
 // Layout checks: the kernel side and the agent compile these types separately.
 const _: () = assert!(core::mem::size_of::<CgroupSlot>() == 128);

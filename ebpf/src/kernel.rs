@@ -153,28 +153,43 @@ pub fn lruvec_memcg(lruvec: u64) -> Option<u64> {
 /// The same figures as `vm_node_stat` and /proc/meminfo, behind by at most
 /// the per-CPU diffs the kernel folds in at its stat threshold. None where
 /// the layout is unknown (`nr_node_ids` 0) or a read failed.
+///
+/// Unrolled by hand for up to [`MAX_NUMA_NODES`] nodes: 6.1's verifier
+/// refuses a loop whose closing edge happens to be a fall-through, which is
+/// how LLVM laid this one out. `nr_node_ids` sits in read-only data, so the
+/// verifier walks only the copies this machine's node count reaches.
 #[inline(always)]
 pub fn node_stats(memcg: u64) -> Option<(i64, i64, i64)> {
     let nodes = layout!(nr_node_ids);
+    if nodes == 0 {
+        return None;
+    }
     let vm_stat = layout!(pgdat_vm_stat) as u64;
     let item = |pgdat: u64, item: u32| read_i64(pgdat + vm_stat + 8 * item as u64);
-    let (mut anon, mut file, mut inactive) = (0, 0, 0);
-    let mut n = 0;
-    while n < MAX_NUMA_NODES {
-        if n >= nodes {
-            break;
-        }
-        let pgdat = node_pgdat(n, memcg);
-        n += 1;
-        // A node whose pgdat no cgroup has used yet holds no user pages.
-        if pgdat == 0 {
-            continue;
-        }
-        anon += item(pgdat, layout!(nr_anon_mapped))?;
-        file += item(pgdat, layout!(nr_file_pages))?;
-        inactive += item(pgdat, layout!(nr_inactive_file))?;
+    let mut sum = (0, 0, 0);
+    macro_rules! add_node {
+        ($n:literal) => {
+            if $n < nodes {
+                let pgdat = node_pgdat($n, memcg);
+                // A node whose pgdat no cgroup has used yet holds no user pages.
+                if pgdat != 0 {
+                    sum.0 += item(pgdat, layout!(nr_anon_mapped))?;
+                    sum.1 += item(pgdat, layout!(nr_file_pages))?;
+                    sum.2 += item(pgdat, layout!(nr_inactive_file))?;
+                }
+            }
+        };
     }
-    if nodes == 0 { None } else { Some((anon, file, inactive)) }
+    add_node!(0);
+    add_node!(1);
+    add_node!(2);
+    add_node!(3);
+    add_node!(4);
+    add_node!(5);
+    add_node!(6);
+    add_node!(7);
+    const _: () = assert!(MAX_NUMA_NODES == 8, "one add_node! per node");
+    Some(sum)
 }
 
 /// NUMA node `n`'s pgdat from the cache, or through `memcg->nodeinfo[n]->

@@ -65,6 +65,7 @@ pub const CHECKS: &[Check] = &[
     check("strategies chosen by the probes", "kernel", "strategy_probe_picks_the_most_exact_hooks", false),
     check("working set vs cgroupfs", "signals", "ebpf_working_set_matches_cgroupfs", false),
     check("working set, every strategy", "kernel", "every_memory_strategy_this_kernel_supports_tracks_cgroupfs", false),
+    check("node memory = /proc/vmstat", "signals", "the_node_slot_holds_the_kernels_own_node_statistics", false),
     check("PIDs", "signals", "process_counts_follow_forks_and_exits", false),
     check("inodes", "signals", "inode_counts_follow_creates_and_unlinks", false),
     check("threshold crossing event", "signals", "a_crossing_produces_exactly_one_event", false),

@@ -173,7 +173,7 @@ pub fn memory_candidates(
                 Some("no page_counter_{try_charge,charge,uncharge} in BTF, or struct layout unknown")
             }
             MemoryStrategy::PageCounter(_) if !f.node_stat => Some(
-                "the node's statistics are out of reach: mem_cgroup.nodeinfo, lruvec.pgdat or pglist_data.vm_stat not in BTF, or more than 16 NUMA nodes",
+                "the node's statistics are out of reach: mem_cgroup.nodeinfo, lruvec.pgdat or pglist_data.vm_stat not in BTF, or more than 8 NUMA nodes",
             ),
             MemoryStrategy::PageCounter(InactiveHook::UpdateLruSize) if !f.update_lru_size => {
                 Some("no mem_cgroup_update_lru_size in BTF")
