@@ -155,9 +155,9 @@ pub fn lruvec_memcg(lruvec: u64) -> Option<u64> {
 /// the layout is unknown (`nr_node_ids` 0) or a read failed.
 ///
 /// Unrolled by hand for up to [`MAX_NUMA_NODES`] nodes: 6.1's verifier
-/// refuses a loop whose closing edge happens to be a fall-through, which is
-/// how LLVM laid this one out. `nr_node_ids` sits in read-only data, so the
-/// verifier walks only the copies this machine's node count reaches.
+/// refused the loop LLVM emitted here ("back-edge from insn 106 to 108").
+/// `nr_node_ids` sits in read-only data, so the verifier walks only the
+/// copies this machine's node count reaches.
 #[inline(always)]
 pub fn node_stats(memcg: u64) -> Option<(i64, i64, i64)> {
     let nodes = layout!(nr_node_ids);
