@@ -148,6 +148,11 @@ fn balloon() -> Result<Reaped> {
     Ok(Reaped(child))
 }
 
+/// A figure in milliseconds for the progress lines and tables, "-" without one.
+fn ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.3} ms"))
+}
+
 fn earlyoom_running() -> bool {
     std::fs::read_dir("/proc")
         .into_iter()
@@ -595,7 +600,7 @@ fn race_scenario(ctx: &Ctx, scenario: Scenario) -> Result<BenchResult> {
         let warm = run_once(scenario, Mode::Kernel, 256)?;
         eprintln!(
             "    warm-up run after the balloon (not counted): crossing → dead {}, kernel OOM kill: {}",
-            warm.crossing_to_dead_ms.map_or("-".into(), |v| format!("{v:.3} ms")),
+            ms(warm.crossing_to_dead_ms),
             if warm.oom_killed { "yes" } else { "no" }
         );
     }
@@ -613,7 +618,6 @@ fn race_scenario(ctx: &Ctx, scenario: Scenario) -> Result<BenchResult> {
                         i + 1
                     );
                     let run = run_once(scenario, mode, rate)?;
-                    let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3} ms"));
                     eprintln!(
                         "      crossing → dead {}, → decision {}, overshoot {:.1} MiB{}",
                         ms(run.crossing_to_dead_ms),
@@ -674,7 +678,6 @@ fn summarize(scenario: Scenario, all: &[Run], out: &mut BenchResult) {
         (Some(a), Some(b)) if b > 0.0 => format!("{:.0}×", a / b),
         _ => "-".into(),
     };
-    let ms = |v: Option<f64>| v.map(|v| format!("{v:.3} ms")).unwrap_or_else(|| "-".into());
     let mut rows = vec![
         vec!["in-kernel kill: crossing → dead p99 ≤ 100 µs".into(), ms(kernel.p99), kernel.samples.to_string()],
         vec!["userspace fast path: crossing → dead p99 ≤ 5 ms".into(), ms(agent.p99), agent.samples.to_string()],
