@@ -22,7 +22,9 @@ use crate::{
     cgroups::{CgroupError, CgroupFs},
     cm::{
         allocatable::{NodeAllocatable, Resource, machine_capacity},
-        hierarchy::{CmError, PodCgroups, kubepods_limits},
+        hierarchy::kubepods_limits,
+        manager::CmError,
+        pod_cgroups::PodCgroups,
     },
     config::Config,
     cri::{CriClient, CriError, ImageService, RuntimeService},
@@ -188,8 +190,9 @@ impl Agent {
         let capacity =
             machine_capacity(&config.flags.root_dir, k.max_pods, k.pods_per_core).map_err(StartError::Capacity)?;
         let allocatable = NodeAllocatable::new(capacity, k);
-        let pod_cgroups = PodCgroups::from_config(cgroupfs.clone(), k);
-        pod_cgroups.ensure_hierarchy(&kubepods_limits(&allocatable.kubepods))?;
+        let pod_cgroups = PodCgroups::for_config(cgroupfs.clone(), k).await?;
+        pod_cgroups.ensure_hierarchy(&kubepods_limits(&allocatable.kubepods)).await?;
+        pod_cgroups.enforce_reserved(k).await?;
         let ebpf_opts = EbpfOptions { kernel_eviction: config.swiftlet.kernel_eviction, ..Default::default() };
         let signals = signals::open(
             config.swiftlet.signal_source,
@@ -456,6 +459,18 @@ impl Agent {
         tasks.push(tokio::spawn(self.container_gc.clone().run(self.shutdown.clone())));
         tasks.push(tokio::spawn(self.logs.clone().run(self.shutdown.clone())));
         tasks.push(tokio::spawn(self.node_shutdown.clone().run(self.shutdown.clone())));
+        if self.node_shutdown.enabled() {
+            if crate::shutdown::logind::available() {
+                tasks.push(tokio::spawn(crate::shutdown::logind::run(
+                    self.node_shutdown.clone(),
+                    self.shutdown.clone(),
+                )));
+            } else {
+                info!(
+                    "graceful node shutdown: systemd is not PID 1, so no logind; the shutdown marker and SIGTERM start it"
+                );
+            }
+        }
         // ---- device plugins (issue 13) ----
         // The kubelet cannot start without its device manager; swiftlet
         // runs on without device plugins and says why.

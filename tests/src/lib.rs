@@ -15,6 +15,7 @@ pub mod https;
 pub mod kubectl;
 pub mod kubelet;
 pub mod node_process;
+pub mod node_vm;
 pub mod pki;
 pub mod pods;
 pub mod prereq;

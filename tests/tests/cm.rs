@@ -13,8 +13,9 @@ use swiftlet::{
     cgroups::{CgroupFs, Version},
     cm::{
         allocatable::{NodeAllocatable, Resource, machine_capacity},
-        hierarchy::{PodCgroups, kubepods_limits, pod_cgroup_config},
+        hierarchy::{kubepods_limits, pod_cgroup_config},
         naming::{CgroupDriver, CgroupNaming, milli_cpu_to_shares},
+        pod_cgroups::PodCgroups,
         qos::{QosClass, qos_class},
     },
     config::{KubeletConfiguration, ReservedResource},
@@ -54,8 +55,8 @@ fn container(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> k8s_openapi:
     }
 }
 
-#[test]
-fn hierarchy_limits_and_pod_cgroups_on_this_machine() {
+#[tokio::test]
+async fn hierarchy_limits_and_pod_cgroups_on_this_machine() {
     let tc = TestCgroup::new();
     let fs = tc.fs.clone();
     println!("cgroup {:?} at {}, test root {}", fs.version(), fs.root().display(), tc.root);
@@ -81,10 +82,10 @@ fn hierarchy_limits_and_pod_cgroups_on_this_machine() {
     assert_eq!(node.kubepods[&Resource::Memory].value() as u64, 1536 * MIB);
     assert!(node.allocatable[&Resource::Memory] < node.kubepods[&Resource::Memory], "status subtracts the threshold");
 
-    let pc = PodCgroups::from_config(fs.clone(), &config);
+    let pc = PodCgroups::for_config(fs.clone(), &config).await.expect("the cgroupfs driver");
     assert_eq!(pc.naming(), &CgroupNaming::new(CgroupDriver::Cgroupfs, &tc.root));
-    pc.ensure_hierarchy(&kubepods_limits(&node.kubepods)).expect("create the hierarchy");
-    pc.ensure_hierarchy(&kubepods_limits(&node.kubepods)).expect("again: idempotent");
+    pc.ensure_hierarchy(&kubepods_limits(&node.kubepods)).await.expect("create the hierarchy");
+    pc.ensure_hierarchy(&kubepods_limits(&node.kubepods)).await.expect("again: idempotent");
 
     let kubepods = format!("{}/kubepods", tc.root);
     assert!(fs.exists(&kubepods), "{kubepods}");
@@ -101,7 +102,7 @@ fn hierarchy_limits_and_pod_cgroups_on_this_machine() {
         assert_eq!(got, want, "{rel} starts at the minimum shares");
         assert_eq!(fs.memory_limit(&rel).unwrap(), None, "{rel} has no memory limit");
     }
-    pc.update_burstable_cpu_shares(1500).unwrap();
+    pc.update_burstable_cpu_shares(1500).await.unwrap();
     let (got, want) = cpu_shares_file(&fs, &format!("{kubepods}/burstable"), 1536);
     assert_eq!(got, want, "burstable shares follow its pods' cpu requests (1500m)");
 
@@ -113,7 +114,7 @@ fn hierarchy_limits_and_pod_cgroups_on_this_machine() {
     assert_eq!(qos_class(&spec), QosClass::Burstable);
     let cfg = pod_cgroup_config(&spec, true, Duration::from_millis(100), 1024);
     let uid = "3f2c6a1e-0000-4000-8000-000000000001";
-    let pod = pc.ensure_pod_cgroup(QosClass::Burstable, uid, &cfg).expect("pod cgroup");
+    let pod = pc.ensure_pod_cgroup(QosClass::Burstable, uid, &cfg).await.expect("pod cgroup");
     assert_eq!(pod, format!("{kubepods}/burstable/pod{uid}"));
     assert_eq!(fs.memory_limit(&pod).unwrap(), Some(256 * MIB));
     assert_eq!(quota(&fs, &pod), "50000");
@@ -127,14 +128,14 @@ fn hierarchy_limits_and_pod_cgroups_on_this_machine() {
     in_cgroup(&mut cmd, &fs, &pod);
     let mut child = cmd.spawn().expect("spawn sleep in the pod cgroup");
     assert!(fs.procs(&pod).unwrap().contains(&child.id()), "the process runs in {pod}");
-    pc.remove_pod_cgroup(QosClass::Burstable, uid, Duration::from_secs(10)).expect("remove the pod cgroup");
+    pc.remove_pod_cgroup(QosClass::Burstable, uid, Duration::from_secs(10)).await.expect("remove the pod cgroup");
     let status = child.wait().expect("wait for sleep");
     assert_eq!(status.signal(), Some(libc::SIGKILL), "the pod's process was killed");
     assert!(!fs.exists(&pod), "{pod} is gone");
     for c in ["memory", "cpu", "pids"] {
         assert!(!fs.controller_dir(c, &pod).exists(), "{pod} is gone from the {c} tree");
     }
-    pc.remove_pod_cgroup(QosClass::Burstable, uid, Duration::from_secs(1)).expect("removing twice is fine");
+    pc.remove_pod_cgroup(QosClass::Burstable, uid, Duration::from_secs(1)).await.expect("removing twice is fine");
 
     // A Guaranteed pod sits directly under kubepods.
     let g = k8s_openapi::api::core::v1::PodSpec {
@@ -142,11 +143,11 @@ fn hierarchy_limits_and_pod_cgroups_on_this_machine() {
         ..Default::default()
     };
     let gcfg = pod_cgroup_config(&g, true, Duration::from_millis(100), -1);
-    let gpod = pc.ensure_pod_cgroup(qos_class(&g), "g-1", &gcfg).unwrap();
+    let gpod = pc.ensure_pod_cgroup(qos_class(&g), "g-1", &gcfg).await.unwrap();
     assert_eq!(gpod, format!("{kubepods}/podg-1"));
     assert_eq!(fs.memory_limit(&gpod).unwrap(), Some(128 * MIB));
     assert_eq!(quota(&fs, &gpod), "100000");
-    pc.remove_pod_cgroup(QosClass::Guaranteed, "g-1", Duration::from_secs(10)).unwrap();
+    pc.remove_pod_cgroup(QosClass::Guaranteed, "g-1", Duration::from_secs(10)).await.unwrap();
     assert!(!fs.exists(&gpod));
     // The TestCgroup guard removes kubepods and the test root.
 }

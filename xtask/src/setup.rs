@@ -31,6 +31,9 @@ pub const APT_TEST: &[&str] = &["prometheus", "tmux"];
 /// The kernel matrix boots Debian's kernels under emulation (installed with
 /// --no-install-recommends, as every package here).
 pub const APT_VM: &[&str] = &["qemu-system-x86"];
+/// The node VM's disk is made with debootstrap and mkfs.ext4 -d; the 6.12
+/// kernel's modules are xz-compressed.
+pub const APT_NODE_VM: &[&str] = &["debootstrap", "e2fsprogs", "xz-utils"];
 
 /// What the eBPF build needs on PATH.
 pub struct EbpfToolchain {

@@ -20,11 +20,13 @@ pub struct Args {
     /// Only unit tests (no root, no containerd).
     #[arg(long)]
     unit_only: bool,
-    /// The kernel matrix on every VM kernel too (`cargo xtask vmtest` also
-    /// runs the host column).
+    /// The kernel matrix on every VM kernel, and the node VM's end-to-end
+    /// checks on every kernel and driver (`cargo xtask vmtest` also runs
+    /// the matrix's host column).
     #[arg(long, conflicts_with = "no_vm")]
     vm: bool,
-    /// Skip the kernel matrix (by default it runs on one VM kernel).
+    /// Skip the VMs: the kernel matrix (by default on one kernel) and the
+    /// node VM's end-to-end checks (by default 6.12 with the systemd driver).
     #[arg(long)]
     no_vm: bool,
     /// Skip the benchmark smoke run (`bench --quick` on the dev build).
@@ -126,6 +128,42 @@ pub fn run(args: Args) -> Result<()> {
             }
         };
         results.push(("kernel matrix (qemu)", ok, t.elapsed().as_secs_f64()));
+    }
+
+    // The production node: the end-to-end checks in the node VM (systemd
+    // as PID 1, cgroup v2, containerd), on the configuration kubeadm sets
+    // up by default; `cargo xtask vmtest --e2e` runs every kernel and driver.
+    let e2e_checks_match = args.filters.is_empty()
+        || vm::E2E_CHECKS.iter().any(|c| args.filters.iter().any(|f| c.test.contains(f.as_str())));
+    if !args.unit_only && !args.no_vm && e2e_checks_match {
+        let (kernel, driver) = vm::CI_PLAN;
+        let (kernels, drivers) =
+            if args.vm { (vec![], vec![]) } else { (vec![kernel.to_owned()], vec![driver.to_owned()]) };
+        step(if args.vm {
+            "node VM end-to-end checks: every kernel and driver".to_owned()
+        } else {
+            format!("node VM end-to-end checks: kernel {kernel}, {driver} cgroup driver")
+        });
+        let t = Instant::now();
+        let ok = match vm::run_e2e(&tc, &kernels, &drivers, &args.filters) {
+            Ok(columns) => {
+                vm::print_e2e(&columns, &args.filters);
+                !columns.iter().any(vm::E2eColumn::failed)
+            }
+            Err(e) => {
+                eprintln!("\x1b[1;31merror:\x1b[0m {e:#}");
+                false
+            }
+        };
+        results.push((
+            if args.vm {
+                "node VM end-to-end (every kernel and driver)"
+            } else {
+                "node VM end-to-end (6.12, systemd driver)"
+            },
+            ok,
+            t.elapsed().as_secs_f64(),
+        ));
     }
 
     // CI's smoke run of the benchmark harness: every bench, --quick, on the

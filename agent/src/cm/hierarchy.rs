@@ -1,39 +1,22 @@
-//! The pods' cgroup hierarchy under cgroupRoot: `kubepods`,
+//! The limits of the pods' cgroup hierarchy under cgroupRoot: `kubepods`,
 //! `kubepods/burstable`, `kubepods/besteffort` and one cgroup per pod
-//! (Guaranteed pods directly under kubepods), with the kubelet's limits.
-//!
-//! What the limits are is decided by pure functions (`kubepods_limits`,
-//! `pod_cgroup_config`); `PodCgroups` writes them with `cgroups::CgroupFs`,
-//! on cgroup v1 and v2 alike. With the systemd driver the same tree is
-//! created with systemd's slice names, directly in cgroupfs (no D-Bus).
+//! (Guaranteed pods directly under kubepods), as the kubelet computes them.
+//! Pure: `pod_cgroups::PodCgroups` applies them through the driver.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, PodSpec};
-use thiserror::Error;
 
 use super::{
     allocatable::{Resource, ResourceList},
-    naming::{CgroupNaming, MIN_SHARES, QUOTA_PERIOD_US, milli_cpu_to_quota, milli_cpu_to_shares},
+    naming::{MIN_SHARES, QUOTA_PERIOD_US, milli_cpu_to_quota, milli_cpu_to_shares},
     qos::{QosClass, container_resources, qos_class},
 };
 use crate::{
-    cgroups::{CgroupError, CgroupFs, CpuLimits},
-    config::{KubeletConfiguration, Reservation, ReservedResource},
+    cgroups::CpuLimits,
+    config::{Reservation, ReservedResource},
     quantity::Quantity,
 };
-
-#[derive(Debug, Error)]
-#[error("{what}: {source}")]
-pub struct CmError {
-    pub what: String,
-    #[source]
-    pub source: CgroupError,
-}
-
-fn ctx(what: impl FnOnce() -> String) -> impl FnOnce(CgroupError) -> CmError {
-    move |source| CmError { what: what(), source }
-}
 
 /// Settings of one cgroup, in the kubelet's terms (its ResourceConfig).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -204,132 +187,33 @@ pub fn pod_cgroup_config(spec: &PodSpec, cpu_cfs_quota: bool, period: Duration, 
     cfg
 }
 
-/// Creates and removes the pods' cgroups.
-#[derive(Clone, Debug)]
-pub struct PodCgroups {
-    fs: CgroupFs,
-    naming: CgroupNaming,
+/// The QoS cgroups' limits: BestEffort gets the minimum cpu shares,
+/// Burstable the shares of its pods' summed cpu requests (the kubelet's QoS
+/// container manager), neither a memory limit.
+pub fn qos_cgroup_limits(qos: QosClass, burstable_request_milli: i64) -> CgroupLimits {
+    let shares = match qos {
+        QosClass::Burstable => milli_cpu_to_shares(burstable_request_milli),
+        QosClass::BestEffort | QosClass::Guaranteed => MIN_SHARES,
+    };
+    CgroupLimits {
+        cpu: CpuLimits { shares: Some(shares), quota_us: None, period_us: QUOTA_PERIOD_US },
+        ..Default::default()
+    }
 }
 
-impl PodCgroups {
-    pub fn new(fs: CgroupFs, naming: CgroupNaming) -> PodCgroups {
-        PodCgroups { fs, naming }
-    }
-
-    /// For the configured driver and cgroupRoot.
-    pub fn from_config(fs: CgroupFs, config: &KubeletConfiguration) -> PodCgroups {
-        PodCgroups::new(fs, config.cgroup_naming())
-    }
-
-    pub fn fs(&self) -> &CgroupFs {
-        &self.fs
-    }
-
-    pub fn naming(&self) -> &CgroupNaming {
-        &self.naming
-    }
-
-    fn apply(&self, rel: &str, limits: &CgroupLimits) -> Result<(), CmError> {
-        self.fs.create(rel).map_err(ctx(|| format!("create cgroup {rel}")))?;
-        self.set_limits(rel, limits)
-    }
-
-    fn set_limits(&self, rel: &str, limits: &CgroupLimits) -> Result<(), CmError> {
-        if let Some(m) = limits.memory {
-            self.fs.set_memory_limit(rel, Some(m)).map_err(ctx(|| format!("memory limit of {rel}")))?;
-        }
-        if limits.cpu.shares.is_some() || limits.cpu.quota_us.is_some() {
-            self.fs.set_cpu(rel, limits.cpu).map_err(ctx(|| format!("cpu of {rel}")))?;
-        }
-        if let Some(p) = limits.pids {
-            self.fs.set_pids_max(rel, Some(p)).map_err(ctx(|| format!("pids.max of {rel}")))?;
-        }
-        Ok(())
-    }
-
-    /// Creates kubepods (with `kubepods` limits, see `kubepods_limits`),
-    /// kubepods/burstable and kubepods/besteffort. BestEffort gets the
-    /// minimum cpu shares; Burstable starts there too until
-    /// `update_burstable_cpu_shares` is told the Burstable pods' requests.
-    /// Idempotent: safe at every start.
-    pub fn ensure_hierarchy(&self, kubepods: &CgroupLimits) -> Result<(), CmError> {
-        self.apply(&self.naming.kubepods(), kubepods)?;
-        let min = CgroupLimits {
-            cpu: CpuLimits { shares: Some(MIN_SHARES), quota_us: None, period_us: QUOTA_PERIOD_US },
-            ..Default::default()
-        };
-        self.apply(&self.naming.qos(QosClass::Burstable), &min)?;
-        self.apply(&self.naming.qos(QosClass::BestEffort), &min)
-    }
-
-    /// Applies `limits` to an existing cgroup of the system (the
-    /// kubeReservedCgroup or systemReservedCgroup, absolute names such as
-    /// `/system.slice`), which the kubelet requires to exist already.
-    pub fn enforce_reserved_cgroup(&self, cgroup: &str, limits: &CgroupLimits) -> Result<(), CmError> {
-        let rel = cgroup.trim_matches('/');
-        if !self.fs.exists(rel) {
-            return Err(CmError {
-                what: format!("enforce reserved resources on {cgroup}"),
-                source: CgroupError::Io {
-                    path: self.fs.memory_dir(rel),
-                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "the cgroup does not exist"),
-                },
-            });
-        }
-        // Not created nor re-parented: it belongs to the system.
-        self.set_limits(rel, limits)
-    }
-
-    /// The Burstable QoS cgroup's cpu shares from the sum of its pods' cpu
-    /// requests (the kubelet's QoS container manager).
-    pub fn update_burstable_cpu_shares(&self, total_request_milli: i64) -> Result<(), CmError> {
-        let rel = self.naming.qos(QosClass::Burstable);
-        let cpu = CpuLimits {
-            shares: Some(milli_cpu_to_shares(total_request_milli)),
-            quota_us: None,
-            period_us: QUOTA_PERIOD_US,
-        };
-        self.fs.set_cpu(&rel, cpu).map_err(ctx(|| format!("cpu of {rel}")))
-    }
-
-    /// The pod's cgroup (relative to the hierarchy root).
-    pub fn pod_cgroup(&self, qos: QosClass, uid: &str) -> String {
-        self.naming.pod(qos, uid)
-    }
-
-    /// Creates the pod's cgroup with `limits` (see `pod_cgroup_config`), or
-    /// updates it. Returns its relative path.
-    pub fn ensure_pod_cgroup(&self, qos: QosClass, uid: &str, limits: &CgroupLimits) -> Result<String, CmError> {
-        let rel = self.pod_cgroup(qos, uid);
-        self.apply(&rel, limits)?;
-        Ok(rel)
-    }
-
-    /// Kills whatever still runs in the pod's cgroup and removes it (and
-    /// any child cgroups the runtime left), waiting up to `timeout` for the
-    /// processes to go. A missing cgroup is fine.
-    pub fn remove_pod_cgroup(&self, qos: QosClass, uid: &str, timeout: Duration) -> Result<(), CmError> {
-        let rel = self.pod_cgroup(qos, uid);
-        if !self.fs.exists(&rel) {
-            return Ok(());
-        }
-        match self.fs.kill_all(&rel) {
-            Ok(_) => {}
-            Err(e) if e.is_not_found() => return Ok(()),
-            Err(e) => return Err(CmError { what: format!("kill the processes of {rel}"), source: e }),
-        }
-        self.fs.remove(&rel, timeout).map_err(ctx(|| format!("remove cgroup {rel}")))
-    }
+/// The cpu requests (milli) of a Burstable pod, which the Burstable QoS
+/// cgroup's shares follow; 0 for other classes.
+pub fn burstable_cpu_request(spec: &PodSpec) -> i64 {
+    if qos_class(spec) == QosClass::Burstable { pod_requests(spec).0 } else { 0 }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::{collections::BTreeMap, fs, path::Path};
+    use std::collections::BTreeMap;
 
     use k8s_openapi::{api::core::v1::ResourceRequirements, apimachinery::pkg::api::resource::Quantity as ApiQuantity};
 
     use super::*;
-    use crate::{cgroups::Version, cm::naming::CgroupDriver};
 
     fn res(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, ApiQuantity>> {
         (!pairs.is_empty()).then(|| pairs.iter().map(|(k, v)| (k.to_string(), ApiQuantity(v.to_string()))).collect())
@@ -453,80 +337,6 @@ mod tests {
         assert_eq!(kubepods_limits(&ResourceList::new()), CgroupLimits { memory: None, cpu: nothing, pids: None });
     }
 
-    fn read(p: &Path) -> String {
-        fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).trim().to_owned()
-    }
-
-    /// A fake cgroup2 tree in a temporary directory: directories are
-    /// cgroups, files are their interface files.
-    #[test]
-    fn v2_tree_in_a_temp_dir() {
-        let tmp = tempfile::tempdir().unwrap();
-        fs::write(tmp.path().join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
-        let cgfs = CgroupFs::with_layout(tmp.path(), Version::V2);
-        let pc = PodCgroups::new(cgfs, CgroupNaming::new(CgroupDriver::Cgroupfs, "/swiftlet-unit"));
-        let kubepods = CgroupLimits {
-            memory: Some(29 << 30),
-            cpu: CpuLimits { shares: Some(14_848), quota_us: None, period_us: 100_000 },
-            pids: Some(1000),
-        };
-        pc.ensure_hierarchy(&kubepods).unwrap();
-        let kp = tmp.path().join("swiftlet-unit/kubepods");
-        assert_eq!(read(&kp.join("memory.max")), (29u64 << 30).to_string());
-        assert_eq!(read(&kp.join("cpu.weight")), crate::cgroups::shares_to_weight(14_848).to_string());
-        assert_eq!(read(&kp.join("cpu.max")), "max 100000");
-        assert_eq!(read(&kp.join("pids.max")), "1000");
-        assert_eq!(read(&kp.join("besteffort/cpu.weight")), "1");
-        assert_eq!(read(&kp.join("burstable/cpu.weight")), "1");
-        assert!(!kp.join("besteffort/memory.max").exists(), "QoS cgroups get no memory limit");
-        assert_eq!(
-            read(&tmp.path().join("cgroup.subtree_control")),
-            "+memory +cpu +pids",
-            "controllers are enabled for the children"
-        );
-        pc.update_burstable_cpu_shares(2_000).unwrap();
-        assert_eq!(read(&kp.join("burstable/cpu.weight")), crate::cgroups::shares_to_weight(2048).to_string());
-
-        let cfg =
-            pod_cgroup_config(&spec(vec![c(&[("cpu", "250m")], &[("cpu", "500m"), ("memory", "64Mi")])]), true, P, 100);
-        let rel = pc.ensure_pod_cgroup(QosClass::Burstable, "u-1", &cfg).unwrap();
-        assert_eq!(rel, "swiftlet-unit/kubepods/burstable/podu-1");
-        let pod = tmp.path().join(&rel);
-        assert_eq!(read(&pod.join("memory.max")), (64 * MI).to_string());
-        assert_eq!(read(&pod.join("cpu.max")), "50000 100000");
-        assert_eq!(read(&pod.join("cpu.weight")), crate::cgroups::shares_to_weight(256).to_string());
-        assert_eq!(read(&pod.join("pids.max")), "100");
-    }
-
-    /// A fake v1 tree: one directory per controller.
-    #[test]
-    fn v1_tree_in_a_temp_dir_with_systemd_names() {
-        let tmp = tempfile::tempdir().unwrap();
-        for c in ["memory", "cpu", "cpuacct", "pids", "freezer"] {
-            fs::create_dir(tmp.path().join(c)).unwrap();
-        }
-        let cgfs = CgroupFs::with_layout(tmp.path(), Version::V1);
-        let pc = PodCgroups::new(cgfs, CgroupNaming::new(CgroupDriver::Systemd, "/"));
-        let kubepods = kubepods_limits(&ResourceList::from([
-            (Resource::Cpu, "2".parse().unwrap()),
-            (Resource::Memory, "3Gi".parse().unwrap()),
-        ]));
-        pc.ensure_hierarchy(&kubepods).unwrap();
-        let mem = tmp.path().join("memory/kubepods.slice");
-        assert_eq!(read(&mem.join("memory.limit_in_bytes")), (3u64 << 30).to_string());
-        let cpu_dir = tmp.path().join("cpu/kubepods.slice");
-        assert_eq!(read(&cpu_dir.join("cpu.shares")), "2048");
-        assert_eq!(read(&cpu_dir.join("cpu.cfs_quota_us")), "-1");
-        assert_eq!(read(&cpu_dir.join("kubepods-besteffort.slice/cpu.shares")), "2");
-        assert!(!tmp.path().join("pids/kubepods.slice/pids.max").exists(), "no pid capacity, no pids.max");
-
-        let g = pod_cgroup_config(&spec(vec![c(&[], &[("cpu", "1"), ("memory", "256Mi")])]), true, P, -1);
-        let rel = pc.ensure_pod_cgroup(QosClass::Guaranteed, "a-b", &g).unwrap();
-        assert_eq!(rel, "kubepods.slice/kubepods-poda_b.slice");
-        assert_eq!(read(&tmp.path().join("memory").join(&rel).join("memory.limit_in_bytes")), (256 * MI).to_string());
-        assert_eq!(read(&tmp.path().join("cpu").join(&rel).join("cpu.cfs_quota_us")), "100000");
-    }
-
     #[test]
     fn reserved_cgroups() {
         let r: Reservation = [
@@ -539,28 +349,17 @@ mod tests {
         assert_eq!(full, CgroupLimits { memory: Some(1 << 30), cpu: cpu(512, None), pids: Some(1000) });
         let compressible = reserved_cgroup_limits(&r, true);
         assert_eq!(compressible, CgroupLimits { memory: None, cpu: cpu(512, None), pids: None });
-
-        let tmp = tempfile::tempdir().unwrap();
-        let pc = PodCgroups::new(
-            CgroupFs::with_layout(tmp.path(), Version::V2),
-            CgroupNaming::new(CgroupDriver::Cgroupfs, "/"),
-        );
-        let err = pc.enforce_reserved_cgroup("/system.slice", &full).unwrap_err().to_string();
-        assert!(err.starts_with("enforce reserved resources on /system.slice: "), "{err}");
-        assert!(err.ends_with("the cgroup does not exist"), "{err}");
-        fs::create_dir(tmp.path().join("system.slice")).unwrap();
-        pc.enforce_reserved_cgroup("/system.slice", &full).unwrap();
-        assert_eq!(read(&tmp.path().join("system.slice/memory.max")), (1u64 << 30).to_string());
-        assert_eq!(read(&tmp.path().join("system.slice/pids.max")), "1000");
     }
 
     #[test]
-    fn removing_a_missing_pod_cgroup_is_fine() {
-        let tmp = tempfile::tempdir().unwrap();
-        let pc = PodCgroups::new(
-            CgroupFs::with_layout(tmp.path(), Version::V2),
-            CgroupNaming::new(CgroupDriver::Cgroupfs, "/"),
-        );
-        pc.remove_pod_cgroup(QosClass::BestEffort, "nope", Duration::from_millis(10)).unwrap();
+    fn qos_cgroups_follow_the_burstable_requests() {
+        assert_eq!(qos_cgroup_limits(QosClass::BestEffort, 5_000).cpu.shares, Some(2));
+        assert_eq!(qos_cgroup_limits(QosClass::Burstable, 0).cpu.shares, Some(2));
+        assert_eq!(qos_cgroup_limits(QosClass::Burstable, 750).cpu.shares, Some(768));
+        assert_eq!(qos_cgroup_limits(QosClass::Burstable, 750).memory, None);
+        let burstable = spec(vec![c(&[("cpu", "500m")], &[]), c(&[("cpu", "250m")], &[("memory", "1Gi")])]);
+        assert_eq!(burstable_cpu_request(&burstable), 750);
+        let guaranteed = spec(vec![c(&[], &[("cpu", "1"), ("memory", "1Gi")])]);
+        assert_eq!(burstable_cpu_request(&guaranteed), 0);
     }
 }

@@ -1,8 +1,13 @@
 //! The container manager: QoS and oom_score_adj (`qos`), cgroup names for
 //! both drivers (`naming`), node capacity and allocatable (`allocatable`),
-//! and the pods' cgroup hierarchy with its limits (`hierarchy`).
+//! the limits of the pods' cgroup hierarchy (`hierarchy`, pure), the cgroup
+//! drivers (`manager`: the trait, cgroupfs and in-memory; `systemd`) and
+//! the hierarchy applied through them (`pod_cgroups`).
 
 pub mod allocatable;
 pub mod hierarchy;
+pub mod manager;
 pub mod naming;
+pub mod pod_cgroups;
 pub mod qos;
+pub mod systemd;

@@ -11,27 +11,54 @@ pub enum CgroupDriver {
 }
 
 /// Names the cgroups of the pods' hierarchy under `cgroupRoot`.
+///
+/// With the cgroupfs driver the names are paths below `cgroupRoot`
+/// (`kubepods/burstable/pod<uid>`). With the systemd driver they are the
+/// kubelet's slices: each level adds a dash-separated part to the unit name
+/// (dashes inside a part become underscores, as the kubelet escapes them),
+/// and systemd nests `a-b-c.slice` in `a.slice/a-b.slice/a-b-c.slice`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CgroupNaming {
     pub driver: CgroupDriver,
     /// `cgroupRoot` as configured (`/` by default), without slashes at the ends.
     pub root: String,
+    /// The systemd driver's name parts of `cgroupRoot` (none for `/`).
+    root_parts: Vec<String>,
 }
 
 impl CgroupNaming {
+    /// Names under `cgroup_root`. With the systemd driver a root that is
+    /// not a slice path is treated as `/`; `systemd_root_parts` is the check
+    /// the configuration runs first.
     pub fn new(driver: CgroupDriver, cgroup_root: &str) -> CgroupNaming {
-        CgroupNaming { driver, root: cgroup_root.trim_matches('/').to_owned() }
+        let root_parts = match driver {
+            CgroupDriver::Systemd => systemd_root_parts(cgroup_root).unwrap_or_default(),
+            CgroupDriver::Cgroupfs => vec![],
+        };
+        CgroupNaming { driver, root: cgroup_root.trim_matches('/').to_owned(), root_parts }
     }
 
     fn join(&self, rel: &str) -> String {
         if self.root.is_empty() { rel.to_owned() } else { format!("{}/{rel}", self.root) }
     }
 
+    /// The systemd path (`/a.slice/a-b.slice/...`, without the leading
+    /// slash) of the slice named by `root_parts` + `parts`.
+    fn slice_path(&self, parts: &[&str]) -> String {
+        let mut all: Vec<String> = self.root_parts.clone();
+        all.extend(parts.iter().map(|p| p.replace('-', "_")));
+        let mut path = vec![];
+        for n in 1..=all.len() {
+            path.push(format!("{}.slice", all[..n].join("-")));
+        }
+        path.join("/")
+    }
+
     /// `kubepods` (cgroupfs) or `kubepods.slice` (systemd).
     pub fn kubepods(&self) -> String {
         match self.driver {
             CgroupDriver::Cgroupfs => self.join("kubepods"),
-            CgroupDriver::Systemd => self.join("kubepods.slice"),
+            CgroupDriver::Systemd => self.slice_path(&["kubepods"]),
         }
     }
 
@@ -44,35 +71,67 @@ impl CgroupNaming {
         };
         match self.driver {
             CgroupDriver::Cgroupfs => format!("{}/{name}", self.kubepods()),
-            CgroupDriver::Systemd => format!("{}/kubepods-{name}.slice", self.kubepods()),
+            CgroupDriver::Systemd => self.slice_path(&["kubepods", name]),
         }
     }
 
     /// The pod's cgroup: `pod<uid>` (cgroupfs) or
     /// `kubepods-<qos>-pod<uid with _ for ->.slice` (systemd).
     pub fn pod(&self, qos: QosClass, uid: &str) -> String {
-        match self.driver {
-            CgroupDriver::Cgroupfs => format!("{}/pod{uid}", self.qos(qos)),
-            CgroupDriver::Systemd => {
-                let uid = uid.replace('-', "_");
-                let prefix = match qos {
-                    QosClass::Guaranteed => "kubepods".to_owned(),
-                    QosClass::Burstable => "kubepods-burstable".to_owned(),
-                    QosClass::BestEffort => "kubepods-besteffort".to_owned(),
-                };
-                format!("{}/{prefix}-pod{uid}.slice", self.qos(qos))
-            }
+        let pod = format!("pod{uid}");
+        match (self.driver, qos) {
+            (CgroupDriver::Cgroupfs, _) => format!("{}/{pod}", self.qos(qos)),
+            (CgroupDriver::Systemd, QosClass::Guaranteed) => self.slice_path(&["kubepods", &pod]),
+            (CgroupDriver::Systemd, QosClass::Burstable) => self.slice_path(&["kubepods", "burstable", &pod]),
+            (CgroupDriver::Systemd, QosClass::BestEffort) => self.slice_path(&["kubepods", "besteffort", &pod]),
         }
     }
 
     /// The pod cgroup as CRI's `cgroup_parent` wants it: an absolute path
-    /// for cgroupfs, the slice name for systemd.
+    /// for cgroupfs, the slice name for systemd (containerd then asks
+    /// systemd for `cri-containerd-<id>.scope` inside it).
     pub fn cri_parent(&self, qos: QosClass, uid: &str) -> String {
         match self.driver {
             CgroupDriver::Cgroupfs => format!("/{}", self.pod(qos, uid)),
-            CgroupDriver::Systemd => self.pod(qos, uid).rsplit('/').next().unwrap_or_default().to_owned(),
+            CgroupDriver::Systemd => unit_name(&self.pod(qos, uid)).to_owned(),
         }
     }
+}
+
+/// The systemd unit a cgroup path belongs to: its last component
+/// (`kubepods.slice/kubepods-besteffort.slice` → `kubepods-besteffort.slice`).
+pub fn unit_name(cgroup: &str) -> &str {
+    cgroup.trim_matches('/').rsplit('/').next().unwrap_or_default()
+}
+
+/// The name parts of `cgroupRoot` for the systemd driver: none for `/`, and
+/// for a slice path (`/swiftlet.slice`, `/a.slice/a-b.slice`) the parts of
+/// its last slice, each nested in the one before as systemd nests them.
+/// Anything else cannot hold the kubelet's slices.
+pub fn systemd_root_parts(cgroup_root: &str) -> Result<Vec<String>, String> {
+    let root = cgroup_root.trim_matches('/');
+    if root.is_empty() {
+        return Ok(vec![]);
+    }
+    let mut expected = String::new();
+    let mut parts: Vec<String> = vec![];
+    for slice in root.split('/') {
+        let Some(stem) = slice.strip_suffix(".slice").filter(|s| !s.is_empty()) else {
+            return Err(format!(
+                "{cgroup_root:?} is not a systemd slice path: with cgroupDriver systemd it must be / or slices such as /swiftlet.slice"
+            ));
+        };
+        let own = match stem.strip_prefix(&expected) {
+            Some(rest) if expected.is_empty() || rest.starts_with('-') => rest.trim_start_matches('-'),
+            _ => return Err(format!("{cgroup_root:?}: {slice} is not inside {} as systemd nests slices", expected)),
+        };
+        if own.is_empty() || own.contains('-') {
+            return Err(format!("{cgroup_root:?}: {slice} must add exactly one dash-separated part to its parent"));
+        }
+        parts.push(own.to_owned());
+        expected = stem.to_owned();
+    }
+    Ok(parts)
 }
 
 /// Smallest and largest cpu.shares the kernel accepts.
@@ -125,6 +184,32 @@ mod tests {
             "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-poda_b.slice"
         );
         assert_eq!(n.cri_parent(QosClass::BestEffort, "x"), "kubepods-besteffort-podx.slice");
+        assert_eq!(n.kubepods(), "kubepods.slice");
+        assert_eq!(n.qos(QosClass::BestEffort), "kubepods.slice/kubepods-besteffort.slice");
+        let r = CgroupNaming::new(CgroupDriver::Systemd, "/swiftlet.slice");
+        assert_eq!(r.kubepods(), "swiftlet.slice/swiftlet-kubepods.slice");
+        assert_eq!(
+            r.pod(QosClass::Burstable, "1-2"),
+            "swiftlet.slice/swiftlet-kubepods.slice/swiftlet-kubepods-burstable.slice/swiftlet-kubepods-burstable-pod1_2.slice"
+        );
+        assert_eq!(r.cri_parent(QosClass::Guaranteed, "u"), "swiftlet-kubepods-podu.slice");
+    }
+
+    #[test]
+    fn systemd_roots() {
+        let ok: &[(&str, &[&str])] =
+            &[("/", &[]), ("", &[]), ("/swiftlet.slice", &["swiftlet"]), ("/a.slice/a-b.slice/", &["a", "b"])];
+        for (root, parts) in ok {
+            assert_eq!(systemd_root_parts(root).unwrap(), *parts, "{root}");
+        }
+        for bad in ["/custom", "/a.slice/b.slice", "/a.slice/a-b-c.slice", "/.slice", "/a.slice/a-.slice"] {
+            assert!(systemd_root_parts(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn unit_names() {
+        assert_eq!(unit_name("kubepods.slice/kubepods-besteffort.slice/"), "kubepods-besteffort.slice");
     }
 
     #[test]

@@ -772,6 +772,12 @@ pub fn read(cx: &Ctx, root: &Node) -> Result<KubeletConfiguration, ConfigError> 
             other => return Err(cx.err(n, "cgroupDriver", format!("{other:?} is not one of cgroupfs, systemd"))),
         };
     }
+    if c.cgroup_driver == CgroupDriver::Systemd
+        && let Err(e) = crate::cm::naming::systemd_root_parts(&c.cgroup_root)
+    {
+        let n = root.get("cgroupRoot").or_else(|| root.get("cgroupDriver")).unwrap_or(root);
+        return Err(cx.err(n, "cgroupRoot", e));
+    }
     c.runtime_request_timeout = o.duration_or("runtimeRequestTimeout", c.runtime_request_timeout)?;
     if let Some(v) = non_negative(&mut o, "maxPods")?.filter(|v| *v != 0) {
         c.max_pods = v;

@@ -188,9 +188,10 @@ fn every_flag_form() {
         (&["--kube-reserved-cgroup=/kube.slice", "--enforce-node-allocatable=pods,kube-reserved"], |c| {
             c.kubelet.enforce_node_allocatable == BTreeSet::from([Enforcement::Pods, Enforcement::KubeReserved])
         }),
-        (&["--cgroup-root=/custom", "--cgroup-driver=systemd"], |c| {
-            c.kubelet.cgroup_root == "/custom" && c.kubelet.cgroup_driver == CgroupDriver::Systemd
+        (&["--cgroup-root=/custom.slice", "--cgroup-driver=systemd"], |c| {
+            c.kubelet.cgroup_root == "/custom.slice" && c.kubelet.cgroup_driver == CgroupDriver::Systemd
         }),
+        (&["--cgroup-root=/custom", "--cgroup-driver=cgroupfs"], |c| c.kubelet.cgroup_root == "/custom"),
         (&["--healthz-port=0", "--healthz-bind-address=0.0.0.0"], |c| {
             c.kubelet.healthz_port == 0 && c.kubelet.healthz_bind_address == "0.0.0.0".parse::<IpAddr>().unwrap()
         }),
@@ -585,6 +586,12 @@ fn error_messages() {
             file("kubeReserved:\n  cpu: 100m\n  memory: 2Gx\n"),
             vec![],
             format!("/k.yaml:5: kubeReserved: \"memory\": \"2Gx\" is not a quantity: {quantity_hint}"),
+        ),
+        (
+            "a cgroupRoot systemd cannot nest slices in",
+            file("cgroupDriver: systemd\ncgroupRoot: /custom\n"),
+            vec![],
+            "/k.yaml:4: cgroupRoot: \"/custom\" is not a systemd slice path: with cgroupDriver systemd it must be / or slices such as /swiftlet.slice".into(),
         ),
         (
             "reserving an unknown resource",

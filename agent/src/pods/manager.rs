@@ -30,7 +30,8 @@ use super::{
 };
 use crate::{
     cm::{
-        hierarchy::{PodCgroups, pod_requests},
+        hierarchy::{burstable_cpu_request, pod_requests},
+        pod_cgroups::PodCgroups,
         qos::{SYSTEM_CRITICAL_PRIORITY, priority, qos_class},
     },
     cri::{api, labels},
@@ -56,6 +57,9 @@ struct Entry {
     first_seen: Instant,
     /// From first sight to all containers running, once it happened.
     started_after: Option<Duration>,
+    /// The cpu request (milli) this pod adds to the Burstable QoS cgroup's
+    /// shares (0 unless Burstable), computed when `pod` is set.
+    burstable_cpu_milli: i64,
     /// What eviction ranks this pod by, built from `pod` and `running`
     /// when first asked after either changed: the plan is refreshed every
     /// second, and the requests, priority and QoS behind it parse
@@ -155,6 +159,7 @@ impl PodManager {
                 Ok(()) => *lock(&self.inner.last_relist) = Some(Instant::now()),
                 Err(e) => debug!("relist: {e}"),
             }
+            self.inner.update_qos_cgroups().await;
         }
         let workers: Vec<_> =
             lock(&self.inner.pods).values_mut().filter_map(|e| e.handle.take()).map(|h| h.task).collect();
@@ -227,6 +232,20 @@ impl Inner {
         self.reporter.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// The Burstable QoS cgroup's cpu shares follow the cpu requests of the
+    /// Burstable pods that run or may run (the kubelet's QoS container
+    /// manager); the cgroup is written only when the sum changes.
+    async fn update_qos_cgroups(&self) {
+        let total: i64 = lock(&self.pods)
+            .values()
+            .filter(|e| !e.orphan && e.handle.is_some() && (e.active || !e.running.is_empty()))
+            .map(|e| e.burstable_cpu_milli)
+            .sum();
+        if let Err(e) = self.deps.cgroups.update_burstable_cpu_shares(total).await {
+            warn!("updating the Burstable QoS cgroup's cpu shares: {e}");
+        }
+    }
+
     fn sources_ready(&self) -> bool {
         let s = lock(&self.sources);
         self.expected.iter().all(|k| s.contains_key(k))
@@ -254,6 +273,7 @@ impl Inner {
                 }
                 if !same_spec(&e.pod, pod) {
                     e.pod = pod.clone();
+                    e.burstable_cpu_milli = e.pod.spec.as_ref().map_or(0, burstable_cpu_request);
                     e.eviction = None;
                     if let Some(h) = &e.handle {
                         let _ = h.tx.send(Msg::Update(Box::new(pod.clone())));
@@ -409,6 +429,7 @@ fn same_spec(a: &Pod, b: &Pod) -> bool {
 impl Entry {
     fn new(pod: Pod, handle: Option<WorkerHandle>) -> Entry {
         Entry {
+            burstable_cpu_milli: pod.spec.as_ref().map_or(0, burstable_cpu_request),
             pod,
             status: None,
             running: vec![],

@@ -27,8 +27,8 @@ use super::{
 use crate::{
     cgroups::{CgroupFs, Version},
     cm::{
-        hierarchy::PodCgroups,
         naming::{CgroupDriver, CgroupNaming},
+        pod_cgroups::PodCgroups,
     },
     cri::{
         api,

@@ -38,10 +38,7 @@ use super::{
     status::{self, StatusInput, TerminalReason},
 };
 use crate::{
-    cm::{
-        hierarchy::{PodCgroups, pod_cgroup_config},
-        qos::qos_class,
-    },
+    cm::{hierarchy::pod_cgroup_config, pod_cgroups::PodCgroups, qos::qos_class},
     cri::{RuntimeService, api, error::reason},
     events::{EventRecorder, EventType, pod_ref},
     volumes::{VolumeManager, manager::FAILED_MOUNT},
@@ -485,7 +482,7 @@ impl Worker {
         let spec = self.pod.spec.clone().unwrap_or_default();
         let limits =
             pod_cgroup_config(&spec, self.deps.cpu_cfs_quota, self.deps.cpu_cfs_quota_period, self.deps.pod_pids_limit);
-        if let Err(e) = self.deps.cgroups.ensure_pod_cgroup(qos_class(&spec), &self.uid, &limits) {
+        if let Err(e) = self.deps.cgroups.ensure_pod_cgroup(qos_class(&spec), &self.uid, &limits).await {
             warn!(pod = pod_name(&self.pod), "cannot set up the pod cgroup: {e}");
         }
         let config = spec::sandbox_config(&self.pod, attempt, &self.deps.settings);
@@ -773,7 +770,8 @@ impl Worker {
             }
         }
         let spec = self.pod.spec.clone().unwrap_or_default();
-        if let Err(e) = self.deps.cgroups.remove_pod_cgroup(qos_class(&spec), &self.uid, Duration::from_secs(10)) {
+        if let Err(e) = self.deps.cgroups.remove_pod_cgroup(qos_class(&spec), &self.uid, Duration::from_secs(10)).await
+        {
             debug!(pod = pod_name(&self.pod), "removing the pod cgroup: {e}");
         }
         // Unmounts the pod's volumes first; a directory with something

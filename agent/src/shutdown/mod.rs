@@ -7,12 +7,15 @@
 //! new pods are refused; the node reports NotReady ("node is shutting
 //! down") through [`NodeShutdownManager::shutting_down`].
 //!
-//! How the shutdown is noticed is `trigger`'s: the marker file (polled by
+//! How the shutdown is noticed: on a systemd node, as the kubelet does,
+//! from systemd-logind (`logind`: a delay inhibitor lock and
+//! PrepareForShutdown); anywhere, `trigger`'s marker file (polled by
 //! [`NodeShutdownManager::run`]), or SIGTERM while systemd, SysV init or
 //! the marker say the system is stopping (the binary calls
 //! [`NodeShutdownManager::on_sigterm`]). A plain SIGTERM stops only the
 //! agent and leaves the pods running.
 
+pub mod logind;
 pub mod plan;
 pub mod trigger;
 
@@ -54,7 +57,17 @@ pub trait ShutdownPods: Send + Sync {
     fn stopped(&self, uid: &str) -> bool;
     /// Refuse pods that arrive from now on.
     fn refuse_new(&self);
+    /// Every pod source has been heard from since the agent started, so
+    /// `pods` lists every pod the node runs (an agent that just restarted
+    /// may not know its pods yet).
+    fn synced(&self) -> bool {
+        true
+    }
 }
+
+/// How long a shutdown waits for the pod sources to report before it lists
+/// the pods to stop (at most the grace period).
+const SYNC_WAIT: Duration = Duration::from_secs(10);
 
 impl ShutdownPods for PodManager {
     fn pods(&self) -> Vec<ShutdownPod> {
@@ -85,6 +98,10 @@ impl ShutdownPods for PodManager {
         self.is_stopped(uid)
     }
 
+    fn synced(&self) -> bool {
+        crate::gc::ActivePods::all_sources_ready(self)
+    }
+
     fn refuse_new(&self) {
         self.refuse_new_pods(Some(Rejection {
             reason: NOT_ADMITTED_REASON.into(),
@@ -103,6 +120,7 @@ pub enum Phase {
 }
 
 pub struct NodeShutdownManager {
+    grace: Duration,
     steps: Vec<PriorityPeriod>,
     detector: Detector,
     pods: Arc<dyn ShutdownPods>,
@@ -122,6 +140,7 @@ impl NodeShutdownManager {
         node: ObjectReference,
     ) -> NodeShutdownManager {
         NodeShutdownManager {
+            grace,
             steps: plan::steps(grace, critical),
             detector,
             pods,
@@ -130,6 +149,11 @@ impl NodeShutdownManager {
             phase: watch::channel(Phase::Idle).0,
             started: Mutex::new(false),
         }
+    }
+
+    /// shutdownGracePeriod: how long the whole shutdown may take.
+    pub fn grace_period(&self) -> Duration {
+        self.grace
     }
 
     /// Graceful node shutdown is on (shutdownGracePeriod > 0).
@@ -158,6 +182,15 @@ impl NodeShutdownManager {
         info!("node shutdown: {why}; stopping pods");
         self.phase.send_replace(Phase::InProgress);
         self.recorder.record(&self.node, EventType::Normal, "Shutdown", "Shutdown manager detected shutdown event");
+        // Pods that run must be stopped even when the agent has only just
+        // started: wait for its sources before refusing what they bring.
+        let sync_deadline = Instant::now() + SYNC_WAIT.min(self.grace);
+        while !self.pods.synced() && Instant::now() < sync_deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if !self.pods.synced() {
+            warn!("node shutdown: the pod sources have not all reported; stopping the pods known so far");
+        }
         self.pods.refuse_new();
         let reason =
             TerminalReason { reason: SHUTDOWN_REASON.into(), message: SHUTDOWN_MESSAGE.into(), disruption: true };
@@ -245,11 +278,23 @@ mod tests {
         stop_after: HashMap<String, Duration>,
         killed: Mutex<Vec<(String, Duration, Instant)>>,
         refused: Mutex<bool>,
+        /// Sources report (and the pods appear) this long after the start.
+        synced_after: Option<(Instant, Duration)>,
+    }
+
+    impl Pods {
+        fn is_synced(&self) -> bool {
+            self.synced_after.is_none_or(|(start, after)| start.elapsed() >= after)
+        }
     }
 
     impl ShutdownPods for Pods {
         fn pods(&self) -> Vec<ShutdownPod> {
-            self.pods.clone()
+            if self.is_synced() { self.pods.clone() } else { vec![] }
+        }
+
+        fn synced(&self) -> bool {
+            self.is_synced()
         }
 
         fn kill(&self, uid: &str, grace: Duration, reason: TerminalReason) {
@@ -265,6 +310,7 @@ mod tests {
         }
 
         fn refuse_new(&self) {
+            assert!(self.is_synced(), "new pods refused before the sources reported: re-adopted pods would be refused");
             *self.refused.lock().unwrap() = true;
         }
     }
@@ -312,6 +358,27 @@ mod tests {
         // web's 6 s budget runs out before the critical group starts.
         assert!(dns_at >= Duration::from_secs(6) && dns_at < Duration::from_secs(7), "{dns_at:?}");
         assert!(t0.elapsed() < Duration::from_secs(8), "critical pods took their time only: {:?}", t0.elapsed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shutdown_right_after_start_waits_for_the_pod_sources() {
+        let pods = Arc::new(Pods {
+            pods: vec![pod("web", 0, 30)],
+            stop_after: [("web".into(), Duration::ZERO)].into(),
+            synced_after: Some((Instant::now(), Duration::from_secs(2))),
+            ..Default::default()
+        });
+        let m = NodeShutdownManager::new(
+            Duration::from_secs(30),
+            Duration::from_secs(10),
+            Detector { marker: None, system: false },
+            pods.clone(),
+            Arc::new(NoEvents),
+            ObjectReference::default(),
+        );
+        m.shutdown("test").await;
+        let killed: Vec<String> = pods.killed.lock().unwrap().iter().map(|k| k.0.clone()).collect();
+        assert_eq!(killed, ["web"], "the pod the sources brought late was stopped, not refused");
     }
 
     #[tokio::test]

@@ -1,6 +1,6 @@
-//! How the agent learns that the node is shutting down. The kubelet takes
-//! a systemd-logind delay inhibitor lock and waits for PrepareForShutdown
-//! on D-Bus; swiftlet keeps no D-Bus client, and asks instead:
+//! How the agent learns that the node is shutting down without logind
+//! (`logind` is the systemd node's way, as the kubelet's), and as a safety
+//! net beside it:
 //!
 //! 1. the shutdown marker file (`--node-shutdown-marker`, default
 //!    `/run/swiftlet/node-shutdown`), created by whatever knows the node

@@ -1,0 +1,202 @@
+//! How the pods' cgroups are created, limited and removed: the kubelet's
+//! CgroupManager, one implementation per cgroup driver (`cgroupfs` here,
+//! `systemd` in `cm::systemd`) and an in-memory one for tests, in the shape
+//! of youki's libcgroups. Reading cgroups (usage, limits, processes) stays
+//! with `cgroups::CgroupFs`, whatever the driver: both drivers' cgroups are
+//! plain cgroupfs directories, named by `CgroupNaming`.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Debug,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use thiserror::Error;
+
+use super::{hierarchy::CgroupLimits, naming::CgroupDriver};
+use crate::{
+    cgroups::{CgroupError, CgroupFs},
+    systemd::SystemdError,
+};
+
+#[derive(Debug, Error)]
+#[error("{what}: {source}")]
+pub struct CmError {
+    pub what: String,
+    /// Boxed: a D-Bus error is large, and every cgroup call returns this.
+    #[source]
+    pub source: Box<CmCause>,
+}
+
+#[derive(Debug, Error)]
+pub enum CmCause {
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    #[error(transparent)]
+    Systemd(#[from] SystemdError),
+    #[error("{0}")]
+    Missing(String),
+}
+
+pub(crate) fn ctx<E: Into<CmCause>>(what: impl FnOnce() -> String) -> impl FnOnce(E) -> CmError {
+    move |source| CmError { what: what(), source: Box::new(source.into()) }
+}
+
+/// A cgroup driver. Cgroups are named by their path below the hierarchy
+/// root (`kubepods/burstable/pod<uid>`, `kubepods.slice/...`), as
+/// `CgroupNaming` gives them.
+#[async_trait]
+pub trait CgroupManager: Send + Sync + Debug {
+    fn driver(&self) -> CgroupDriver;
+
+    /// Creates `cgroup` (and the parents this driver needs) with `limits`,
+    /// or sets them on a cgroup that exists.
+    async fn apply(&self, cgroup: &str, limits: &CgroupLimits) -> Result<(), CmError>;
+
+    /// Sets `limits` on a cgroup this agent does not own (the system's
+    /// `systemReservedCgroup` and `kubeReservedCgroup`), which must exist.
+    async fn update(&self, cgroup: &str, limits: &CgroupLimits) -> Result<(), CmError>;
+
+    /// Kills what still runs in `cgroup` and removes it, waiting up to
+    /// `timeout` for its processes to go. A missing cgroup is fine.
+    async fn destroy(&self, cgroup: &str, timeout: Duration) -> Result<(), CmError>;
+}
+
+/// Writes the limits of an existing cgroup through cgroupfs (either
+/// driver: systemd's properties are rounded, cgroupfs gets exact values).
+pub(crate) fn write_limits(fs: &CgroupFs, rel: &str, limits: &CgroupLimits) -> Result<(), CmError> {
+    if let Some(m) = limits.memory {
+        fs.set_memory_limit(rel, Some(m)).map_err(ctx(|| format!("memory limit of {rel}")))?;
+    }
+    if limits.cpu.shares.is_some() || limits.cpu.quota_us.is_some() {
+        fs.set_cpu(rel, limits.cpu).map_err(ctx(|| format!("cpu of {rel}")))?;
+    }
+    if let Some(p) = limits.pids {
+        fs.set_pids_max(rel, Some(p)).map_err(ctx(|| format!("pids.max of {rel}")))?;
+    }
+    Ok(())
+}
+
+/// The cgroupfs driver: directories made and removed directly.
+#[derive(Clone, Debug)]
+pub struct CgroupfsManager {
+    fs: CgroupFs,
+}
+
+impl CgroupfsManager {
+    pub fn new(fs: CgroupFs) -> CgroupfsManager {
+        CgroupfsManager { fs }
+    }
+}
+
+/// Kills a cgroup's processes and removes its directories (the cgroupfs
+/// driver's destroy, and the systemd driver's for what systemd left).
+pub(crate) async fn kill_and_remove(fs: &CgroupFs, rel: &str, timeout: Duration) -> Result<(), CmError> {
+    if !fs.exists(rel) {
+        return Ok(());
+    }
+    match fs.kill_all(rel) {
+        Ok(_) => {}
+        Err(e) if e.is_not_found() => return Ok(()),
+        Err(e) => return Err(CmError { what: format!("kill the processes of {rel}"), source: Box::new(e.into()) }),
+    }
+    // rmdir waits (polling EBUSY) for the killed tasks to leave.
+    let (fs, owned) = (fs.clone(), rel.to_owned());
+    tokio::task::spawn_blocking(move || fs.remove(&owned, timeout))
+        .await
+        .unwrap_or_else(|e| Err(CgroupError::Io { path: rel.into(), source: std::io::Error::other(e) }))
+        .map_err(ctx(|| format!("remove cgroup {rel}")))
+}
+
+#[async_trait]
+impl CgroupManager for CgroupfsManager {
+    fn driver(&self) -> CgroupDriver {
+        CgroupDriver::Cgroupfs
+    }
+
+    async fn apply(&self, cgroup: &str, limits: &CgroupLimits) -> Result<(), CmError> {
+        self.fs.create(cgroup).map_err(ctx(|| format!("create cgroup {cgroup}")))?;
+        write_limits(&self.fs, cgroup, limits)
+    }
+
+    async fn update(&self, cgroup: &str, limits: &CgroupLimits) -> Result<(), CmError> {
+        let rel = cgroup.trim_matches('/');
+        if !self.fs.exists(rel) {
+            return Err(CmError {
+                what: format!("set limits on {cgroup}"),
+                source: Box::new(CmCause::Missing("the cgroup does not exist".into())),
+            });
+        }
+        write_limits(&self.fs, rel, limits)
+    }
+
+    async fn destroy(&self, cgroup: &str, timeout: Duration) -> Result<(), CmError> {
+        kill_and_remove(&self.fs, cgroup, timeout).await
+    }
+}
+
+/// What an [`InMemoryCgroups`] holds for one cgroup.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecordedCgroup {
+    pub limits: CgroupLimits,
+    /// How many times limits were applied.
+    pub applies: u32,
+}
+
+/// A driver in memory, for unit tests of what the container manager asks
+/// for: cgroups are entries; `existing` ones stand for the system's.
+#[derive(Clone, Debug, Default)]
+pub struct InMemoryCgroups {
+    pub cgroups: Arc<Mutex<BTreeMap<String, RecordedCgroup>>>,
+}
+
+impl InMemoryCgroups {
+    pub fn get(&self, cgroup: &str) -> Option<RecordedCgroup> {
+        self.lock().get(cgroup.trim_matches('/')).cloned()
+    }
+
+    /// A cgroup someone else made (for `update`).
+    pub fn add_existing(&self, cgroup: &str) {
+        self.lock().insert(cgroup.trim_matches('/').to_owned(), RecordedCgroup::default());
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, RecordedCgroup>> {
+        self.cgroups.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait]
+impl CgroupManager for InMemoryCgroups {
+    fn driver(&self) -> CgroupDriver {
+        CgroupDriver::Cgroupfs
+    }
+
+    async fn apply(&self, cgroup: &str, limits: &CgroupLimits) -> Result<(), CmError> {
+        let mut all = self.lock();
+        let entry = all.entry(cgroup.trim_matches('/').to_owned()).or_default();
+        entry.limits = *limits;
+        entry.applies += 1;
+        Ok(())
+    }
+
+    async fn update(&self, cgroup: &str, limits: &CgroupLimits) -> Result<(), CmError> {
+        match self.lock().get_mut(cgroup.trim_matches('/')) {
+            Some(entry) => {
+                entry.limits = *limits;
+                entry.applies += 1;
+                Ok(())
+            }
+            None => Err(CmError {
+                what: format!("set limits on {cgroup}"),
+                source: Box::new(CmCause::Missing("the cgroup does not exist".into())),
+            }),
+        }
+    }
+
+    async fn destroy(&self, cgroup: &str, _timeout: Duration) -> Result<(), CmError> {
+        self.lock().remove(cgroup.trim_matches('/'));
+        Ok(())
+    }
+}
