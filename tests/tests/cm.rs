@@ -151,3 +151,50 @@ async fn hierarchy_limits_and_pod_cgroups_on_this_machine() {
     assert!(!fs.exists(&gpod));
     // The TestCgroup guard removes kubepods and the test root.
 }
+
+/// The Burstable QoS cgroup's cpu shares follow the Burstable pods' cpu
+/// requests, read from cgroupfs under a running agent, as the kubelet's
+/// QoS container manager keeps them: 500m + 250m give the shares of 750m,
+/// and they drop to 500m's when one pod goes.
+#[test]
+fn burstable_cpu_shares_follow_the_burstable_pods() {
+    use swiftlet_tests::agent::TestAgent;
+    let a = TestAgent::start("", &[]);
+    let fs = a.cgroupfs();
+    let burstable = format!("{}/kubepods/burstable", a.cgroup_root.trim_matches('/'));
+    let manifest = |name: &str, cpu: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: swiftlet.local/busybox:1.35\n    command: [\"sleep\", \"3600\"]\n    resources:\n      requests: {{cpu: {cpu}}}\n"
+        )
+    };
+    let shares_now = || {
+        let (got, _) = cpu_shares_file(&fs, &burstable, 2);
+        got
+    };
+    let want = |milli: u64| cpu_shares_file_value(&fs, milli_cpu_to_shares(milli as i64));
+    let wait_for = |what: &str, value: String| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while shares_now() != value {
+            assert!(std::time::Instant::now() < deadline, "{what}: the Burstable cgroup holds {}, not {value}", shares_now());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let b1 = a.add_manifest("b1.yaml", &manifest("b1", "500m"));
+    let b2 = a.add_manifest("b2.yaml", &manifest("b2", "250m"));
+    for p in [&b1, &b2] {
+        a.wait_status(p, Duration::from_secs(60), "Running", |s| s.phase.as_deref() == Some("Running"));
+    }
+    wait_for("two Burstable pods, 500m and 250m", want(750));
+    a.remove_manifest("b2.yaml");
+    a.wait_gone(&b2, Duration::from_secs(60));
+    wait_for("one Burstable pod left, 500m", want(500));
+}
+
+/// What the QoS cgroup's file holds for `shares` on this machine's
+/// cgroup version.
+fn cpu_shares_file_value(fs: &CgroupFs, shares: u64) -> String {
+    match fs.version() {
+        Version::V1 => shares.to_string(),
+        Version::V2 => swiftlet::cgroups::shares_to_weight(shares).to_string(),
+    }
+}

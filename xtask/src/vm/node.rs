@@ -279,16 +279,51 @@ pub fn ensure_image(kernels: &[&KernelImage]) -> Result<PathBuf> {
     Ok(image)
 }
 
-/// The modules that give the kernel `/dev/vda`, in load order (where they
-/// are built in, they are not files and are skipped).
+/// The modules that give the kernel `/dev/vda` (where they are built in,
+/// they are not files and are skipped); each is loaded after what its
+/// `depends=` names (6.1's virtio needs virtio_ring, 6.12's has it built in).
 const BOOT_MODULES: &[(&str, &str)] = &[
-    ("drivers/virtio", "virtio"),
     ("drivers/virtio", "virtio_ring"),
+    ("drivers/virtio", "virtio"),
     ("drivers/virtio", "virtio_pci_modern_dev"),
     ("drivers/virtio", "virtio_pci_legacy_dev"),
     ("drivers/virtio", "virtio_pci"),
     ("drivers/block", "virtio_blk"),
 ];
+
+/// A module's `depends=` list, from its modinfo section.
+fn depends(module: &[u8]) -> Vec<String> {
+    let needle = b"depends=";
+    module
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .map(|at| {
+            let rest = &module[at + needle.len()..];
+            let end = rest.iter().position(|b| *b == 0).unwrap_or(rest.len());
+            String::from_utf8_lossy(&rest[..end]).split(',').filter(|d| !d.is_empty()).map(str::to_owned).collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The boot modules this kernel has as files, dependencies first.
+fn boot_modules(image: &KernelImage) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut found: Vec<(String, Vec<u8>)> = vec![];
+    for (dir, name) in BOOT_MODULES {
+        if let Some(module) = find_module(&image.tree, dir, name)? {
+            found.push(((*name).to_owned(), module));
+        }
+    }
+    let mut ordered: Vec<(String, Vec<u8>)> = vec![];
+    while !found.is_empty() {
+        let names: Vec<String> = found.iter().map(|(n, _)| n.clone()).collect();
+        let ready = found
+            .iter()
+            .position(|(_, m)| depends(m).iter().all(|d| !names.contains(d) || ordered.iter().any(|(o, _)| o == d)))
+            .unwrap_or(0);
+        ordered.push(found.remove(ready));
+    }
+    Ok(ordered)
+}
 
 /// A small initramfs that loads the virtio disk driver, mounts /dev/vda and
 /// hands over to systemd.
@@ -300,11 +335,9 @@ pub fn boot_initramfs(path: &Path, image: &KernelImage) -> Result<()> {
     let busybox = fs::read("/bin/busybox").context("static busybox at /bin/busybox (Debian busybox-static)")?;
     cpio.file("/bin/busybox", &busybox, true)?;
     let mut loads = String::new();
-    for (dir, name) in BOOT_MODULES {
-        if let Some(module) = find_module(&image.tree, dir, name)? {
-            cpio.file(&format!("/modules/{name}.ko"), &module, false)?;
-            loads.push_str(&format!("insmod /modules/{name}.ko\n"));
-        }
+    for (name, module) in boot_modules(image)? {
+        cpio.file(&format!("/modules/{name}.ko"), &module, false)?;
+        loads.push_str(&format!("insmod /modules/{name}.ko\n"));
     }
     let init = format!(
         r#"#!/bin/busybox sh
@@ -323,4 +356,17 @@ exec switch_root /newroot /sbin/init
     );
     cpio.file("/init", init.as_bytes(), true)?;
     cpio.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_dependencies_from_modinfo() {
+        let module = b"\x7fELF...\0license=GPL\0depends=virtio_ring,virtio\0retpoline=Y\0";
+        assert_eq!(depends(module), ["virtio_ring", "virtio"]);
+        assert!(depends(b"\0depends=\0").is_empty());
+        assert!(depends(b"no modinfo").is_empty());
+    }
 }
