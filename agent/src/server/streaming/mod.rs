@@ -158,6 +158,7 @@ pub async fn serve(server: &Server, mut req: Request<Incoming>) -> Response<Body
                 return resp;
             };
             let streaming = server.streaming.handle(rt.clone());
+            info!("{what}: SPDY/3.1 {protocol}");
             tokio::spawn(async move {
                 let Ok(upgraded) = on_upgrade.await else { return };
                 let (session, incoming) = Session::start(hyper_util::rt::TokioIo::new(upgraded), Role::Server);
@@ -195,6 +196,7 @@ pub async fn serve(server: &Server, mut req: Request<Incoming>) -> Response<Body
             };
             let name = if tunnel { Some(websocket::PORT_FORWARD_TUNNEL) } else { channel_protocol.map(|p| p.name) };
             let streaming = server.streaming.handle(rt.clone());
+            info!("{what}: WebSocket {}", name.unwrap_or("(no subprotocol)"));
             tokio::spawn(async move {
                 let Ok(upgraded) = on_upgrade.await else { return };
                 let ws = websocket::websocket(upgraded).await;
