@@ -341,7 +341,216 @@ fn read_lines(r: &mut impl Read, n: usize, timeout: Duration) -> Vec<String> {
     String::from_utf8_lossy(&buf).lines().map(str::to_owned).collect()
 }
 
-#[allow(dead_code)]
+/// tmux on a socket of its own (`-L`), killed on drop.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn new(tag: &str) -> Tmux {
+        assert!(command_exists("tmux"), "this test needs tmux (`cargo xtask setup` installs it)");
+        Tmux { socket: format!("swiftlet-{tag}-{}", std::process::id()) }
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let out = Command::new("tmux").arg("-L").arg(&self.socket).args(args).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn screen(&self, session: &str) -> String {
+        self.run(&["capture-pane", "-p", "-t", session])
+    }
+
+    /// Waits until the screen shows `what`.
+    fn expect(&self, session: &str, what: &str) -> String {
+        wait(&format!("{what:?} on the terminal"), Duration::from_secs(20), || {
+            let s = self.screen(session);
+            s.contains(what).then_some(s)
+        })
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").arg("-L").arg(&self.socket).arg("kill-server").output();
+    }
+}
+
+#[test]
+fn exec_with_a_terminal_follows_resizes() {
+    let mut c = cluster("tty", "");
+    let pod = c.run_pod(busybox_pod("tty", free_port()));
+    let tmux = Tmux::new("tty");
+    for (i, (label, k, env)) in variants(&c).into_iter().enumerate() {
+        let session = format!("s{i}");
+        let envs: String = env.iter().map(|(n, v)| format!("{n}={v} ")).collect();
+        let line = format!("{envs}{}", k.shell_line(&["exec", "-it", &pod, "-c", "app", "--", "sh"]));
+        tmux.run(&["new-session", "-d", "-s", &session, "-x", "100", "-y", "30", &line]);
+        tmux.expect(&session, "/ #");
+        tmux.run(&["send-keys", "-t", &session, "echo TTY-$(tty)", "Enter"]);
+        tmux.expect(&session, "TTY-/dev/pts");
+        // kubectl sends the terminal's size right after the streams open,
+        // while the shell may already be reading: ask until it is there.
+        let ask = |want: &str| {
+            wait(&format!("{label}: stty size {want} in the container"), Duration::from_secs(20), || {
+                tmux.run(&["send-keys", "-t", &session, "clear; stty size", "Enter"]);
+                std::thread::sleep(Duration::from_millis(300));
+                let s = tmux.screen(&session);
+                s.contains(want).then_some(s)
+            })
+        };
+        ask("30 100");
+        tmux.run(&["resize-window", "-t", &session, "-x", "120", "-y", "40"]);
+        let screen = ask("40 120");
+        tmux.run(&["send-keys", "-t", &session, "exit 7", "Enter"]);
+        wait(&format!("{label}: the session to end"), Duration::from_secs(20), || {
+            (!tmux.run(&["list-sessions"]).contains(&format!("{session}:"))).then_some(())
+        });
+        println!("{label}: exec -it: stty size 30 100, then after the resize: {}", screen.trim());
+    }
+}
+
+#[test]
+fn debug_adds_an_ephemeral_container_that_sees_the_targets_processes() {
+    let mut c = cluster("debug", "");
+    let pod = c.run_pod(busybox_pod("debug", free_port()));
+    let kubectls: Vec<(&str, &Kubectl)> = c.kubectls.iter().map(|(l, k)| (*l, k)).collect();
+    for (i, (label, k)) in kubectls.into_iter().enumerate() {
+        let name = format!("dbg{i}");
+        let out = k.run(&[
+            "debug",
+            &pod,
+            &format!("--image={IMAGE}"),
+            "--target=app",
+            &format!("--container={name}"),
+            "--",
+            "sleep",
+            &format!("360{i}"),
+        ]);
+        assert!(out.status.success(), "{label}: kubectl debug: {}", String::from_utf8_lossy(&out.stderr));
+        let server = &c.server;
+        let status = wait(&format!("{label}: {name} running"), Duration::from_secs(60), || {
+            let p = server.get(&PODS, "default", &pod)?;
+            let s = p.pointer("/status/ephemeralContainerStatuses")?.as_array()?.iter().find(|s| s["name"] == name)?.clone();
+            s.pointer("/state/running").is_some().then_some(s)
+        });
+        assert!(status["containerID"].as_str().is_some_and(|id| id.starts_with("containerd://")), "{status}");
+        // In the target's process namespace: the app's httpd and its shell loop.
+        let (out, err, code) = kubectl_io(k, &["exec", &pod, "-c", &name, "--", "ps"], b"", &[]);
+        let ps = String::from_utf8_lossy(&out);
+        assert_eq!(code, 0, "{label}: {err}");
+        assert!(ps.contains("httpd") && ps.contains(&format!("sleep 360{i}")), "{label}: ps in {name}:\n{ps}");
+        // The app container itself does not see the debugger (its own namespace).
+        let (out, _, _) = kubectl_io(k, &["exec", &pod, "-c", "reader", "--", "ps"], b"", &[]);
+        assert!(!String::from_utf8_lossy(&out).contains("httpd"), "reader has its own process namespace");
+        println!("{label}: kubectl debug --target=app: {name} running, ps:\n{ps}");
+    }
+    // Ephemeral containers are not restarted: end one, it stays terminated.
+    for pid in processes("sleep 3600") {
+        // SAFETY: kill(2) on the debugger's own process, found by its command line.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    let server = &c.server;
+    wait("dbg0 terminated", Duration::from_secs(30), || {
+        let p = server.get(&PODS, "default", &pod)?;
+        let s = p.pointer("/status/ephemeralContainerStatuses")?.as_array()?.iter().find(|s| s["name"] == "dbg0")?.clone();
+        s.pointer("/state/terminated").map(drop)
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let p = c.server.get(&PODS, "default", &pod).unwrap();
+    let s = p["status"]["ephemeralContainerStatuses"].as_array().unwrap().iter().find(|s| s["name"] == "dbg0").unwrap().clone();
+    assert!(s["state"]["terminated"].is_object(), "not restarted: {s}");
+}
+
+/// Processes on the machine whose command line is exactly `cmdline`.
+fn processes(cmdline: &str) -> Vec<u32> {
+    let want: Vec<u8> = cmdline.split(' ').flat_map(|a| a.bytes().chain([0])).collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .collect()
+}
+
+fn count(dir: String) -> usize {
+    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+}
+
+#[test]
+fn dropped_and_idle_sessions_leave_nothing_and_fifty_sessions_run_at_once() {
+    let mut c = cluster("cleanup", "streamingConnectionIdleTimeout: 4s\n");
+    let pod = c.run_pod(busybox_pod("cleanup", free_port()));
+    let agent_pid = c.agent.pid().unwrap();
+    // Settle: one session first, so lazily made things (the CRI channel,
+    // TLS state) exist before the baseline.
+    let (_, err, code) = kubectl_io(&c.kubectls[0].1, &["exec", &pod, "-c", "app", "--", "true"], b"", &[]);
+    assert_eq!(code, 0, "{err}");
+    std::thread::sleep(Duration::from_secs(1));
+    let fds = || count(format!("/proc/{agent_pid}/fd"));
+    let tasks = || count(format!("/proc/{agent_pid}/task"));
+    let (fds0, tasks0) = (fds(), tasks());
+    // Clients killed mid-stream: their commands are killed too.
+    for (n, (label, k, env)) in variants(&c).into_iter().enumerate() {
+        let marker = format!("sleep {}", 7700 + n);
+        let mut cmd = k.command(&["exec", "-i", &pod, "-c", "app", "--", "sleep", &(7700 + n).to_string()]);
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        wait(&format!("{label}: {marker} running"), Duration::from_secs(20), || (processes(&marker).len() == 1).then_some(()));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let t = Instant::now();
+        wait(&format!("{label}: {marker} gone after the client went"), Duration::from_secs(20), || {
+            processes(&marker).is_empty().then_some(())
+        });
+        println!("{label}: client killed; its command ended {:?} later", t.elapsed());
+    }
+    // An idle session (no byte either way) is closed after 4 s, and its
+    // command killed.
+    let t = Instant::now();
+    let (_, err, code) = kubectl_io(&c.kubectls[0].1, &["exec", &pod, "-c", "app", "--", "sleep", "7799"], b"", &[]);
+    let took = t.elapsed();
+    assert!(code != 0 && took >= Duration::from_secs(4) && took < Duration::from_secs(15), "{code} after {took:?}: {err}");
+    wait("sleep 7799 gone after the idle timeout", Duration::from_secs(10), || processes("sleep 7799").is_empty().then_some(()));
+    assert!(c.log().contains("streamingConnectionIdleTimeout"), "the idle close is logged");
+    println!("idle session closed after {took:?}: {}", err.trim());
+    // 50 sessions at once, half over WebSocket (1.32), half over SPDY (1.20).
+    let t = Instant::now();
+    let children: Vec<(usize, Child)> = (0..50)
+        .map(|i| {
+            let k = &c.kubectls[i % 2].1;
+            let script = format!("echo session-{i}; echo $(({i} * {i}))");
+            let child = k
+                .command(&["exec", &pod, "-c", "app", "--", "sh", "-c", &script])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (i, child)
+        })
+        .collect();
+    for (i, child) in children {
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "session {i}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(text, format!("session-{i}\n{}\n", i * i), "session {i}");
+    }
+    println!("50 concurrent exec sessions: all complete in {:?}", t.elapsed());
+    // Nothing left: the agent's descriptors and threads are back where
+    // they were (tokio's blocking pool may keep idle threads for 10 s).
+    std::thread::sleep(Duration::from_secs(2));
+    let (fds1, _) = (fds(), tasks());
+    let tasks1 = wait("the agent's threads to settle", Duration::from_secs(20), || {
+        let n = tasks();
+        (n <= tasks0 + 1).then_some(n)
+    });
+    println!("agent fds {fds0} -> {fds1}, threads {tasks0} -> {tasks1}");
+    assert!(fds1 <= fds0 + 1, "the agent's descriptors: {fds0} before, {fds1} after");
+}
+
 fn command_exists(c: &str) -> bool {
     Command::new("sh").args(["-c", &format!("command -v {c}")]).output().is_ok_and(|o| o.status.success())
 }

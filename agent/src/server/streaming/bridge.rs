@@ -110,12 +110,14 @@ pub async fn run(
         tasks.spawn(async move {
             let mut buf: Vec<u8> = vec![];
             while let Some(b) = src.recv().await {
+                debug!("resize message: {:?}", String::from_utf8_lossy(&b));
                 buf.extend_from_slice(&b);
                 // Whole JSON objects go on; a partial one waits for more.
                 let mut it = serde_json::Deserializer::from_slice(&buf).into_iter::<TerminalSize>();
                 let mut used = 0;
                 while let Some(Ok(size)) = it.next() {
                     used = it.byte_offset();
+                    debug!("terminal resized to {}x{}", size.width, size.height);
                     let json = serde_json::to_vec(&size).unwrap_or_default();
                     if dst.write(&json).await.is_err() {
                         return;
