@@ -151,7 +151,10 @@ fn busybox_pod(name: &str, http_port: u16) -> Value {
 
 /// The protocol variants each kubectl is run with: 1.32 as it comes
 /// (WebSocket) and forced to SPDY; 1.20 (SPDY only).
-fn variants(c: &Cluster) -> Vec<(String, &Kubectl, Vec<(&'static str, &'static str)>)> {
+/// A kubectl run: (label, binary, environment).
+type Variant<'a> = (String, &'a Kubectl, Vec<(&'static str, &'static str)>);
+
+fn variants(c: &Cluster) -> Vec<Variant<'_>> {
     let mut v = vec![];
     for (label, k) in &c.kubectls {
         if label.contains("1.32") {
@@ -179,12 +182,8 @@ fn exec_streams_exit_codes_stdin_and_cp_with_both_kubectls() {
     let sum = hex(&Sha256::digest(&payload));
     for (label, k, env) in variants(&c) {
         // Both streams and the exit code.
-        let (out, err, code) = kubectl_io(
-            k,
-            &["exec", &pod, "-c", "app", "--", "sh", "-c", "echo out; echo err >&2; exit 3"],
-            b"",
-            &env,
-        );
+        let (out, err, code) =
+            kubectl_io(k, &["exec", &pod, "-c", "app", "--", "sh", "-c", "echo out; echo err >&2; exit 3"], b"", &env);
         assert_eq!(String::from_utf8_lossy(&out), "out\n", "{label}: stdout; stderr: {err}");
         assert!(err.contains("err\n"), "{label}: stderr: {err:?}");
         assert_eq!(code, 3, "{label}: the command's exit code; stderr: {err}");
@@ -193,8 +192,7 @@ fn exec_streams_exit_codes_stdin_and_cp_with_both_kubectls() {
         assert_eq!(code, 0, "{label}: {err}");
         assert_eq!(out.len(), payload.len(), "{label}: bytes back");
         assert_eq!(hex(&Sha256::digest(&out)), sum, "{label}: the same bytes back");
-        let (out, err, _) =
-            kubectl_io(k, &["exec", "-i", &pod, "-c", "app", "--", "sha256sum"], &payload, &env);
+        let (out, err, _) = kubectl_io(k, &["exec", "-i", &pod, "-c", "app", "--", "sha256sum"], &payload, &env);
         assert!(String::from_utf8_lossy(&out).starts_with(&sum), "{label}: in the container: {out:?} {err}");
         // kubectl cp in and out, byte-identical.
         let dir = tempfile::tempdir().unwrap();
@@ -431,7 +429,12 @@ fn debug_adds_an_ephemeral_container_that_sees_the_targets_processes() {
         let server = &c.server;
         let status = wait(&format!("{label}: {name} running"), Duration::from_secs(60), || {
             let p = server.get(&PODS, "default", &pod)?;
-            let s = p.pointer("/status/ephemeralContainerStatuses")?.as_array()?.iter().find(|s| s["name"] == name)?.clone();
+            let s = p
+                .pointer("/status/ephemeralContainerStatuses")?
+                .as_array()?
+                .iter()
+                .find(|s| s["name"] == name)?
+                .clone();
             s.pointer("/state/running").is_some().then_some(s)
         });
         assert!(status["containerID"].as_str().is_some_and(|id| id.starts_with("containerd://")), "{status}");
@@ -453,12 +456,19 @@ fn debug_adds_an_ephemeral_container_that_sees_the_targets_processes() {
     let server = &c.server;
     wait("dbg0 terminated", Duration::from_secs(30), || {
         let p = server.get(&PODS, "default", &pod)?;
-        let s = p.pointer("/status/ephemeralContainerStatuses")?.as_array()?.iter().find(|s| s["name"] == "dbg0")?.clone();
+        let s =
+            p.pointer("/status/ephemeralContainerStatuses")?.as_array()?.iter().find(|s| s["name"] == "dbg0")?.clone();
         s.pointer("/state/terminated").map(drop)
     });
     std::thread::sleep(Duration::from_secs(3));
     let p = c.server.get(&PODS, "default", &pod).unwrap();
-    let s = p["status"]["ephemeralContainerStatuses"].as_array().unwrap().iter().find(|s| s["name"] == "dbg0").unwrap().clone();
+    let s = p["status"]["ephemeralContainerStatuses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "dbg0")
+        .unwrap()
+        .clone();
     assert!(s["state"]["terminated"].is_object(), "not restarted: {s}");
 }
 
@@ -498,7 +508,9 @@ fn dropped_and_idle_sessions_leave_nothing_and_fifty_sessions_run_at_once() {
             cmd.env(k, v);
         }
         let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-        wait(&format!("{label}: {marker} running"), Duration::from_secs(20), || (processes(&marker).len() == 1).then_some(()));
+        wait(&format!("{label}: {marker} running"), Duration::from_secs(20), || {
+            (processes(&marker).len() == 1).then_some(())
+        });
         child.kill().unwrap();
         child.wait().unwrap();
         let t = Instant::now();
@@ -512,8 +524,13 @@ fn dropped_and_idle_sessions_leave_nothing_and_fifty_sessions_run_at_once() {
     let t = Instant::now();
     let (_, err, code) = kubectl_io(&c.kubectls[0].1, &["exec", &pod, "-c", "app", "--", "sleep", "7799"], b"", &[]);
     let took = t.elapsed();
-    assert!(code != 0 && took >= Duration::from_secs(4) && took < Duration::from_secs(15), "{code} after {took:?}: {err}");
-    wait("sleep 7799 gone after the idle timeout", Duration::from_secs(10), || processes("sleep 7799").is_empty().then_some(()));
+    assert!(
+        code != 0 && took >= Duration::from_secs(4) && took < Duration::from_secs(15),
+        "{code} after {took:?}: {err}"
+    );
+    wait("sleep 7799 gone after the idle timeout", Duration::from_secs(10), || {
+        processes("sleep 7799").is_empty().then_some(())
+    });
     assert!(c.log().contains("streamingConnectionIdleTimeout"), "the idle close is logged");
     println!("idle session closed after {took:?}: {}", err.trim());
     // 50 sessions at once, half over WebSocket (1.32), half over SPDY (1.20).
@@ -549,6 +566,75 @@ fn dropped_and_idle_sessions_leave_nothing_and_fifty_sessions_run_at_once() {
     });
     println!("agent fds {fds0} -> {fds1}, threads {tasks0} -> {tasks1}");
     assert!(fds1 <= fds0 + 1, "the agent's descriptors: {fds0} before, {fds1} after");
+}
+
+/// 401 and 403 on the streaming paths, as on the others: the server
+/// module in this process, its webhooks asking a stand-in API server.
+/// POST (SPDY, and the /run form) is `create` on nodes/proxy, GET
+/// (WebSocket) is `get`.
+#[test]
+fn streaming_paths_are_nodes_proxy_create_or_get() {
+    use std::sync::Arc;
+
+    use swiftlet_tests::{
+        cgroup::TestCgroup, cri::StaticPods, kubelet::InProcess, pki::TestCa, review_stub::ReviewStub,
+    };
+    prereq::require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("test-client-ca");
+    let ca_file = dir.path().join("ca.crt");
+    ca.write(&ca_file);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let stub = ReviewStub::start().await;
+        stub.rules.lock().unwrap().allow.push(("admin".into(), "proxy".into()));
+        let kubeconfig = dir.path().join("kubeconfig");
+        stub.write_kubeconfig(&kubeconfig);
+        let tc = TestCgroup::new();
+        let s = InProcess::start_with(
+            Arc::new(StaticPods::default()),
+            &tc.root,
+            Default::default(),
+            &[
+                format!("--client-ca-file={}", ca_file.display()),
+                "--anonymous-auth=false".into(),
+                "--authorization-mode=Webhook".into(),
+                format!("--kubeconfig={}", kubeconfig.display()),
+            ],
+            Some(&kubeconfig),
+        )
+        .await;
+        let paths = [
+            ("POST", "/exec/default/p/c?command=ls&output=1", "create"),
+            ("GET", "/exec/default/p/uid/c?command=ls&output=1", "get"),
+            ("POST", "/attach/default/p/c?output=1", "create"),
+            ("GET", "/portForward/default/p", "get"),
+            ("POST", "/portForward/default/p/uid", "create"),
+            ("POST", "/run/default/p/c?cmd=ls", "create"),
+        ];
+        for (method, path, verb) in paths {
+            let r = s.https(None).send(method, path, &[]).await.unwrap();
+            assert_eq!(r.status, 401, "{method} {path} without credentials");
+            let r = s.https(Some(ca.client("mallory", &["staff"]))).send(method, path, &[]).await.unwrap();
+            assert_eq!(r.status, 403, "{method} {path} as mallory");
+            assert_eq!(
+                r.text(),
+                format!("Forbidden (user=mallory, verb={verb}, resource=nodes, subresource(s)=[proxy])\n"),
+                "{method} {path}"
+            );
+            // Allowed: past authorization to the handler (no such pod here).
+            let r = s.https(Some(ca.client("admin", &[]))).send(method, path, &[]).await.unwrap();
+            assert_eq!((r.status, r.text().as_str()), (404, "pod does not exist"), "{method} {path} as admin");
+        }
+        let seen = stub.rules.lock().unwrap().seen.clone();
+        let sar = seen
+            .iter()
+            .find(|(k, spec)| k == "SubjectAccessReview" && spec["user"] == "mallory")
+            .expect("a SubjectAccessReview for mallory");
+        assert_eq!(sar.1["resourceAttributes"]["subresource"], "proxy");
+        assert_eq!(sar.1["resourceAttributes"]["resource"], "nodes");
+        s.shutdown().await;
+    });
 }
 
 fn command_exists(c: &str) -> bool {

@@ -104,23 +104,24 @@ mod tests {
     use crate::pods::observed::{ContainerState, SandboxState};
 
     fn pod() -> Pod {
-        let mut p = Pod::default();
-        p.spec = Some(PodSpec {
-            containers: vec![Container { name: "app".into(), ..Default::default() }],
-            ephemeral_containers: Some(vec![
-                EphemeralContainer {
-                    name: "debugger".into(),
-                    image: Some("busybox".into()),
-                    target_container_name: Some("app".into()),
-                    stdin: Some(true),
-                    tty: Some(true),
-                    ..Default::default()
-                },
-                EphemeralContainer { name: "plain".into(), ..Default::default() },
-            ]),
+        Pod {
+            spec: Some(PodSpec {
+                containers: vec![Container { name: "app".into(), ..Default::default() }],
+                ephemeral_containers: Some(vec![
+                    EphemeralContainer {
+                        name: "debugger".into(),
+                        image: Some("busybox".into()),
+                        target_container_name: Some("app".into()),
+                        stdin: Some(true),
+                        tty: Some(true),
+                        ..Default::default()
+                    },
+                    EphemeralContainer { name: "plain".into(), ..Default::default() },
+                ]),
+                ..Default::default()
+            }),
             ..Default::default()
-        });
-        p
+        }
     }
 
     fn ctr(name: &str, state: ContainerRunState) -> ContainerState {
@@ -156,7 +157,8 @@ mod tests {
         let o = observed(vec![ctr("debugger", ContainerRunState::Exited), ctr("plain", ContainerRunState::Running)]);
         assert!(to_start(&p, &o).is_empty(), "an exited ephemeral container is not restarted");
         let mut deleting = pod();
-        deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH));
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH));
         assert!(to_start(&deleting, &observed(vec![])).is_empty());
         let c = find(&p, "debugger").unwrap();
         assert_eq!((c.stdin, c.tty, c.image.as_deref()), (Some(true), Some(true), Some("busybox")));

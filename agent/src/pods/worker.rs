@@ -434,7 +434,8 @@ impl Worker {
             } else {
                 sandbox_ip.clone()
             };
-            let mut names: Vec<String> = actions.next_init.iter().cloned().chain(actions.start.iter().cloned()).collect();
+            let mut names: Vec<String> =
+                actions.next_init.iter().cloned().chain(actions.start.iter().cloned()).collect();
             names.extend(super::ephemeral::to_start(&self.pod, &observed));
             for name in names {
                 self.start_container(&name, &sandbox_id, &sandbox_config, &observed, pod_ip.clone()).await;
@@ -624,9 +625,8 @@ impl Worker {
             (config, _) => config,
         };
         // An ephemeral container's target process namespace.
-        let config = config.and_then(|mut cfg| {
-            super::ephemeral::apply_target(&mut cfg, &self.pod, name, observed).map(|()| cfg)
-        });
+        let config = config
+            .and_then(|mut cfg| super::ephemeral::apply_target(&mut cfg, &self.pod, name, observed).map(|()| cfg));
         let config = match config {
             Ok(cfg) => cfg,
             Err(e) => {

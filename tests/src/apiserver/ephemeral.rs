@@ -34,7 +34,10 @@ fn checked(old: &Value, new: Value) -> ApiResult<Value> {
                 return Err(ApiError::new(
                     422,
                     "Invalid",
-                    format!("Pod spec.ephemeralContainers[{}]: Forbidden: existing ephemeral containers may not be changed", o["name"]),
+                    format!(
+                        "Pod spec.ephemeralContainers[{}]: Forbidden: existing ephemeral containers may not be changed",
+                        o["name"]
+                    ),
                 ));
             }
         }
@@ -58,8 +61,9 @@ pub fn serve(
         http::Method::PUT if wants_legacy => body["ephemeralContainers"].clone(),
         http::Method::PUT => body.pointer("/spec/ephemeralContainers").cloned().unwrap_or(json!([])),
         http::Method::PATCH => {
-            let kind = PatchKind::from_content_type(content_type)
-                .ok_or_else(|| ApiError::new(415, "UnsupportedMediaType", format!("unsupported patch type {content_type:?}")))?;
+            let kind = PatchKind::from_content_type(content_type).ok_or_else(|| {
+                ApiError::new(415, "UnsupportedMediaType", format!("unsupported patch type {content_type:?}"))
+            })?;
             let base = if body.get("ephemeralContainers").is_some() { legacy(&current) } else { current.clone() };
             let patched = patch::apply(kind, &base, &body).map_err(|e| ApiError::new(422, "Invalid", e))?;
             patched
@@ -68,7 +72,13 @@ pub fn serve(
                 .cloned()
                 .unwrap_or(json!([]))
         }
-        ref m => return Err(ApiError::new(405, "MethodNotAllowed", format!("{m} is not supported on pods/ephemeralcontainers"))),
+        ref m => {
+            return Err(ApiError::new(
+                405,
+                "MethodNotAllowed",
+                format!("{m} is not supported on pods/ephemeralcontainers"),
+            ));
+        }
     };
     let old = current.pointer("/spec/ephemeralContainers").cloned().unwrap_or(json!([]));
     let mut list = checked(&old, list)?;

@@ -115,7 +115,8 @@ impl FakeApiServer {
         // The API server's kubelet client certificate (system:masters).
         let kubelet_client = match &pki {
             Some(p) => {
-                let (cert, key) = p.client_cert(proxy::KUBELET_CLIENT_USER, &["system:masters"]).map_err(std::io::Error::other)?;
+                let (cert, key) =
+                    p.client_cert(proxy::KUBELET_CLIENT_USER, &["system:masters"]).map_err(std::io::Error::other)?;
                 Some(proxy::kubelet_client_config(&cert, &key).map_err(std::io::Error::other)?)
             }
             None => None,

@@ -198,7 +198,8 @@ pub async fn proxy(state: &Arc<State>, pod: &Value, sub: &str, req: Request<Inco
         ApiError::bad_request(format!("pod {name} does not have a host assigned"))
     })?;
     let addr = kubelet_address(state, node)?;
-    let tls = state.kubelet_client.as_ref().ok_or_else(|| unavailable("the fake has no TLS, so no kubelet client".into()))?;
+    let tls =
+        state.kubelet_client.as_ref().ok_or_else(|| unavailable("the fake has no TLS, so no kubelet client".into()))?;
     let tcp = tokio::net::TcpStream::connect(&addr)
         .await
         .map_err(|e| unavailable(format!("error dialing backend: dial tcp {addr}: {e}")))?;
@@ -285,11 +286,19 @@ mod tests {
         let l = kubelet_location(
             "exec",
             &pod,
-            &q(&[("command", "sh"), ("command", "-c"), ("command", "echo a b"), ("stdin", "true"), ("stdout", "true"), ("tty", "false")]),
+            &q(&[
+                ("command", "sh"),
+                ("command", "-c"),
+                ("command", "echo a b"),
+                ("stdin", "true"),
+                ("stdout", "true"),
+                ("tty", "false"),
+            ]),
         )
         .unwrap();
         assert_eq!(l, "/exec/ns/p/app?input=1&output=1&command=sh&command=-c&command=echo+a+b");
-        let l = kubelet_location("attach", &pod, &q(&[("container", "dbg"), ("stdin", "true"), ("tty", "true")])).unwrap();
+        let l =
+            kubelet_location("attach", &pod, &q(&[("container", "dbg"), ("stdin", "true"), ("tty", "true")])).unwrap();
         assert_eq!(l, "/attach/ns/p/dbg?input=1&tty=1");
         assert_eq!(kubelet_location("portforward", &pod, &q(&[])).unwrap(), "/portForward/ns/p");
         assert_eq!(

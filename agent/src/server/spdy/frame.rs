@@ -41,18 +41,49 @@ pub fn header<'a>(headers: &'a Headers, name: &str) -> Option<&'a str> {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
-    SynStream { stream_id: u32, associated_to: u32, priority: u8, flags: u8, headers: Headers },
-    SynReply { stream_id: u32, flags: u8, headers: Headers },
-    RstStream { stream_id: u32, status: u32 },
+    SynStream {
+        stream_id: u32,
+        associated_to: u32,
+        priority: u8,
+        flags: u8,
+        headers: Headers,
+    },
+    SynReply {
+        stream_id: u32,
+        flags: u8,
+        headers: Headers,
+    },
+    RstStream {
+        stream_id: u32,
+        status: u32,
+    },
     Settings,
-    Ping { id: u32 },
-    GoAway { last_good_stream_id: u32, status: u32 },
-    Headers { stream_id: u32, flags: u8, headers: Headers },
-    WindowUpdate { stream_id: u32, delta: u32 },
-    Data { stream_id: u32, flags: u8, data: Bytes },
+    Ping {
+        id: u32,
+    },
+    GoAway {
+        last_good_stream_id: u32,
+        status: u32,
+    },
+    Headers {
+        stream_id: u32,
+        flags: u8,
+        headers: Headers,
+    },
+    WindowUpdate {
+        stream_id: u32,
+        delta: u32,
+    },
+    Data {
+        stream_id: u32,
+        flags: u8,
+        data: Bytes,
+    },
     /// A control frame of a type SPDY/3 does not define (ignored, as the
     /// spec asks).
-    Unknown { frame_type: u16 },
+    Unknown {
+        frame_type: u16,
+    },
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -490,10 +521,7 @@ mod tests {
         let mut dec = HeaderDecoder::default();
         let headers: Headers = vec![("X-A".into(), "1".into()), ("x-a".into(), "2".into()), ("b".into(), "".into())];
         let got = dec.decode(&enc.encode(&headers).unwrap()).unwrap();
-        assert_eq!(
-            got,
-            vec![("x-a".to_owned(), "1".to_owned()), ("x-a".into(), "2".into()), ("b".into(), "".into())]
-        );
+        assert_eq!(got, vec![("x-a".to_owned(), "1".to_owned()), ("x-a".into(), "2".into()), ("b".into(), "".into())]);
         assert_eq!(header(&got, "X-A"), Some("1"));
     }
 

@@ -281,7 +281,8 @@ async fn read_loop<R: AsyncRead>(
                 Ok(f) => f,
                 Err(e) => {
                     debug!("SPDY: {e}");
-                    let _ = out.try_send(Out::Frame(Frame::GoAway { last_good_stream_id: last_peer_stream, status: 1 }));
+                    let _ =
+                        out.try_send(Out::Frame(Frame::GoAway { last_good_stream_id: last_peer_stream, status: 1 }));
                     break 'read;
                 }
             };

@@ -110,7 +110,6 @@ pub async fn run(
         tasks.spawn(async move {
             let mut buf: Vec<u8> = vec![];
             while let Some(b) = src.recv().await {
-                debug!("resize message: {:?}", String::from_utf8_lossy(&b));
                 buf.extend_from_slice(&b);
                 // Whole JSON objects go on; a partial one waits for more.
                 let mut it = serde_json::Deserializer::from_slice(&buf).into_iter::<TerminalSize>();

@@ -31,12 +31,7 @@ impl Source {
 
 /// Where output goes to the client.
 pub enum Sink {
-    Spdy {
-        session: Session,
-        stdout: Option<StreamWriter>,
-        stderr: Option<StreamWriter>,
-        error: Option<StreamWriter>,
-    },
+    Spdy { session: Session, stdout: Option<StreamWriter>, stderr: Option<StreamWriter>, error: Option<StreamWriter> },
     WebSocket(mpsc::Sender<WsOut>),
 }
 

@@ -292,7 +292,13 @@ async fn prepare(
         };
         rt.exec(req).await.map_err(runtime_error)?
     } else {
-        let req = api::AttachRequest { container_id: id.clone(), stdin: o.stdin, tty: o.tty, stdout: o.stdout, stderr: o.stderr };
+        let req = api::AttachRequest {
+            container_id: id.clone(),
+            stdin: o.stdin,
+            tty: o.tty,
+            stdout: o.stdout,
+            stderr: o.stderr,
+        };
         rt.attach(req).await.map_err(runtime_error)?
     };
     Ok((url, id))
@@ -375,10 +381,7 @@ mod tests {
         let cs = |name: &str, running: bool, id: &str| ContainerStatus {
             name: name.into(),
             container_id: Some(format!("containerd://{id}")),
-            state: Some(ContainerState {
-                running: running.then(|| ContainerStateRunning::default()),
-                ..Default::default()
-            }),
+            state: Some(ContainerState { running: running.then(ContainerStateRunning::default), ..Default::default() }),
             ..Default::default()
         };
         let pod = Pod {

@@ -41,12 +41,7 @@ pub struct Child {
 /// The exec'd processes among the shim's children now: those in the
 /// container's cgroup that were not there before the start, are not the
 /// container's first process and belong to no other session (pure).
-pub fn new_exec_processes(
-    before: &HashSet<u32>,
-    now: &[Child],
-    init: &Child,
-    claimed: &HashSet<u32>,
-) -> Vec<u32> {
+pub fn new_exec_processes(before: &HashSet<u32>, now: &[Child], init: &Child, claimed: &HashSet<u32>) -> Vec<u32> {
     let mut v: Vec<u32> = now
         .iter()
         .filter(|c| c.pid != init.pid && c.cgroup == init.cgroup)
@@ -100,7 +95,8 @@ impl Start {
         let mut done = std::pin::pin!(done);
         let deadline = tokio::time::Instant::now() + CLAIM_WINDOW;
         loop {
-            let (shim, before, init, claimed) = (self.shim, self.before.clone(), self.init.clone(), self.claimed.clone());
+            let (shim, before, init, claimed) =
+                (self.shim, self.before.clone(), self.init.clone(), self.claimed.clone());
             let found = tokio::task::spawn_blocking(move || {
                 let now: Vec<Child> = proc_fs::children(shim)
                     .into_iter()

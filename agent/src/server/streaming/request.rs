@@ -95,7 +95,8 @@ pub fn parse(method: &Method, path: &str, query: &[(String, String)]) -> Result<
     }
     let get = |k: &'static str| get(query, k);
     let flag = |k: &'static str| get(k).next() == Some("1");
-    let mut options = StreamOptions { stdin: flag("input"), stdout: flag("output"), stderr: flag("error"), tty: flag("tty") };
+    let mut options =
+        StreamOptions { stdin: flag("input"), stdout: flag("output"), stderr: flag("error"), tty: flag("tty") };
     // As the kubelet: stderr is merged into the terminal with a TTY.
     if options.tty {
         options.stderr = false;
@@ -115,16 +116,7 @@ pub fn parse(method: &Method, path: &str, query: &[(String, String)]) -> Result<
             _ => return Err((StatusCode::BAD_REQUEST, format!("invalid port value {p:?}: must be 1 to 65535"))),
         }
     }
-    Ok(StreamRequest {
-        kind,
-        namespace: namespace.clone(),
-        pod: pod.clone(),
-        uid,
-        container,
-        command,
-        options,
-        ports,
-    })
+    Ok(StreamRequest { kind, namespace: namespace.clone(), pod: pod.clone(), uid, container, command, options, ports })
 }
 
 /// How the client asks to stream.
@@ -133,7 +125,10 @@ pub enum Upgrade {
     /// `Upgrade: SPDY/3.1` with the protocols of `X-Stream-Protocol-Version`.
     Spdy(Vec<String>),
     /// `Upgrade: websocket` with the key and the subprotocols offered.
-    WebSocket { key: String, protocols: Vec<String> },
+    WebSocket {
+        key: String,
+        protocols: Vec<String>,
+    },
     None,
 }
 
@@ -205,7 +200,8 @@ mod tests {
 
     #[test]
     fn refusals() {
-        let cases: &[(Method, &str, &[(&str, &str)], u16)] = &[
+        type Case<'a> = (Method, &'a str, &'a [(&'a str, &'a str)], u16);
+        let cases: &[Case] = &[
             (Method::PUT, "/exec/ns/pod/c", &[("output", "1")], 405),
             (Method::GET, "/run/ns/pod/c", &[("cmd", "ls")], 405),
             (Method::POST, "/exec/ns/pod", &[("output", "1")], 404),

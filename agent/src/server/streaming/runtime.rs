@@ -33,7 +33,11 @@ fn split_url(url: &str) -> Result<(String, String), RuntimeStreamError> {
     let bad = |why: &str| RuntimeStreamError::Url { url: url.to_owned(), why: why.to_owned() };
     let rest = match url.split_once("://") {
         Some(("http", rest)) => rest,
-        Some((scheme, _)) => return Err(bad(&format!("scheme {scheme} is not supported (the stream server must be plain HTTP, as containerd's default)"))),
+        Some((scheme, _)) => {
+            return Err(bad(&format!(
+                "scheme {scheme} is not supported (the stream server must be plain HTTP, as containerd's default)"
+            )));
+        }
         None => return Err(bad("not an absolute URL")),
     };
     let (authority, path) = match rest.find('/') {

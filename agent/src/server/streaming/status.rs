@@ -73,7 +73,9 @@ pub fn decode_v4(bytes: &[u8]) -> Outcome {
     }
     let msg = v["message"].as_str().unwrap_or("the runtime reported a failure without a message");
     // Not wrapped twice when re-encoded.
-    let msg = msg.trim_start_matches("Internal error occurred: ").trim_start_matches("error executing command in container: ");
+    let msg = msg
+        .trim_start_matches("Internal error occurred: ")
+        .trim_start_matches("error executing command in container: ");
     Outcome::Error(msg.to_owned())
 }
 

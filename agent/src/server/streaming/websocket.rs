@@ -194,11 +194,7 @@ pub fn tunnel(ws: WebSocketStream<TokioIo<Upgraded>>) -> DuplexStream {
     tokio::spawn(async move {
         while let Some(Ok(m)) = stream.next().await {
             match m {
-                Message::Binary(b) => {
-                    if wr.write_all(&b).await.is_err() {
-                        break;
-                    }
-                }
+                Message::Binary(b) if wr.write_all(&b).await.is_err() => break,
                 Message::Close(_) => break,
                 _ => {}
             }
