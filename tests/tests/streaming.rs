@@ -406,6 +406,44 @@ fn exec_with_a_terminal_follows_resizes() {
         });
         println!("{label}: exec -it: stty size 30 100, then after the resize: {}", screen.trim());
     }
+    // kubectl debug -it: an ephemeral container with a terminal, attached
+    // to once it runs, in the target's process namespace.
+    for (i, (label, k)) in c.kubectls.iter().enumerate() {
+        let session = format!("d{i}");
+        let name = format!("shell{i}");
+        let args = [
+            "debug",
+            "-it",
+            &pod,
+            &format!("--image={IMAGE}"),
+            "--target=app",
+            &format!("--container={name}"),
+            "--",
+            "sh",
+        ];
+        tmux.run(&["new-session", "-d", "-s", &session, "-x", "100", "-y", "30", &k.shell_line(&args)]);
+        // The shell's first prompt may come before the attach: ask again.
+        wait(&format!("{label}: the debug shell's prompt"), Duration::from_secs(60), || {
+            tmux.run(&["send-keys", "-t", &session, "", "Enter"]);
+            std::thread::sleep(Duration::from_millis(300));
+            tmux.screen(&session).contains("/ #").then_some(())
+        });
+        tmux.run(&["send-keys", "-t", &session, "ps -o pid,comm", "Enter"]);
+        let screen = tmux.expect(&session, "httpd");
+        tmux.run(&["send-keys", "-t", &session, "exit", "Enter"]);
+        let server = &c.server;
+        wait(&format!("{label}: {name} terminated after exit"), Duration::from_secs(30), || {
+            let p = server.get(&PODS, "default", &pod)?;
+            let s = p
+                .pointer("/status/ephemeralContainerStatuses")?
+                .as_array()?
+                .iter()
+                .find(|s| s["name"] == name)?
+                .clone();
+            s.pointer("/state/terminated").map(drop)
+        });
+        println!("{label}: kubectl debug -it --target=app: ps sees the target's httpd:\n{}", screen.trim());
+    }
 }
 
 #[test]
