@@ -353,6 +353,63 @@ fn dropped_and_idle_sessions_leave_nothing_and_fifty_sessions_run_at_once() {
     assert!(fds1 <= fds0 + 1, "the agent's descriptors: {fds0} before, {fds1} after");
 }
 
+/// Port-forward over WebSocket channels, the kubelet's older protocol
+/// (clients other than kubectl use it): through the fake API server, the
+/// port is the first message on channels 0 and 1, then data on channel 0.
+#[test]
+fn port_forward_over_websocket_channels() {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+    let mut c = cluster("wspf", "");
+    let http_port = free_port();
+    let pod = c.run_pod(busybox_pod("wspf", http_port));
+    let (cert, key) = c.server.client_cert("admin", &["system:masters"]).unwrap();
+    let tls = swiftlet_tests::apiserver::proxy::kubelet_client_config(
+        &std::fs::read_to_string(cert).unwrap(),
+        &std::fs::read_to_string(key).unwrap(),
+    )
+    .unwrap();
+    let addr = c.server.addr();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let stream = tokio_rustls::TlsConnector::from(tls).connect(name, tcp).await.unwrap();
+        let url = format!("wss://{addr}/api/v1/namespaces/default/pods/{pod}/portforward?ports={http_port}");
+        let mut req = url.into_client_request().unwrap();
+        req.headers_mut().insert("sec-websocket-protocol", "v4.channel.k8s.io".parse().unwrap());
+        let (mut ws, resp) = tokio_tungstenite::client_async(req, stream).await.unwrap();
+        assert_eq!(resp.headers()["sec-websocket-protocol"], "v4.channel.k8s.io");
+        let port = http_port.to_le_bytes();
+        for want in [[0, port[0], port[1]], [1, port[0], port[1]]] {
+            let got = loop {
+                match tokio::time::timeout(Duration::from_secs(20), ws.next()).await {
+                    Ok(Some(Ok(Message::Binary(b)))) => break b.to_vec(),
+                    Ok(Some(Ok(_))) => continue,
+                    other => panic!("no message: {other:?}"),
+                }
+            };
+            assert_eq!(got, want, "the port first on channel {}", want[0]);
+        }
+        let mut get = vec![0u8];
+        get.extend_from_slice(b"GET /index.html HTTP/1.0\r\nHost: localhost\r\n\r\n");
+        ws.send(Message::Binary(get.into())).await.unwrap();
+        let mut body = vec![];
+        while !String::from_utf8_lossy(&body).contains("hello-from-the-pod") {
+            match tokio::time::timeout(Duration::from_secs(20), ws.next()).await {
+                Ok(Some(Ok(Message::Binary(b)))) if b.first() == Some(&0) => body.extend_from_slice(&b[1..]),
+                Ok(Some(Ok(_))) => {}
+                other => panic!("the response: {other:?}; so far {:?}", String::from_utf8_lossy(&body)),
+            }
+        }
+        println!(
+            "WebSocket v4.channel.k8s.io port-forward: {}",
+            String::from_utf8_lossy(&body).lines().next().unwrap_or("")
+        );
+    });
+    assert!(c.log().contains("portForward default/wspf: WebSocket v4.channel.k8s.io (1 port(s))"));
+}
+
 /// 401 and 403 on the streaming paths, as on the others: the server
 /// module in this process, its webhooks asking a stand-in API server.
 /// POST (SPDY, and the /run form) is `create` on nodes/proxy, GET

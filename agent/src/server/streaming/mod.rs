@@ -182,12 +182,12 @@ pub async fn serve(server: &Server, mut req: Request<Incoming>) -> Response<Body
             resp
         }
         Upgrade::WebSocket { key, protocols } => {
-            let tunnel = r.kind == Kind::PortForward;
-            let chosen: Option<Option<websocket::ChannelProtocol>> = if tunnel {
-                protocols.iter().any(|p| p == websocket::PORT_FORWARD_TUNNEL).then_some(None)
-            } else {
-                websocket::choose(&protocols)
-            };
+            let tunnel = r.kind == Kind::PortForward && protocols.iter().any(|p| p == websocket::PORT_FORWARD_TUNNEL);
+            if r.kind == Kind::PortForward && !tunnel {
+                return legacy_port_forward(server, on_upgrade, &key, &protocols, r, url, what);
+            }
+            let chosen: Option<Option<websocket::ChannelProtocol>> =
+                if tunnel { Some(None) } else { websocket::choose(&protocols) };
             let Some(channel_protocol) = chosen else {
                 return text(
                     StatusCode::BAD_REQUEST,
@@ -231,6 +231,50 @@ pub async fn serve(server: &Server, mut req: Request<Incoming>) -> Response<Body
             resp
         }
     }
+}
+
+/// Port-forward over WebSocket without the SPDY tunnel (the kubelet's
+/// older protocol: channels per `port` parameter).
+fn legacy_port_forward(
+    server: &Server,
+    on_upgrade: hyper::upgrade::OnUpgrade,
+    key: &str,
+    offered: &[String],
+    r: StreamRequest,
+    url: String,
+    what: String,
+) -> Response<Body> {
+    let chosen = if offered.is_empty() {
+        Some(None)
+    } else {
+        offered.iter().find_map(|o| websocket::PORT_FORWARD.iter().find(|p| p.name == o.as_str())).map(|p| Some(*p))
+    };
+    let Some(protocol) = chosen else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("unable to upgrade: the requested protocol(s) {offered:?} are not supported"),
+        );
+    };
+    if r.ports.is_empty() {
+        return text(StatusCode::BAD_REQUEST, "query parameter \"port\" is required");
+    }
+    let idle = server.config.kubelet.streaming_connection_idle_timeout;
+    info!("{what}: WebSocket {} ({} port(s))", protocol.map_or("(no subprotocol)", |p| p.name), r.ports.len());
+    let codec = protocol.map_or(websocket::Codec::Binary, |p| p.codec);
+    tokio::spawn(async move {
+        let Ok(upgraded) = on_upgrade.await else { return };
+        let ws = websocket::websocket(upgraded).await;
+        let mux = websocket::mux(ws, codec, 2 * r.ports.len());
+        portforward::serve_websocket(mux, r.ports, url, idle, what).await;
+    });
+    let mut resp = switching("websocket");
+    if let Ok(v) = HeaderValue::from_str(&websocket::accept_key(key)) {
+        resp.headers_mut().insert("sec-websocket-accept", v);
+    }
+    if let Some(p) = protocol {
+        resp.headers_mut().insert("sec-websocket-protocol", HeaderValue::from_static(p.name));
+    }
+    resp
 }
 
 fn switching(protocol: &'static str) -> Response<Body> {

@@ -110,7 +110,8 @@ pub fn parse(method: &Method, path: &str, query: &[(String, String)]) -> Result<
         return Err((StatusCode::BAD_REQUEST, "you must specify at least 1 of stdin, stdout, stderr".into()));
     }
     let mut ports = vec![];
-    for p in get("port") {
+    // `port=80,8080` or `port=80&port=8080`, as the kubelet reads them.
+    for p in get("port").flat_map(|v| v.split(',')) {
         match p.parse::<u16>() {
             Ok(n) if n > 0 => ports.push(n),
             _ => return Err((StatusCode::BAD_REQUEST, format!("invalid port value {p:?}: must be 1 to 65535"))),
@@ -187,8 +188,8 @@ mod tests {
         let r = parse(&Method::GET, "/attach/ns/pod/uid-1/c", &q(&[("output", "1"), ("error", "1"), ("tty", "1")]))
             .unwrap();
         assert_eq!((r.uid.as_deref(), r.options.stderr, r.options.tty), (Some("uid-1"), false, true));
-        let r = parse(&Method::GET, "/portForward/ns/pod", &q(&[("port", "80"), ("port", "8080")])).unwrap();
-        assert_eq!((r.kind, r.container, r.ports), (Kind::PortForward, None, vec![80, 8080]));
+        let r = parse(&Method::GET, "/portForward/ns/pod", &q(&[("port", "80"), ("port", "8080,9090")])).unwrap();
+        assert_eq!((r.kind, r.container, r.ports), (Kind::PortForward, None, vec![80, 8080, 9090]));
         let r = parse(&Method::POST, "/portForward/ns/pod/u", &[]).unwrap();
         assert_eq!(r.uid.as_deref(), Some("u"));
         let r = parse(&Method::POST, "/run/ns/pod/c", &q(&[("cmd", "ls -l /")])).unwrap();

@@ -185,6 +185,63 @@ pub fn channels(ws: WebSocketStream<TokioIo<Upgraded>>, protocol: Option<Channel
     WsChannels { stdin, resize, out, gone }
 }
 
+/// The port-forward subprotocols of WebSocket clients that do not tunnel
+/// SPDY (two channels per `port` parameter: data 2n, error 2n+1).
+pub const PORT_FORWARD: &[ChannelProtocol] = &[
+    ChannelProtocol { name: "v4.channel.k8s.io", codec: Codec::Binary, version: 4 },
+    ChannelProtocol { name: "v4.base64.channel.k8s.io", codec: Codec::Base64, version: 4 },
+];
+
+/// `channels` numbered channels in from the client (one receiver each),
+/// one sender out, and whether the client has gone.
+pub struct Mux {
+    pub inputs: Vec<mpsc::Receiver<Bytes>>,
+    pub out: mpsc::Sender<WsOut>,
+    pub gone: watch::Receiver<bool>,
+}
+
+/// Runs a plain channel protocol with `channels` channels on `ws`.
+pub fn mux(ws: WebSocketStream<TokioIo<Upgraded>>, codec: Codec, channels: usize) -> Mux {
+    let (mut sink, mut stream) = ws.split();
+    let (txs, inputs): (Vec<_>, Vec<_>) = (0..channels).map(|_| mpsc::channel::<Bytes>(64)).unzip();
+    let (out, mut out_rx) = mpsc::channel::<WsOut>(64);
+    let (gone_tx, gone) = watch::channel(false);
+    tokio::spawn(async move {
+        let mut txs: Vec<Option<mpsc::Sender<Bytes>>> = txs.into_iter().map(Some).collect();
+        while let Some(Ok(m)) = stream.next().await {
+            if matches!(m, Message::Close(_)) {
+                break;
+            }
+            let Some((ch, data)) = decode_message(codec, &m) else { continue };
+            if let Some(slot) = txs.get_mut(usize::from(ch))
+                && let Some(tx) = slot
+                && !data.is_empty()
+                && tx.send(data).await.is_err()
+            {
+                *slot = None;
+            }
+        }
+        let _ = gone_tx.send(true);
+    });
+    tokio::spawn(async move {
+        while let Some(o) = out_rx.recv().await {
+            let r = match o {
+                WsOut::Data(ch, data) => sink.send(encode_message(codec, ch, &data)).await,
+                WsOut::Close => {
+                    let frame = CloseFrame { code: CloseCode::Normal, reason: "".into() };
+                    let _ = sink.send(Message::Close(Some(frame))).await;
+                    break;
+                }
+            };
+            if r.is_err() {
+                break;
+            }
+        }
+        let _ = sink.close().await;
+    });
+    Mux { inputs, out, gone }
+}
+
 /// Carries the bytes of binary messages both ways between `ws` and the
 /// returned stream (SPDY runs on it), until either side ends.
 pub fn tunnel(ws: WebSocketStream<TokioIo<Upgraded>>) -> DuplexStream {
