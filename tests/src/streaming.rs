@@ -59,9 +59,11 @@ pub fn cluster(tag: &str, config_extra: &str) -> Cluster {
     let admin = server.dir().join("admin.kubeconfig");
     let (cert, key) = server.client_cert("admin", &["system:masters"]).unwrap();
     server.write_kubeconfig(&admin, &Credentials::ClientCert { cert, key }).unwrap();
+    // Only memory evicts: on this shared disk a nodefs line would make
+    // disk reclaim delete the locally built test images between tests.
     let config = format!(
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeStatusUpdateFrequency: 1s\n\
-         evictionHard:\n  memory.available: 100Mi\n  nodefs.available: 1%\n{config_extra}"
+         evictionHard:\n  memory.available: 100Mi\n{config_extra}"
     );
     let extra = vec![
         format!("--kubeconfig={}", node_kubeconfig.display()),

@@ -192,7 +192,13 @@ fn find_container<'a>(pod: &'a Pod, name: &str) -> Option<(&'a Container, bool)>
 
 fn container_ref(pod: &Pod, c: &Container, init: bool) -> k8s_openapi::api::core::v1::ObjectReference {
     let mut r = pod_ref(pod);
-    let list = if init { "initContainers" } else { "containers" };
+    let list = if init {
+        "initContainers"
+    } else if super::ephemeral::find(pod, &c.name).is_some() {
+        "ephemeralContainers"
+    } else {
+        "containers"
+    };
     r.field_path = Some(format!("spec.{list}{{{}}}", c.name));
     r
 }
