@@ -152,6 +152,19 @@ impl Https {
         c.get_with(path, headers).await
     }
 
+    /// `method` `path` on a fresh connection (a POST with no body, say).
+    pub async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Result<Reply> {
+        let mut c = self.connect().await?;
+        let mut req = c.request(path, headers)?;
+        *req.method_mut() = http::Method::from_bytes(method.as_bytes())?;
+        c.send.ready().await.context("the connection closed")?;
+        let r = c.send.send_request(req).await.with_context(|| format!("{method} {path}"))?;
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        let body = r.into_body().collect().await?.to_bytes().to_vec();
+        Ok(Reply { status, headers, body })
+    }
+
     /// GET `path` and return the head and the body as it streams.
     pub async fn stream(&self, path: &str) -> Result<(u16, Incoming)> {
         let mut c = self.connect().await?;

@@ -31,6 +31,23 @@ pub fn kubectl_binary() -> PathBuf {
     )
 }
 
+/// The machine's current kubectl (v1.32 here, WebSocket first): the
+/// versioned binary behind Google Cloud SDK's dispatcher when present (the
+/// dispatcher would pick another version to match the server's), else
+/// $SWIFTLET_TEST_KUBECTL_CURRENT, else /usr/bin/kubectl.
+pub fn current_kubectl_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("SWIFTLET_TEST_KUBECTL_CURRENT") {
+        return p.into();
+    }
+    let versioned = PathBuf::from("/usr/lib/google-cloud-sdk/bin/kubectl.1.32");
+    if versioned.exists() {
+        return versioned;
+    }
+    let system = PathBuf::from("/usr/bin/kubectl");
+    assert!(system.exists(), "no current kubectl: /usr/bin/kubectl is missing (or set SWIFTLET_TEST_KUBECTL_CURRENT)");
+    system
+}
+
 pub struct Kubectl {
     pub bin: PathBuf,
     pub kubeconfig: PathBuf,
@@ -39,8 +56,13 @@ pub struct Kubectl {
 
 impl Kubectl {
     pub fn new(kubeconfig: &Path) -> Kubectl {
+        Kubectl::with_binary(kubectl_binary(), kubeconfig)
+    }
+
+    /// A kubectl of the caller's choice ([`current_kubectl_binary`], say).
+    pub fn with_binary(bin: PathBuf, kubeconfig: &Path) -> Kubectl {
         Kubectl {
-            bin: kubectl_binary(),
+            bin,
             kubeconfig: kubeconfig.to_owned(),
             cache: tempfile::Builder::new()
                 .prefix(&format!("kubectl-cache-{}-", std::process::id()))
@@ -50,14 +72,31 @@ impl Kubectl {
     }
 
     pub fn run(&self, args: &[&str]) -> Output {
-        Command::new(&self.bin)
-            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+        let mut a = vec!["--request-timeout=20s"];
+        a.extend_from_slice(args);
+        self.command(&a).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", self.bin.display()))
+    }
+
+    /// The command `run` runs, to spawn it with pipes of one's own.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.arg(format!("--kubeconfig={}", self.kubeconfig.display()))
             .arg(format!("--cache-dir={}", self.cache.path().display()))
-            .arg("--request-timeout=20s")
             .args(args)
-            .env("HOME", self.cache.path())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.bin.display()))
+            .env("HOME", self.cache.path());
+        c
+    }
+
+    /// The command line `command` runs, quoted for a shell (tmux).
+    pub fn shell_line(&self, args: &[&str]) -> String {
+        let mut parts = vec![
+            self.bin.display().to_string(),
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--cache-dir={}", self.cache.path().display()),
+        ];
+        parts.extend(args.iter().map(|a| (*a).to_owned()));
+        let quoted: Vec<String> = parts.iter().map(|p| format!("'{}'", p.replace('\'', "'\\''"))).collect();
+        format!("HOME='{}' {}", self.cache.path().display(), quoted.join(" "))
     }
 
     /// Runs and returns stdout; panics with stderr when kubectl fails.
@@ -76,8 +115,9 @@ impl Kubectl {
 
     /// kubectl's version line (to say which kubectl a test used).
     pub fn version(&self) -> String {
-        let out = Command::new(&self.bin).args(["version", "--client", "--short"]).output();
-        out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned()).unwrap_or_default()
+        let out = Command::new(&self.bin).args(["version", "--client"]).output();
+        let text = out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned()).unwrap_or_default();
+        text.lines().next().unwrap_or_default().to_owned()
     }
 }
 

@@ -24,4 +24,5 @@ pub mod recorder;
 pub mod registry;
 pub mod review_stub;
 pub mod sandbox;
+pub mod streaming;
 pub mod workload;

@@ -99,6 +99,11 @@ impl NodeProcess {
         }
     }
 
+    /// The agent's PID (None once stopped).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The agent's --config file (when it was started with one).
     pub fn config_path(&self) -> PathBuf {
         self.dir.path().join("config.yaml")

@@ -480,7 +480,7 @@ pub static FLAGS: &[FlagDef] = &[
         "streaming-connection-idle-timeout",
         &["streamingConnectionIdleTimeout"],
         Duration,
-        "Idle timeout of streaming connections (accepted)",
+        "Idle timeout of exec, attach and port-forward sessions",
     ),
     cfg(
         "sync-frequency",

@@ -196,6 +196,9 @@ pub struct KubeletConfiguration {
     pub cgroups_per_qos: bool,
     pub cgroup_driver: CgroupDriver,
     pub runtime_request_timeout: Duration,
+    /// streamingConnectionIdleTimeout: exec, attach and port-forward
+    /// sessions with no data moving for this long are closed (0: never).
+    pub streaming_connection_idle_timeout: Duration,
     pub max_pods: u32,
     /// 0: no per-core limit.
     pub pods_per_core: u32,
@@ -302,6 +305,7 @@ impl Default for KubeletConfiguration {
             cgroups_per_qos: true,
             cgroup_driver: CgroupDriver::Cgroupfs,
             runtime_request_timeout: 2 * MINUTE,
+            streaming_connection_idle_timeout: 4 * 60 * MINUTE,
             max_pods: 110,
             pods_per_core: 0,
             pod_pids_limit: -1,
@@ -447,6 +451,7 @@ impl KubeletConfiguration {
             }),
         );
         put("runtimeRequestTimeout", d(self.runtime_request_timeout));
+        put("streamingConnectionIdleTimeout", d(self.streaming_connection_idle_timeout));
         put("maxPods", json!(self.max_pods));
         put("podsPerCore", json!(self.pods_per_core));
         put("podPidsLimit", json!(self.pod_pids_limit));
@@ -565,7 +570,6 @@ const ACCEPTED: &[(&str, Accepted, Option<&str>)] = &[
     ("imagePullCredentialsVerificationPolicy", Accepted::Str, None),
     ("preloadedImagesVerificationAllowlist", Accepted::StrList, None),
     ("enableContentionProfiling", Accepted::Bool, None),
-    ("streamingConnectionIdleTimeout", Accepted::Duration, Some("\"4h0m0s\"")),
     ("volumeStatsAggPeriod", Accepted::Duration, Some("\"1m0s\"")),
     ("kubeletCgroups", Accepted::Str, None),
     ("systemCgroups", Accepted::Str, None),
@@ -779,6 +783,8 @@ pub fn read(cx: &Ctx, root: &Node) -> Result<KubeletConfiguration, ConfigError> 
         return Err(cx.err(n, "cgroupRoot", e));
     }
     c.runtime_request_timeout = o.duration_or("runtimeRequestTimeout", c.runtime_request_timeout)?;
+    c.streaming_connection_idle_timeout =
+        o.duration_or("streamingConnectionIdleTimeout", c.streaming_connection_idle_timeout)?;
     if let Some(v) = non_negative(&mut o, "maxPods")?.filter(|v| *v != 0) {
         c.max_pods = v;
     }

@@ -384,6 +384,7 @@ volumeStatsAggPeriod: 0s
     assert_eq!(k.authorization.webhook_cache_authorized_ttl, d.authorization.webhook_cache_authorized_ttl);
     assert_eq!(k.container_runtime_endpoint, d.container_runtime_endpoint);
     assert_eq!(k.logging.flush_frequency, d.logging.flush_frequency);
+    assert_eq!(k.streaming_connection_idle_timeout, Duration::from_secs(4 * 3600));
     assert_eq!(k.cgroup_driver, CgroupDriver::Systemd);
     assert_eq!(k.static_pod_path, Some("/etc/kubernetes/manifests".into()));
     assert_eq!(k.authentication.client_ca_file, Some("/etc/kubernetes/pki/ca.crt".into()));

@@ -408,6 +408,32 @@ impl RuntimeService for CriClient {
 }
 
 #[async_trait]
+impl super::StreamingRuntime for CriClient {
+    async fn exec(&self, req: api::ExecRequest) -> Result<String> {
+        let mut c = self.runtime.clone();
+        Ok(self.call("Exec", self.timeout, c.exec(req)).await?.url)
+    }
+
+    async fn attach(&self, req: api::AttachRequest) -> Result<String> {
+        let mut c = self.runtime.clone();
+        Ok(self.call("Attach", self.timeout, c.attach(req)).await?.url)
+    }
+
+    async fn port_forward(&self, sandbox_id: &str, ports: Vec<i32>) -> Result<String> {
+        let mut c = self.runtime.clone();
+        let req = api::PortForwardRequest { pod_sandbox_id: sandbox_id.to_owned(), port: ports };
+        Ok(self.call("PortForward", self.timeout, c.port_forward(req)).await?.url)
+    }
+
+    async fn container_pid(&self, container_id: &str) -> Result<Option<u32>> {
+        let mut c = self.runtime.clone();
+        let req = api::ContainerStatusRequest { container_id: container_id.to_owned(), verbose: true };
+        let r = self.call("ContainerStatus", self.timeout, c.container_status(req)).await?;
+        Ok(super::pid_from_verbose_info(&r.info))
+    }
+}
+
+#[async_trait]
 impl ImageService for CriClient {
     async fn list_images(&self) -> Result<Vec<api::Image>> {
         let mut c = self.images.clone();

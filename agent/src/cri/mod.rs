@@ -105,3 +105,23 @@ pub fn sandbox_ready(state: i32) -> bool {
 pub fn container_state(state: i32) -> api::ContainerState {
     api::ContainerState::try_from(state).unwrap_or(api::ContainerState::ContainerUnknown)
 }
+
+/// The streaming calls (the kubelet's GetExec, GetAttach, GetPortForward):
+/// each asks the runtime to prepare a session and returns the URL of its
+/// stream server, which the kubelet API then speaks to.
+#[async_trait]
+pub trait StreamingRuntime: Send + Sync {
+    async fn exec(&self, req: api::ExecRequest) -> Result<String>;
+    async fn attach(&self, req: api::AttachRequest) -> Result<String>;
+    async fn port_forward(&self, sandbox_id: &str, ports: Vec<i32>) -> Result<String>;
+    /// The host PID of the container's first process (from the runtime's
+    /// verbose status), None when it reports none.
+    async fn container_pid(&self, container_id: &str) -> Result<Option<u32>>;
+}
+
+/// The PID in a verbose ContainerStatus' `info` (containerd's layout:
+/// `{"info": "{\"pid\": 1234, ...}"}`).
+pub fn pid_from_verbose_info(info: &std::collections::HashMap<String, String>) -> Option<u32> {
+    let v: serde_json::Value = serde_json::from_str(info.get("info")?).ok()?;
+    v.get("pid")?.as_u64().and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0)
+}

@@ -14,6 +14,7 @@ pub mod admission;
 pub mod backoff;
 pub mod defaults;
 pub mod env;
+pub mod ephemeral;
 pub mod file;
 pub mod manager;
 pub mod manifest;

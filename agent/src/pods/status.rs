@@ -86,7 +86,7 @@ fn waiting(reason: &str, message: Option<&str>) -> ContainerState {
     }
 }
 
-fn container_status(input: &StatusInput<'_>, c: &Container, default_waiting: &str) -> ContainerStatus {
+pub(super) fn container_status(input: &StatusInput<'_>, c: &Container, default_waiting: &str) -> ContainerStatus {
     let obs = input.observed;
     let latest = obs.latest(&c.name);
     let mut s = ContainerStatus {

@@ -189,7 +189,13 @@ fn find_container<'a>(pod: &'a Pod, name: &str) -> Option<(&'a Container, bool)>
 
 fn container_ref(pod: &Pod, c: &Container, init: bool) -> k8s_openapi::api::core::v1::ObjectReference {
     let mut r = pod_ref(pod);
-    let list = if init { "initContainers" } else { "containers" };
+    let list = if init {
+        "initContainers"
+    } else if super::ephemeral::find(pod, &c.name).is_some() {
+        "ephemeralContainers"
+    } else {
+        "containers"
+    };
     r.field_path = Some(format!("spec.{list}{{{}}}", c.name));
     r
 }
@@ -431,12 +437,14 @@ impl Worker {
             } else {
                 sandbox_ip.clone()
             };
-            let names: Vec<String> = actions.next_init.iter().cloned().chain(actions.start.iter().cloned()).collect();
+            let mut names: Vec<String> =
+                actions.next_init.iter().cloned().chain(actions.start.iter().cloned()).collect();
+            names.extend(super::ephemeral::to_start(&self.pod, &observed));
             for name in names {
                 self.start_container(&name, &sandbox_id, &sandbox_config, &observed, pod_ip.clone()).await;
             }
         }
-        if acted {
+        if acted || !super::ephemeral::to_start(&self.pod, &observed).is_empty() {
             observed = observed::observe(rt.as_ref(), &self.uid).await?;
         }
         self.reconcile_probes(&observed);
@@ -539,7 +547,12 @@ impl Worker {
         observed: &ObservedPod,
         pod_ip: Option<String>,
     ) {
-        let Some((c, init)) = find_container(&self.pod, name).map(|(c, i)| (c.clone(), i)) else { return };
+        let Some((c, init)) = find_container(&self.pod, name)
+            .map(|(c, i)| (c.clone(), i))
+            .or_else(|| super::ephemeral::find(&self.pod, name).map(|c| (c, false)))
+        else {
+            return;
+        };
         let latest = observed.latest(name);
         // A container that exited, or that was created but never started
         // (a failed start), waits out the back-off before the next attempt.
@@ -614,6 +627,9 @@ impl Worker {
             },
             (config, _) => config,
         };
+        // An ephemeral container's target process namespace.
+        let config = config
+            .and_then(|mut cfg| super::ephemeral::apply_target(&mut cfg, &self.pod, name, observed).map(|()| cfg));
         let config = match config {
             Ok(cfg) => cfg,
             Err(e) => {
@@ -836,7 +852,8 @@ impl Worker {
             terminal: self.finished || self.terminal.is_some(),
             terminal_reason: self.terminal.as_ref(),
         };
-        let status = status::generate(&input);
+        let mut status = status::generate(&input);
+        status.ephemeral_container_statuses = super::ephemeral::statuses(&input);
         drop(results);
         let running: Vec<(String, String)> = observed.running().map(|c| (c.name.clone(), c.id.clone())).collect();
         let active = self.lifecycle == Lifecycle::Running && !self.finished;

@@ -80,5 +80,6 @@ pub async fn serve(agent: &Agent, shutdown: watch::Receiver<bool>) -> Result<Ser
         authz,
         probes,
     }));
+    server.streaming.set_runtime(agent.cri.clone());
     super::start(server, shutdown).await
 }

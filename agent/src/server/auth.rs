@@ -371,6 +371,10 @@ mod tests {
             ("/checkpoint/ns/pod/c", true, &["checkpoint"]),
             ("/debug/events", true, &["proxy"]),
             ("/exec/ns/pod/c", true, &["proxy"]),
+            ("/exec/ns/pod/uid/c", false, &["proxy"]),
+            ("/attach/ns/pod/c", true, &["proxy"]),
+            ("/portForward/ns/pod", true, &["proxy"]),
+            ("/run/ns/pod/c", true, &["proxy"]),
         ];
         for (path, fine, want) in cases {
             assert_eq!(subresources(path, *fine), *want, "{path} fine-grained={fine}");

@@ -128,7 +128,8 @@ where
         async move { Ok::<_, Infallible>(handler(req, conn).await) }
     });
     let builder = auto::Builder::new(TokioExecutor::new());
-    let served = builder.serve_connection(TokioIo::new(io), service);
+    // With upgrades: exec, attach and port-forward switch protocols.
+    let served = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::select! {
         r = served => if let Err(e) = r { debug!("connection: {e}") },
         _ = stopped(&mut shutdown) => {}

@@ -19,7 +19,9 @@ pub mod exposition;
 pub mod health;
 pub mod http;
 pub mod logs;
+pub mod spdy;
 pub mod stats;
+pub mod streaming;
 pub mod summary;
 pub mod tls;
 pub mod webhook;
@@ -114,6 +116,9 @@ pub struct Server {
     /// Bodies encoded from the latest stats pass, by endpoint and variant:
     /// a pass is encoded once, however many scrapers ask.
     encoded: std::sync::Mutex<EncodedBodies>,
+    /// exec, attach, port-forward (the runtime's streaming calls are set
+    /// with [`streaming::Streaming::set_runtime`]).
+    pub streaming: streaming::Streaming,
 }
 
 /// Encoded bodies by (endpoint, variant), with the stats pass they encode.
@@ -168,6 +173,7 @@ impl Server {
             extra,
             probes: p.probes,
             encoded: Default::default(),
+            streaming: Default::default(),
         }
     }
 
@@ -200,7 +206,11 @@ impl Server {
     /// metrics, healthz), never configz, logs or debugging.
     pub async fn handle_read_only(self: Arc<Self>, req: Request<Incoming>, _conn: ConnInfo) -> Response<Body> {
         let path = req.uri().path();
-        if path == "/configz" || path.starts_with("/containerLogs") || path.starts_with("/debug") {
+        if path == "/configz"
+            || path.starts_with("/containerLogs")
+            || path.starts_with("/debug")
+            || streaming::request::kind_of(path).is_some()
+        {
             return http::not_found();
         }
         self.route(req).await
@@ -230,6 +240,12 @@ impl Server {
 
     async fn route(&self, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path().to_owned();
+        if streaming::request::kind_of(&path).is_some() {
+            if !self.debugging_handlers {
+                return debug_disabled();
+            }
+            return streaming::serve(self, req).await;
+        }
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return method_not_allowed();
         }

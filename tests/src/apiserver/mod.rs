@@ -17,7 +17,9 @@
 
 pub mod auth;
 pub mod defaults;
+mod ephemeral;
 pub mod patch;
+pub mod proxy;
 pub mod resources;
 pub mod selectors;
 mod server;
@@ -110,7 +112,17 @@ impl FakeApiServer {
             std::fs::write(dir.path().join("ca.crt"), &p.ca_pem)?;
         }
         let (stop_tx, stop_rx) = watch::channel(false);
+        // The API server's kubelet client certificate (system:masters).
+        let kubelet_client = match &pki {
+            Some(p) => {
+                let (cert, key) =
+                    p.client_cert(proxy::KUBELET_CLIENT_USER, &["system:masters"]).map_err(std::io::Error::other)?;
+                Some(proxy::kubelet_client_config(&cert, &key).map_err(std::io::Error::other)?)
+            }
+            None => None,
+        };
         let state = Arc::new(State {
+            kubelet_client,
             store: Store::new(options.history_limit),
             auth: RwLock::new(options.auth.clone()),
             pki,
@@ -361,7 +373,7 @@ async fn serve_connection(state: Arc<State>, stream: tokio::net::TcpStream, tls:
                 let state = state.clone();
                 async move { Ok::<_, std::convert::Infallible>(server::handle(state, req, None).await) }
             });
-            let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+            let _ = builder.serve_connection(TokioIo::new(stream), svc).with_upgrades().await;
         }
         Some(acceptor) => {
             let Ok(tls_stream) = acceptor.accept(stream).await else { return };
@@ -376,7 +388,7 @@ async fn serve_connection(state: Arc<State>, stream: tokio::net::TcpStream, tls:
                 let peer = peer.clone();
                 async move { Ok::<_, std::convert::Infallible>(server::handle(state, req, peer).await) }
             });
-            let _ = builder.serve_connection(TokioIo::new(tls_stream), svc).await;
+            let _ = builder.serve_connection(TokioIo::new(tls_stream), svc).with_upgrades().await;
         }
     }
 }

@@ -58,6 +58,8 @@ pub struct State {
     pub faults: Mutex<Vec<Fault>>,
     pub server_address: String,
     pub shutdown: watch::Receiver<bool>,
+    /// The client the fake proxies pod subresources to kubelets with.
+    pub kubelet_client: Option<Arc<rustls::ClientConfig>>,
 }
 
 fn json_response(code: u16, v: &Value) -> Response<Body> {
@@ -181,6 +183,14 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>, peer: Option<User
 
 async fn dispatch(state: &Arc<State>, req: Request<Incoming>, user: &UserInfo) -> ApiResult<Response<Body>> {
     let target = route(req.uri().path())?;
+    // exec, attach, portforward and log go to the pod's kubelet.
+    if let Target::Resource { rt, ns, name: Some(name), sub: Some(sub) } = &target
+        && rt.kind == "Pod"
+        && super::proxy::proxied(sub)
+    {
+        let pod = state.store.get(rt, ns.as_deref().unwrap_or(""), name)?;
+        return super::proxy::proxy(state, &pod, sub, req).await;
+    }
     let q = query_map(req.uri().query());
     let accept = req.headers().get(header::ACCEPT).and_then(|h| h.to_str().ok()).unwrap_or("").to_owned();
     let content_type = req.headers().get(header::CONTENT_TYPE).and_then(|h| h.to_str().ok()).unwrap_or("").to_owned();
@@ -238,6 +248,14 @@ async fn dispatch(state: &Arc<State>, req: Request<Incoming>, user: &UserInfo) -
                     json_response(200, &obj)
                 }
             };
+            if rt.kind == "Pod"
+                && sub.as_deref() == Some("ephemeralcontainers")
+                && let Some(n) = &name
+            {
+                let ns = ns_str.clone();
+                return super::ephemeral::serve(state, &rt, &ns, n, &method, &content_type, parse_body()?)
+                    .map(|v| json_response(200, &v));
+            }
             match (method, name, sub.as_deref()) {
                 (Method::GET, None, None) => {
                     if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
