@@ -175,7 +175,11 @@ fn burstable_cpu_shares_follow_the_burstable_pods() {
     let wait_for = |what: &str, value: String| {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while shares_now() != value {
-            assert!(std::time::Instant::now() < deadline, "{what}: the Burstable cgroup holds {}, not {value}", shares_now());
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: the Burstable cgroup holds {}, not {value}",
+                shares_now()
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     };

@@ -30,12 +30,18 @@ pub struct Args {
     /// Where the report, results.json and plots go (default target/bench).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Run the named benchmarks (default: eviction-race) inside these VM
+    /// kernels (6.1, 6.12; cgroup v2, fentry) instead of on this host,
+    /// reported as `<bench>@<kernel>`. Times under emulation are not real
+    /// time: read the ratios between modes of the same run.
+    #[arg(long = "vm", value_name = "KERNEL")]
+    vm: Vec<String>,
 }
 
 impl Args {
     /// What `cargo xtask test` runs: every bench, quick, on the dev build.
     pub fn smoke(out: PathBuf) -> Args {
-        Args { quick: true, names: vec![], list: false, debug: true, out: Some(out) }
+        Args { quick: true, names: vec![], list: false, debug: true, out: Some(out), vm: vec![] }
     }
 }
 
@@ -61,6 +67,18 @@ pub fn run_prepared(tc: &setup::EbpfToolchain, args: Args) -> Result<()> {
     cmd::run(build.args(["-p", "swiftlet-tests", "-p", "swiftlet", "--bins"]))?;
     let bin = root.join("target").join(profile);
     let out = args.out.unwrap_or_else(|| root.join("target/bench"));
+    if !args.vm.is_empty() && !args.list {
+        let names = if args.names.is_empty() { vec!["eviction-race".to_owned()] } else { args.names.clone() };
+        step(format!("running {} inside the VM kernels {}", names.join(", "), args.vm.join(", ")));
+        return crate::vm::bench(
+            &bin.join("swiftlet-bench"),
+            &bin.join("swiftlet-workload"),
+            &out,
+            args.quick,
+            &args.vm,
+            &names,
+        );
+    }
     // The pod benches run pods on our own containerd.
     let containerd = Containerd::start(root, "bench")?;
     let mut c = Command::new(bin.join("swiftlet-bench"));
@@ -80,7 +98,8 @@ pub fn run_prepared(tc: &setup::EbpfToolchain, args: Args) -> Result<()> {
     // quick run boots them only when kernel-matrix is named).
     let named = args.names.iter().any(|n| n == "kernel-matrix");
     if !args.list && (named || (args.names.is_empty() && !args.quick)) {
-        crate::vm::bench(&bin.join("swiftlet-bench"), &bin.join("swiftlet-workload"), &out, args.quick)?;
+        let names = ["kernel-matrix".to_owned()];
+        crate::vm::bench(&bin.join("swiftlet-bench"), &bin.join("swiftlet-workload"), &out, args.quick, &[], &names)?;
     }
     Ok(())
 }

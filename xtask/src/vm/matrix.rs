@@ -339,6 +339,7 @@ fn boot_matrix_vm(
     image: &KernelImage,
     initramfs: &Path,
     dir: &Path,
+    timeout: Duration,
     on_line: impl FnMut(&str, f64),
 ) -> Result<VmRun> {
     let boot = Boot {
@@ -349,7 +350,7 @@ fn boot_matrix_vm(
         drives: vec![],
         memory_mib: 3072,
         cpu_max: false,
-        timeout: MATRIX_TIMEOUT,
+        timeout,
         dir,
     };
     qemu::boot(&boot, on_line)
@@ -362,7 +363,7 @@ fn run_checks_in_vm(
     dir: &Path,
     checks: &[Check],
 ) -> Result<Column> {
-    let run = boot_matrix_vm(k, image, initramfs, dir, |line, t| {
+    let run = boot_matrix_vm(k, image, initramfs, dir, MATRIX_TIMEOUT, |line, t| {
         if let Some(rest) = line.strip_prefix("@@END ") {
             let id: Option<usize> = rest.split_whitespace().next().and_then(|i| i.parse().ok());
             if let Some(c) = id.and_then(|i| checks.get(i)) {
@@ -378,24 +379,41 @@ fn run_checks_in_vm(
     Ok(col)
 }
 
-/// The kernel-matrix bench in each VM kernel: its results come back over the
-/// console and are added to `report_dir`'s report under
-/// `kernel-matrix@<kernel>`. `runner` and `workload` are the runner's build.
-pub fn bench(runner: &Path, workload: &Path, report_dir: &Path, quick: bool) -> Result<()> {
+/// Benches run inside VM kernels: each of `names` in each of `kernels`
+/// (their results come back over the console), added to `report_dir`'s
+/// report as `<bench>@<kernel>`. `runner` and `workload` are the runner's
+/// build. Timings under TCG are emulated; the benches report ratios of
+/// modes measured side by side in the same VM.
+pub fn bench(
+    runner: &Path,
+    workload: &Path,
+    report_dir: &Path,
+    quick: bool,
+    kernels: &[String],
+    names: &[String],
+) -> Result<()> {
     setup::ensure_apt(setup::APT_VM)?;
     let root = cmd::workspace_root();
     let out = report_dir.join("kernels");
     fs::create_dir_all(&out)?;
     let mut imports = vec![];
-    for k in KERNELS {
+    let selected: Vec<&KernelSpec> =
+        KERNELS.iter().filter(|k| kernels.is_empty() || kernels.iter().any(|n| n == k.name)).collect();
+    for n in kernels {
+        if !KERNELS.iter().any(|k| k.name == n) {
+            bail!("no VM kernel `{n}` (known: {})", KERNELS.iter().map(|k| k.name).collect::<Vec<_>>().join(", "));
+        }
+    }
+    for k in selected {
         let image = fetch_kernel(k)?;
         let dir = root.join("target/vmtest").join(format!("bench-{}", k.name));
         fs::create_dir_all(&dir)?;
         let initramfs = dir.join("initramfs.cpio");
         let mut script = vm_prelude(root);
         script.push_str(&format!(
-            "check 0 /t/swiftlet-bench --out /tmp/bench --emit-json {}kernel-matrix\necho @@DONE\nsync\npoweroff -f\n",
-            if quick { "--quick " } else { "" }
+            "check 0 /t/swiftlet-bench --out /tmp/bench --emit-json {}{}\necho @@DONE\nsync\npoweroff -f\n",
+            if quick { "--quick " } else { "" },
+            names.join(" ")
         ));
         step(format!("kernel {}: initramfs with the benchmark runner", k.name));
         let payload = vec![
@@ -403,7 +421,9 @@ pub fn bench(runner: &Path, workload: &Path, report_dir: &Path, quick: bool) -> 
             ("/t/swiftlet-workload".to_owned(), workload.to_owned()),
         ];
         build_initramfs(&initramfs, &image, &payload, &script)?;
-        let run = boot_matrix_vm(k, &image, &initramfs, &dir, |line, _| {
+        // A full race run is hundreds of runs under emulation.
+        let timeout = if quick { MATRIX_TIMEOUT } else { Duration::from_secs(4 * 3600) };
+        let run = boot_matrix_vm(k, &image, &initramfs, &dir, timeout, |line, _| {
             if line.starts_with("    ") || line.starts_with("==> ") {
                 note(line.trim());
             }
@@ -411,14 +431,15 @@ pub fn bench(runner: &Path, workload: &Path, report_dir: &Path, quick: bool) -> 
         let json = run.console.lines().find_map(|l| l.strip_prefix("@@BENCH-JSON ")).map(str::to_owned);
         match (json, run.early_end) {
             (Some(json), None) => {
-                let file = out.join(format!("{}.json", k.name));
+                let file = out.join(format!("{}-{}.json", k.name, names.join("+")));
                 fs::write(&file, json)?;
                 imports.push(format!("{}={}", k.name, file.display()));
             }
             (_, why) => {
                 eprintln!("{}", run.console);
                 bail!(
-                    "the kernel-matrix bench did not finish on {} ({}); its console is above",
+                    "the benches {} did not finish on {} ({}); its console is above",
+                    names.join(", "),
                     k.name,
                     why.unwrap_or_else(|| "no results printed".into())
                 );
