@@ -76,6 +76,8 @@ pub fn resource_properties(r: &SliceResources) -> Vec<Property> {
 /// its name's: systemd makes a slice require and follow its parent slice
 /// (runc adds a `Wants=` on it too, which keeps a stopped pod slice loaded
 /// as long as its parent is; without it systemd unloads it once stopped).
+/// No `Delegate=`: systemd refuses it on slices; the runtime's scopes
+/// inside them are the delegated units.
 pub fn slice_properties(description: &str, r: &SliceResources) -> Vec<Property> {
     let mut out: Vec<Property> = vec![
         ("Description", Value::Str(description.to_owned())),
@@ -122,6 +124,7 @@ mod tests {
         let props = slice_properties("pod x", &r);
         let get = |name: &str| props.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone());
         assert_eq!(get("Wants"), None, "the parent comes from the name");
+        assert_eq!(get("Delegate"), None, "systemd refuses Delegate on slices");
         assert_eq!(get("DefaultDependencies"), Some(Value::Bool(false)));
         assert_eq!(get("MemoryMax"), Some(Value::U64(256 << 20)));
         assert_eq!(get("CPUWeight"), Some(Value::U64(10)));
