@@ -79,6 +79,10 @@ pub enum StartError {
     Io(#[from] std::io::Error),
     #[error("API server: {0}")]
     Api(#[from] ApiError),
+    /// The host or configuration cannot run as configured (swap on,
+    /// cgroup v1 refused, a credential provider configuration in error).
+    #[error("{0}")]
+    Refused(String),
     // ---- server (issue 8) ----
     #[error("kubelet server: {0}")]
     Server(#[from] ServerError),
@@ -185,6 +189,12 @@ impl Agent {
             tracing::warn!(dir = %root_dir.display(), "the root dir was open to group or others; made it 0700");
         }
         let cgroupfs = CgroupFs::detect()?;
+        // ---- pod fields ----
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        if let Some(why) = crate::startup::host_refusal(k, &swaps, cgroupfs.version()) {
+            return Err(StartError::Refused(why));
+        }
+        // ---- end pod fields ----
         let capacity =
             machine_capacity(&config.flags.root_dir, k.max_pods, k.pods_per_core).map_err(StartError::Capacity)?;
         let allocatable = NodeAllocatable::new(capacity, k);
@@ -260,6 +270,24 @@ impl Agent {
             allocatable_cpu_milli: quantity(alloc, Resource::Cpu).milli_value(),
             allocatable_memory: quantity(alloc, Resource::Memory).value(),
             allocatable_ephemeral_storage: quantity(alloc, Resource::EphemeralStorage).value(),
+            // ---- pod fields ----
+            features: crate::pods::spec::NodeFeatures {
+                security: crate::pods::security::SecuritySettings {
+                    seccomp_default: k.seccomp_default,
+                    seccomp_root: config.flags.root_dir.join("seccomp"),
+                },
+                oom_kills_whole_container: crate::startup::oom_kills_whole_container(k, cgroupfs.version()),
+                hugepage_sizes: if crate::cm::hugepages::limits_supported(&cgroupfs) {
+                    crate::cm::hugepages::host_page_sizes(std::path::Path::new(crate::cm::hugepages::SYSFS))
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|p| p.bytes)
+                        .collect()
+                } else {
+                    vec![]
+                },
+            },
+            // ---- end pod fields ----
         };
         let volumes = Arc::new(VolumeManager::new(
             VolumeConfig {

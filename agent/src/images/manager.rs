@@ -263,6 +263,17 @@ impl ImageManager {
         container: &Container,
         sandbox_config: Option<&api::PodSandboxConfig>,
     ) -> Result<ImageRef, ImageError> {
+        self.ensure_image_status(pod, container, sandbox_config).await.map(|(r, _)| r)
+    }
+
+    /// [`ImageManager::ensure_image`] with the runtime's record of the
+    /// image (its user, for runAsNonRoot), when the runtime gave one.
+    pub async fn ensure_image_status(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        sandbox_config: Option<&api::PodSandboxConfig>,
+    ) -> Result<(ImageRef, Option<api::Image>), ImageError> {
         let obj = container_ref(pod, &container.name);
         let requested = container.image.as_deref().unwrap_or("");
         let image = match with_default_tag(requested) {
@@ -276,7 +287,7 @@ impl ImageManager {
             }
         };
         let present = match self.service.image_status(&image).await {
-            Ok(status) => status.map(|i| i.id),
+            Ok(status) => status,
             Err(e) => {
                 let msg = format!("Failed to inspect image {image:?}: {}", grpc_error_string(&e));
                 self.event(&obj, EventType::Warning, event::INSPECT_FAILED, &msg);
@@ -286,10 +297,10 @@ impl ImageManager {
         let policy = PullPolicy::effective(container.image_pull_policy.as_deref(), requested);
         if !policy.should_pull(present.is_some()) {
             return match present {
-                Some(id) => {
+                Some(status) => {
                     let msg = format!("Container image {requested:?} already present on machine");
                     self.event(&obj, EventType::Normal, event::PULLED, &msg);
-                    Ok(ImageRef(id))
+                    Ok((ImageRef(status.id.clone()), Some(status)))
                 }
                 None => {
                     let msg = format!("Container image {requested:?} is not present with pull policy of Never");
@@ -330,10 +341,8 @@ impl ImageManager {
         let now = Instant::now();
         match result {
             Ok((image_ref, pull_time)) => {
-                let size = match self.service.image_status(&image_ref).await {
-                    Ok(Some(i)) => i.size,
-                    _ => 0,
-                };
+                let status = self.service.image_status(&image_ref).await.ok().flatten();
+                let size = status.as_ref().map_or(0, |i| i.size);
                 let total = waiting_since.elapsed();
                 self.event(
                     &obj,
@@ -351,7 +360,7 @@ impl ImageManager {
                 let mut st = lock(&self.state);
                 st.backoff.gc(now);
                 st.prev_error.remove(&key);
-                Ok(ImageRef(image_ref))
+                Ok((ImageRef(image_ref), status))
             }
             Err(e) => {
                 let (raw, err) = match e {
@@ -394,10 +403,13 @@ impl crate::pods::pull::ImageEnsurer for ImageManager {
         pod: &Pod,
         container: &Container,
         sandbox: &api::PodSandboxConfig,
-    ) -> Result<String, crate::pods::pull::ImageFailure> {
-        self.ensure_image(pod, container, Some(sandbox))
+    ) -> Result<crate::pods::pull::EnsuredImage, crate::pods::pull::ImageFailure> {
+        self.ensure_image_status(pod, container, Some(sandbox))
             .await
-            .map(|r| r.0)
+            .map(|(r, status)| crate::pods::pull::EnsuredImage {
+                image_ref: r.0,
+                user: crate::pods::security::ImageUser::of(status.as_ref()),
+            })
             .map_err(|e| crate::pods::pull::ImageFailure { reason: e.reason.as_str().to_owned(), message: e.message })
     }
 }
@@ -666,8 +678,9 @@ mod tests {
         rt.add_image("busybox:1.36", 1);
         let ensurer: Arc<dyn ImageEnsurer> = Arc::new(m);
         let ok = container("app", "busybox:1.36", None);
-        let id = ensurer.ensure(&pod("u", vec![ok.clone()], vec![]), &ok, &Default::default()).await.unwrap();
-        assert!(id.starts_with("sha256:"));
+        let got = ensurer.ensure(&pod("u", vec![ok.clone()], vec![]), &ok, &Default::default()).await.unwrap();
+        assert!(got.image_ref.starts_with("sha256:"));
+        assert_eq!(got.user.uid, Some(0), "an image without a user runs as root");
         let bad = container("app", "Busybox", None);
         let e = ensurer.ensure(&pod("u", vec![bad.clone()], vec![]), &bad, &Default::default()).await.unwrap_err();
         assert_eq!(e.reason, "InvalidImageName");

@@ -5,8 +5,9 @@
 //! changes (the kubelet's config "SET" operation): simple to reason about,
 //! and a re-list after a watch gap needs no special case.
 //!
-//! Pure decisions: `admission`, `backoff`, `defaults`, `env`, `manifest`,
-//! `plan`, `spec`, `status`, `validation`. At the edges: `file` (the static
+//! Pure decisions: `admission`, `backoff`, `defaults`, `env`, `hosts`,
+//! `manifest`, `plan`, `security`, `service_env`, `spec`, `status`,
+//! `sysctl`, `validation`. At the edges: `file` (the static
 //! pod source), `observed` (reading the runtime), `probe` (running probes
 //! and hooks), `worker` (one per pod) and `manager` (all of them).
 
@@ -15,6 +16,7 @@ pub mod backoff;
 pub mod defaults;
 pub mod env;
 pub mod file;
+pub mod hosts;
 pub mod manager;
 pub mod manifest;
 pub mod metrics;
@@ -22,9 +24,12 @@ pub mod observed;
 pub mod plan;
 pub mod probe;
 pub mod pull;
+pub mod security;
+pub mod service_env;
 pub mod source;
 pub mod spec;
 pub mod status;
+pub mod sysctl;
 pub mod validation;
 pub mod worker;
 

@@ -101,6 +101,7 @@ fn harness(pods_capacity: i64) -> Harness {
             allocatable_cpu_milli: 4000,
             allocatable_memory: 8 << 30,
             allocatable_ephemeral_storage: 10 << 30,
+            features: Default::default(),
         },
         recorder: events.clone(),
         runtime_name: "containerd".into(),
@@ -334,6 +335,7 @@ async fn orphans_are_stopped_once_every_source_has_spoken() {
             allocatable_cpu_milli: 0,
             allocatable_memory: 0,
             allocatable_ephemeral_storage: 0,
+            features: Default::default(),
         },
     );
     config.labels.insert(labels::MANAGED_BY.into(), "true".into());

@@ -30,6 +30,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     backoff::{Backoff, BackoffPolicy},
+    hosts,
     observed::{self, ContainerRunState, ObservedPod},
     plan::{self, ProbeVerdict},
     probe::{self, ProbeType, Target, Tracker},
@@ -570,7 +571,7 @@ impl Worker {
             self.backoff.next(&key, failed_at);
         }
         let restart_count = latest.map_or(0, |l| l.attempt + 1);
-        let image_ref = match self.deps.images.ensure(&self.pod, &c, sandbox_config).await {
+        let image = match self.deps.images.ensure(&self.pod, &c, sandbox_config).await {
             Ok(r) => r,
             Err(f) => {
                 let reason = f.reason.clone();
@@ -588,16 +589,24 @@ impl Worker {
             container: &c,
             init,
             restart_count,
-            image_ref: &image_ref,
-            pod_ips,
+            image_ref: &image.image_ref,
+            pod_ips: pod_ips.clone(),
             env_objects: &env_objects,
             mounts: &[],
+            image_user: &image.user,
         };
         // The environment first: subPathExpr expands from it.
         let mounts = match spec::container_env(&start, &self.deps.settings) {
             Ok(env) => self.deps.volumes.container_mounts(&self.pod, &c, &env).await,
             Err(e) => Err(e.to_string()),
         };
+        // Then the managed /etc/hosts, after the volumes as the kubelet.
+        let mounts = mounts.and_then(|mut m| {
+            if hosts::mounts_hosts_file(&c, &pod_ips) {
+                m.push(self.write_hosts_file(&pod_ips)?);
+            }
+            Ok(m)
+        });
         let config = match mounts {
             Ok(m) => {
                 start.mounts = &m;
@@ -673,6 +682,24 @@ impl Worker {
                 self.waiting.insert(c.name.clone(), (reason::POST_START_HOOK_ERROR.into(), text));
             }
         }
+    }
+
+    /// Writes `<pod dir>/etc-hosts` (the kubelet's managed hosts file) and
+    /// returns its mount.
+    fn write_hosts_file(&self, pod_ips: &[String]) -> Result<api::Mount, String> {
+        let node_hosts = std::fs::read_to_string(hosts::ETC_HOSTS).unwrap_or_default();
+        let text = hosts::hosts_file(&self.pod, pod_ips, self.deps.settings.cluster_domain.as_deref(), &node_hosts);
+        let path = self.deps.settings.pods_dir.join(&self.uid).join("etc-hosts");
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        crate::host::write_atomic(&path, text.as_bytes(), 0o644)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        Ok(api::Mount {
+            container_path: hosts::ETC_HOSTS.into(),
+            host_path: path.to_string_lossy().into_owned(),
+            ..Default::default()
+        })
     }
 
     /// preStop, then StopContainer with what remains of the grace period

@@ -10,9 +10,12 @@
 use async_trait::async_trait;
 use k8s_openapi::api::{
     authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
-    core::v1::{ConfigMap, Secret, ServiceAccount},
+    core::v1::{ConfigMap, Secret, Service, ServiceAccount},
 };
-use kube::{Api, api::PostParams};
+use kube::{
+    Api,
+    api::{ListParams, PostParams},
+};
 
 use super::objects::{ObjectError, ObjectKind, ObjectSource, Token, TokenSpec};
 
@@ -86,6 +89,23 @@ impl ObjectSource for KubeObjects {
         let expires_at =
             std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(exp.0.as_second().max(0) as u64);
         Ok(Token { token, expires_at })
+    }
+
+    /// A LIST per namespace at each container start (the kubelet keeps a
+    /// watch-fed lister instead).
+    async fn list_services(&self, namespace: &str) -> Result<Vec<Service>, ObjectError> {
+        let mut out = vec![];
+        let namespaces = if namespace == "default" { vec!["default"] } else { vec![namespace, "default"] };
+        for ns in namespaces {
+            let list = Api::<Service>::namespaced(self.client.clone(), ns).list(&ListParams::default()).await.map_err(
+                |e| match e {
+                    kube::Error::HyperError(_) | kube::Error::Service(_) => ObjectError::Unavailable(e.to_string()),
+                    other => ObjectError::Failed(other.to_string()),
+                },
+            )?;
+            out.extend(list.items);
+        }
+        Ok(out)
     }
 }
 
