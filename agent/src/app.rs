@@ -152,6 +152,31 @@ fn quantity(list: &crate::cm::allocatable::ResourceList, r: Resource) -> crate::
     list.get(&r).copied().unwrap_or_default()
 }
 
+/// What the host offers pods, for admission: sysctls for this kernel and
+/// allowedUnsafeSysctls, AppArmor, and the runtime's features (asked once
+/// at start; an unreachable runtime offers none).
+async fn host_support(config: &Config, cri: &CriClient) -> Result<crate::pods::admission::HostSupport, StartError> {
+    let kernel = crate::startup::kernel_release();
+    let version = crate::pods::sysctl::kernel_version(&kernel).unwrap_or((0, 0));
+    let sysctls = crate::pods::sysctl::Allowlist::new(version, &config.kubelet.allowed_unsafe_sysctls)
+        .map_err(|e| StartError::Refused(format!("allowedUnsafeSysctls: {e}")))?;
+    let status = cri.status().await.ok();
+    Ok(crate::pods::admission::HostSupport {
+        sysctls,
+        apparmor: crate::startup::apparmor_enabled(),
+        userns_handlers: status
+            .iter()
+            .flat_map(|s| &s.runtime_handlers)
+            .filter(|h| h.features.as_ref().is_some_and(|f| f.user_namespaces))
+            .map(|h| h.name.clone())
+            .collect(),
+        supplemental_groups_policy: status
+            .as_ref()
+            .and_then(|s| s.features.as_ref())
+            .is_some_and(|f| f.supplemental_groups_policy),
+    })
+}
+
 impl Agent {
     /// Reads the machine, prepares the pods' cgroup hierarchy, opens the
     /// signal source and the runtime client, and builds the managers.
@@ -353,8 +378,18 @@ impl Agent {
             pods: quantity(alloc, Resource::Pods).value(),
             cpu_milli: quantity(alloc, Resource::Cpu).milli_value(),
             memory: quantity(alloc, Resource::Memory).value(),
+            hugepages: alloc
+                .iter()
+                .filter_map(|(r, q)| match r {
+                    Resource::Hugepages(size) => Some((*size, q.value())),
+                    _ => None,
+                })
+                .collect(),
         };
         let pods = PodManager::new(deps, expected, admit, pod_metrics.clone(), shutdown.clone());
+        // ---- pod fields ----
+        pods.set_host_support(host_support(&config, cri.as_ref()).await?);
+        // ---- end pod fields ----
 
         // Image GC keeps the image sandboxes are made from.
         let mut pinned: Vec<String> = config.flags.pod_infra_container_image.iter().cloned().collect();

@@ -38,6 +38,24 @@ pub fn oom_kills_whole_container(k: &KubeletConfiguration, cgroups: Version) -> 
     cgroups == Version::V2 && k.single_process_oom_kill != Some(true)
 }
 
+/// Whether the host enforces AppArmor profiles (runc's check: the
+/// securityfs directory and the module's `enabled` parameter).
+pub fn apparmor_enabled() -> bool {
+    std::path::Path::new("/sys/kernel/security/apparmor").is_dir()
+        && std::fs::read_to_string("/sys/module/apparmor/parameters/enabled").is_ok_and(|v| v.starts_with('Y'))
+}
+
+/// The running kernel's release (`uname -r`).
+pub fn kernel_release() -> String {
+    // SAFETY: uname fills the zeroed struct it is given.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return String::new();
+    }
+    // SAFETY: the kernel writes a NUL-terminated string into `release`.
+    unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }.to_string_lossy().into_owned()
+}
+
 /// Applies oomScoreAdj and maxOpenFiles to this process; what could not be
 /// applied is returned for the log (the kubelet logs and runs on).
 pub fn apply_process_settings(k: &KubeletConfiguration) -> Vec<String> {

@@ -78,6 +78,8 @@ struct Inner {
     tombstones: Mutex<HashMap<String, Instant>>,
     /// Set while the node shuts down: new pods are refused with it.
     refuse_new: Mutex<Option<admission::Rejection>>,
+    /// What the host offers pods (sysctls, AppArmor, runtime features).
+    host: RwLock<admission::HostSupport>,
     this: Weak<Inner>,
 }
 
@@ -89,6 +91,10 @@ pub struct PodManager {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|p| p.into_inner())
 }
 
 fn uid(pod: &Pod) -> String {
@@ -119,6 +125,7 @@ impl PodManager {
             last_relist: Mutex::new(None),
             tombstones: Mutex::new(HashMap::new()),
             refuse_new: Mutex::new(None),
+            host: RwLock::new(admission::HostSupport::default()),
             this: this.clone(),
         });
         PodManager { inner }
@@ -212,6 +219,11 @@ impl PodManager {
         })
     }
 
+    /// What the host offers pods, for admission (before pods arrive).
+    pub fn set_host_support(&self, host: admission::HostSupport) {
+        *self.inner.host.write().unwrap_or_else(|p| p.into_inner()) = host;
+    }
+
     /// Refuses every new pod with `rejection` from now on (None: admit again).
     pub fn refuse_new_pods(&self, rejection: Option<admission::Rejection>) {
         *lock(&self.inner.refuse_new) = rejection;
@@ -271,7 +283,8 @@ impl Inner {
             pending.remove(id);
             let verdict = match lock(&self.refuse_new).clone() {
                 Some(r) => Err(r),
-                None => admission::admit(&pod, &active, self.capacity),
+                None => admission::admit_host(&pod, &read(&self.host))
+                    .and_then(|()| admission::admit(&pod, &active, &self.capacity)),
             };
             // The device manager's admit handler: devices for every
             // container, or UnexpectedAdmissionError. Devices of pods no

@@ -125,7 +125,7 @@ fn harness(pods_capacity: i64) -> Harness {
         devices: None,
     });
     let (stop, shutdown) = watch::channel(false);
-    let capacity = Capacity { pods: pods_capacity, cpu_milli: 4000, memory: 8 << 30 };
+    let capacity = Capacity { pods: pods_capacity, cpu_milli: 4000, memory: 8 << 30, hugepages: vec![] };
     let manager = PodManager::new(deps, HashSet::from([SourceKind::Api]), capacity, PodMetrics::default(), shutdown);
     let reporter = Arc::new(Reporter::default());
     manager.set_reporter(reporter.clone());
