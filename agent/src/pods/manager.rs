@@ -417,6 +417,19 @@ fn same_spec(a: &Pod, b: &Pod) -> bool {
         && a.metadata.deletion_grace_period_seconds == b.metadata.deletion_grace_period_seconds
         && a.metadata.labels == b.metadata.labels
         && a.metadata.name == b.metadata.name
+        && gate_conditions(a) == gate_conditions(b)
+}
+
+/// The status of each readiness gate's condition (set through the API by
+/// others): a change makes the worker compute Ready again.
+fn gate_conditions(p: &Pod) -> Vec<(String, String)> {
+    let gates: Vec<&str> =
+        p.spec.iter().flat_map(|s| s.readiness_gates.iter().flatten()).map(|g| g.condition_type.as_str()).collect();
+    super::conditions::foreign(p)
+        .into_iter()
+        .filter(|c| gates.contains(&c.type_.as_str()))
+        .map(|c| (c.type_, c.status))
+        .collect()
 }
 
 impl Entry {

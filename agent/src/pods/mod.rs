@@ -13,6 +13,7 @@
 
 pub mod admission;
 pub mod backoff;
+pub mod conditions;
 pub mod defaults;
 pub mod env;
 pub mod file;
@@ -26,6 +27,7 @@ pub mod probe;
 pub mod pull;
 pub mod security;
 pub mod service_env;
+pub mod sidecars;
 pub mod source;
 pub mod spec;
 pub mod status;

@@ -354,12 +354,22 @@ impl Worker {
         }
         let rt = self.deps.runtime.clone();
         let mut observed = observed::observe(rt.as_ref(), &self.uid).await?;
-        let verdicts = lock(&self.results).verdicts.clone();
+        let verdicts = {
+            let r = lock(&self.results);
+            let mut v = r.verdicts.clone();
+            // Containers still waiting for their startup probe (a sidecar
+            // not started holds the next init container back).
+            for (id, _) in r.not_started.iter().filter(|(_, waiting)| **waiting) {
+                v.entry(id.clone()).or_insert(ProbeVerdict::NotStarted);
+            }
+            v
+        };
         let actions = plan::compute(&self.pod, &observed, &verdicts);
         let acted = actions.kill_pod
             || actions.create_sandbox.is_some()
             || !actions.start.is_empty()
             || actions.next_init.is_some()
+            || !actions.init_start.is_empty()
             || !actions.kill.is_empty();
         if actions.kill_pod {
             self.kill_pod(&observed, spec_grace(&self.pod)).await?;
@@ -372,8 +382,10 @@ impl Worker {
         let mut sandbox_ip = observed.ready_sandbox().and_then(|s| s.ip.clone());
         // Volumes before the sandbox and any container (the kubelet's
         // WaitForAttachAndMount); what is already running keeps running.
-        let needs_volumes =
-            actions.create_sandbox.is_some() || actions.next_init.is_some() || !actions.start.is_empty();
+        let needs_volumes = actions.create_sandbox.is_some()
+            || actions.next_init.is_some()
+            || !actions.init_start.is_empty()
+            || !actions.start.is_empty();
         let volumes_ready = if needs_volumes {
             self.mount_volumes().await
         } else {
@@ -435,7 +447,8 @@ impl Worker {
             } else {
                 sandbox_ip.clone()
             };
-            let names: Vec<String> = actions.next_init.iter().cloned().chain(actions.start.iter().cloned()).collect();
+            let names: Vec<String> =
+                actions.next_init.iter().chain(&actions.init_start).chain(&actions.start).cloned().collect();
             for name in names {
                 self.start_container(&name, &sandbox_id, &sandbox_config, &observed, pod_ip.clone()).await;
             }
@@ -746,10 +759,34 @@ impl Worker {
     }
 
     /// Stops every running container (in parallel, each with its preStop
-    /// hook) and then every sandbox.
+    /// hook; sidecars after the others, one by one in reverse order, with
+    /// what is left of the grace period) and then every sandbox.
     async fn kill_pod(&self, observed: &ObservedPod, grace: Duration) -> crate::cri::Result<()> {
+        let started = Instant::now();
+        let running: Vec<&str> = observed.running().map(|c| c.name.as_str()).collect();
+        let (first, sidecars) = super::sidecars::termination_order(&self.pod, &running);
+        let in_group = |names: &[&str]| -> Vec<observed::ContainerState> {
+            observed.running().filter(|c| names.contains(&c.name.as_str())).cloned().collect()
+        };
+        self.stop_containers(observed, &in_group(&first), grace).await;
+        for name in sidecars {
+            let left = grace.saturating_sub(started.elapsed()).max(MIN_GRACE.min(grace));
+            self.stop_containers(observed, &in_group(&[name]), left).await;
+        }
+        for sb in observed.sandboxes.iter().filter(|s| s.ready) {
+            if let Err(e) = self.deps.runtime.stop_pod_sandbox(&sb.id).await
+                && !e.is_not_found()
+            {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops `containers` in parallel, each with its preStop hook.
+    async fn stop_containers(&self, observed: &ObservedPod, containers: &[observed::ContainerState], grace: Duration) {
         let ip = self.pod_ip(observed);
-        let stops = observed.running().map(|c| {
+        let stops = containers.iter().map(|c| {
             let spec = find_container(&self.pod, &c.name).map(|(s, _)| s);
             if let Some((s, init)) = find_container(&self.pod, &c.name) {
                 self.deps.recorder.record(
@@ -769,14 +806,6 @@ impl Worker {
             self.stop_container(&c.id, spec, grace, ip.as_deref())
         });
         futures::future::join_all(stops).await;
-        for sb in observed.sandboxes.iter().filter(|s| s.ready) {
-            if let Err(e) = self.deps.runtime.stop_pod_sandbox(&sb.id).await
-                && !e.is_not_found()
-            {
-                return Err(e);
-            }
-        }
-        Ok(())
     }
 
     async fn terminate(&mut self, grace: Duration) -> crate::cri::Result<()> {
