@@ -134,6 +134,11 @@ pub struct Agent {
     /// /debug/events: the eviction manager's signal events and evictions.
     pub debug_events: DebugEvents,
     // ---- end server ----
+    // ---- pod fields ----
+    /// RuntimeClasses for the pod workers (from the API server once it
+    /// answers).
+    pub runtime_classes: crate::pods::runtime_class::RuntimeClasses,
+    // ---- end pod fields ----
 }
 
 /// Sets the log verbosity (`--v`) of the running agent.
@@ -345,11 +350,27 @@ impl Agent {
                 })
                 .inc();
         });
+        let runtime_classes = crate::pods::runtime_class::RuntimeClasses::default();
+        // ---- pod fields ----
+        // Credential provider plugins: a configuration in error stops the
+        // start, as the kubelet.
+        let plugins =
+            match (&config.flags.image_credential_provider_config, &config.flags.image_credential_provider_bin_dir) {
+                (Some(cfg), Some(dir)) => crate::images::credentials::load_plugins(cfg, dir)
+                    .map_err(|e| StartError::Refused(format!("--image-credential-provider-config: {e}")))?,
+                _ => vec![],
+            };
+        let pull_credentials = Arc::new(
+            crate::images::credentials::PullCredentials::new(volumes.clone(), plugins)
+                .with_node_config(&config.flags.root_dir),
+        );
+        // ---- end pod fields ----
         let deps = Arc::new(WorkerDeps {
             runtime: cri.clone(),
             images: Arc::new(
                 ImageManager::new(cri.clone(), recorder.clone(), ImageManagerConfig::from_kubelet(k))
-                    .with_metrics(image_metrics.clone()),
+                    .with_metrics(image_metrics.clone())
+                    .with_credentials(pull_credentials),
             ),
             cgroups: pod_cgroups.clone(),
             settings,
@@ -366,6 +387,7 @@ impl Agent {
             probe_results: Some(observer),
             volumes: volumes.clone(),
             devices: Some(devices.clone()),
+            runtime_classes: runtime_classes.clone(),
         });
         let mut expected = HashSet::new();
         if k.static_pod_path.is_some() {
@@ -478,6 +500,7 @@ impl Agent {
             api.connect_shutdown(node_shutdown.shutting_down());
         }
         Ok(Agent {
+            runtime_classes,
             devices,
             health,
             debug_events,
@@ -550,10 +573,14 @@ impl Agent {
         // environments come from the API server once connected.
         if let Some(api) = self.api.clone() {
             let volumes = self.volumes.clone();
+            let runtime_classes = self.runtime_classes.clone();
             let mut stop = self.shutdown.clone();
             tasks.push(tokio::spawn(async move {
                 loop {
                     if let Some(client) = api.client() {
+                        runtime_classes.set_source(Arc::new(crate::kubeapi::runtime_class::KubeRuntimeClasses::new(
+                            client.clone(),
+                        )));
                         volumes.set_objects(Arc::new(crate::volumes::kube::KubeObjects::new(client)));
                         return;
                     }

@@ -30,6 +30,7 @@ use tracing::{info, warn};
 
 use super::{
     backoff::Backoff,
+    credentials::PullCredentials,
     errors::{ImageError, ImageErrorReason, classify_pull_error},
     metrics::ImageMetrics,
     policy::PullPolicy,
@@ -50,6 +51,7 @@ pub mod event {
     pub const INSPECT_FAILED: &str = "InspectFailed";
     pub const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
     pub const BACK_OFF: &str = "BackOff";
+    pub const FAILED_TO_RETRIEVE_IMAGE_PULL_SECRET: &str = "FailedToRetrieveImagePullSecret";
 }
 
 /// The runtime's id of a present image (`sha256:...`): what CreateContainer
@@ -150,6 +152,8 @@ pub struct ImageManager {
     slots: PullSlots,
     state: Mutex<PullState>,
     metrics: Option<ImageMetrics>,
+    /// Pull secrets, the node's Docker config and credential providers.
+    credentials: Option<Arc<PullCredentials>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -236,7 +240,34 @@ impl ImageManager {
                 throttle: TokenBucket::new(cfg.registry_pull_qps, cfg.registry_burst, Instant::now()),
             }),
             metrics: None,
+            credentials: None,
         }
+    }
+
+    /// Pulls with the credentials `credentials` finds for each pod.
+    pub fn with_credentials(mut self, credentials: Arc<PullCredentials>) -> ImageManager {
+        self.credentials = Some(credentials);
+        self
+    }
+
+    /// The CRI credentials to try for a pull, in order (none: pull
+    /// without); Err when a pull secret is broken.
+    async fn pull_auths(&self, pod: &Pod, obj: &ObjectReference, image: &str) -> Result<Vec<api::AuthConfig>, String> {
+        let Some(creds) = &self.credentials else { return Ok(vec![]) };
+        let repository =
+            super::reference::Reference::parse(image).map(|r| r.name()).unwrap_or_else(|_| image.to_owned());
+        let found = creds.lookup(pod, &repository).await?;
+        if !found.missing_secrets.is_empty() {
+            let msg = format!(
+                "Unable to retrieve some image pull secrets ({}); attempting to pull the image may not succeed.",
+                found.missing_secrets.join(", ")
+            );
+            self.event(&pod_ref(pod), EventType::Warning, event::FAILED_TO_RETRIEVE_IMAGE_PULL_SECRET, &msg);
+        }
+        for e in &found.plugin_errors {
+            warn!(image, field = obj.field_path.as_deref().unwrap_or(""), "{e}");
+        }
+        Ok(found.auth_configs())
     }
 
     /// Observes pull durations and counts into `metrics`.
@@ -325,17 +356,22 @@ impl ImageManager {
             }
         }
 
+        let auths = match self.pull_auths(pod, &obj, &image).await {
+            Ok(a) => a,
+            Err(why) => {
+                let msg = format!("Failed to pull image {requested:?}: {why}");
+                self.event(&obj, EventType::Warning, event::FAILED, &msg);
+                return Err(ImageError::new(ImageErrorReason::ErrImagePull, why));
+            }
+        };
         self.event(&obj, EventType::Normal, event::PULLING, &format!("Pulling image {requested:?}"));
         let waiting_since = Instant::now();
         let result = {
             let _slot = self.slots.acquire().await;
             let started = Instant::now();
             let throttled = lock(&self.state).throttle.as_mut().is_some_and(|t| !t.try_accept(started));
-            let r = if throttled {
-                Err(None)
-            } else {
-                self.service.pull_image(&image, sandbox_config.cloned()).await.map_err(Some)
-            };
+            let r =
+                if throttled { Err(None) } else { self.pull_with(&image, auths, sandbox_config).await.map_err(Some) };
             r.map(|id| (id, started.elapsed()))
         };
         let now = Instant::now();
@@ -383,6 +419,27 @@ impl ImageManager {
                 Err(err)
             }
         }
+    }
+
+    /// Pulls with each credential in turn until one works (without any
+    /// when there are none), as the kubelet; the last failure is the one
+    /// reported.
+    async fn pull_with(
+        &self,
+        image: &str,
+        auths: Vec<api::AuthConfig>,
+        sandbox: Option<&api::PodSandboxConfig>,
+    ) -> Result<String, CriError> {
+        let attempts: Vec<Option<api::AuthConfig>> =
+            if auths.is_empty() { vec![None] } else { auths.into_iter().map(Some).collect() };
+        let mut last = None;
+        for auth in attempts {
+            match self.service.pull_image(image, auth, sandbox.cloned()).await {
+                Ok(id) => return Ok(id),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("at least one attempt"))
     }
 
     /// When the pull of `container`'s image for `pod` may be tried again,

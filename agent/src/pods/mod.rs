@@ -25,6 +25,7 @@ pub mod observed;
 pub mod plan;
 pub mod probe;
 pub mod pull;
+pub mod runtime_class;
 pub mod security;
 pub mod service_env;
 pub mod sidecars;

@@ -123,6 +123,7 @@ fn harness(pods_capacity: i64) -> Harness {
             events.clone(),
         )),
         devices: None,
+        runtime_classes: Default::default(),
     });
     let (stop, shutdown) = watch::channel(false);
     let capacity = Capacity { pods: pods_capacity, cpu_milli: 4000, memory: 8 << 30, hugepages: vec![] };

@@ -85,6 +85,8 @@ pub struct WorkerDeps {
     /// Device plugin devices: reserved at admission, given to containers
     /// at creation (None: no device manager).
     pub devices: Option<Arc<dyn crate::deviceplugin::PodDeviceAllocator>>,
+    /// runtimeClassName → the runtime handler for RunPodSandbox.
+    pub runtime_classes: super::runtime_class::RuntimeClasses,
 }
 
 /// Where a worker reports to (the pod manager).
@@ -512,18 +514,41 @@ impl Worker {
                 "Pod sandbox changed, it will be killed and re-created.",
             );
         }
-        let id = match self.deps.runtime.run_pod_sandbox(config, "").await {
+        // The RuntimeClass's handler; a class that cannot be resolved fails
+        // the sandbox as the runtime would fail an unknown handler.
+        let handler = self.deps.runtime_classes.handler_for(&self.pod).await.map_err(|message| {
+            crate::cri::CriError::Status { call: "RunPodSandbox", code: tonic::Code::NotFound, message }
+        });
+        let created = match handler {
+            Ok(handler) => self.deps.runtime.run_pod_sandbox(config, &handler).await,
+            Err(e) => Err(e),
+        };
+        let id = match created {
             Ok(id) => id,
             Err(e) => {
+                let message = format!("Failed to create pod sandbox: {}", e.message());
                 self.deps.recorder.record(
                     &pod_ref(&self.pod),
                     EventType::Warning,
                     reason::FAILED_CREATE_POD_SANDBOX,
-                    &format!("Failed to create pod sandbox: {}", e.message()),
+                    &message,
                 );
+                // The containers wait on the sandbox, with the runtime's word.
+                let names: Vec<String> = self
+                    .pod
+                    .spec
+                    .iter()
+                    .flat_map(|s| s.init_containers.iter().flatten().chain(s.containers.iter()))
+                    .map(|c| c.name.clone())
+                    .collect();
+                for name in names {
+                    self.waiting.insert(name, (reason::CONTAINER_CREATING.into(), message.clone()));
+                }
                 return Err(e);
             }
         };
+        self.waiting
+            .retain(|_, (r, m)| !(r == reason::CONTAINER_CREATING && m.starts_with("Failed to create pod sandbox")));
         let ip = self
             .deps
             .runtime
