@@ -20,7 +20,7 @@ mod kubelet_extra;
 mod options;
 pub mod thresholds;
 mod tree;
-mod validation;
+pub mod validation;
 mod values;
 mod yaml;
 

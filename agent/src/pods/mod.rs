@@ -34,6 +34,7 @@ pub mod spec;
 pub mod status;
 pub mod sysctl;
 pub mod validation;
+pub mod validation_extra;
 pub mod worker;
 
 #[cfg(test)]
