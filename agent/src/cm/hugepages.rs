@@ -41,7 +41,7 @@ impl PageSize {
 pub fn resource_name(bytes: u64) -> String {
     let mut v = bytes;
     for unit in ["", "Ki", "Mi", "Gi", "Ti", "Pi"] {
-        if v % 1024 != 0 || unit == "Pi" {
+        if !v.is_multiple_of(1024) || unit == "Pi" {
             return format!("{PREFIX}{v}{unit}");
         }
         v /= 1024;
@@ -61,7 +61,7 @@ pub fn page_bytes(resource: &str) -> Option<u64> {
 pub fn cri_page_size(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KB", "MB", "GB", "TB", "PB"];
     let (mut v, mut i) = (bytes, 0);
-    while v != 0 && v % 1024 == 0 && i < UNITS.len() - 1 {
+    while v != 0 && v.is_multiple_of(1024) && i < UNITS.len() - 1 {
         v /= 1024;
         i += 1;
     }

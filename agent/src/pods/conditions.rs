@@ -203,7 +203,8 @@ mod tests {
     fn readiness_gates_table() {
         let all_ready = [running("app", true, true)];
         let sidecar = [running("proxy", true, true)];
-        let cases: Vec<(&str, Pod, (&str, Option<&str>, Option<&str>))> = vec![
+        type Want<'a> = (&'a str, Option<&'a str>, Option<&'a str>);
+        let cases: Vec<(&str, Pod, Want)> = vec![
             ("no gates", pod(&[], &[]), ("True", None, None)),
             (
                 "a gate without its condition",

@@ -141,10 +141,8 @@ fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
 
 /// The seccomp field in effect for a container (None: not set anywhere).
 fn seccomp_field(pod: &Pod, c: Option<&Container>) -> Option<SeccompProfile> {
-    if let Some(c) = c {
-        if let Some(p) = c.security_context.as_ref().and_then(|s| s.seccomp_profile.clone()) {
-            return Some(p);
-        }
+    if let Some(p) = c.and_then(|c| c.security_context.as_ref()).and_then(|s| s.seccomp_profile.clone()) {
+        return Some(p);
     }
     if let Some(p) = pod_sc(pod).and_then(|s| s.seccomp_profile.clone()) {
         return Some(p);

@@ -36,7 +36,8 @@ fn seccomp_table() {
         p.metadata.annotations = Some([(key.to_string(), value.to_string())].into());
         p
     };
-    let cases: Vec<(&str, Pod, bool, Result<(api::security_profile::ProfileType, &str), &str>)> = vec![
+    type Want<'a> = Result<(api::security_profile::ProfileType, &'a str), &'a str>;
+    let cases: Vec<(&str, Pod, bool, Want)> = vec![
         ("nothing set", pod(None, None), false, Ok((Unconfined, ""))),
         ("nothing set, seccompDefault", pod(None, None), true, Ok((RuntimeDefault, ""))),
         (

@@ -73,7 +73,7 @@ pub fn urls_match(glob_url: &str, target: &str) -> bool {
 fn is_default_registry(image: &str) -> bool {
     match image.split_once('/') {
         None => !image.is_empty(),
-        Some((first, _)) if first.is_empty() => false,
+        Some(("", _)) => false,
         Some((first, _)) => first == "docker.io" || first == "index.docker.io" || !first.contains(['.', ':']),
     }
 }
