@@ -275,3 +275,51 @@ fn names_hosts_file_and_service_variables() {
     assert!(!out.contains("REDIS_PRIMARY"), "enableServiceLinks: false: {out}");
     assert!(out.contains("# Kubernetes-managed hosts file (host network)."), "{out}");
 }
+
+/// What this host and containerd 1.6 cannot give is refused at admission
+/// with the kubelet's reasons, rather than run without it: AppArmor (the
+/// host has none), supplementalGroupsPolicy Strict and user namespaces
+/// (the runtime reports neither).
+#[test]
+fn what_the_host_cannot_give_is_refused_at_admission() {
+    if std::path::Path::new("/sys/kernel/security/apparmor").is_dir() {
+        panic!(
+            "this test expects a host without AppArmor (as this project's machines); it found /sys/kernel/security/apparmor"
+        );
+    }
+    let a = TestAgent::start("", &["--signal-source=cgroupfs"]);
+    let net = "  hostNetwork: true\n";
+    let apparmor = a.add_manifest(
+        "aa.yaml",
+        &manifest(
+            "apparmor",
+            &format!("{net}  securityContext:\n    appArmorProfile: {{type: RuntimeDefault}}\n"),
+            &sleeper("c", ""),
+        ),
+    );
+    let strict = a.add_manifest(
+        "strict.yaml",
+        &manifest(
+            "strict-groups",
+            &format!("{net}  securityContext: {{supplementalGroupsPolicy: Strict}}\n"),
+            &sleeper("c", ""),
+        ),
+    );
+    let userns =
+        a.add_manifest("userns.yaml", &manifest("userns", &format!("{net}  hostUsers: false\n"), &sleeper("c", "")));
+    for (pod, reason, message) in [
+        (&apparmor, "AppArmor", "Cannot enforce AppArmor: AppArmor is not enabled on the host"),
+        (
+            &strict,
+            "SupplementalGroupsPolicyNotSupported",
+            "SupplementalGroupsPolicy=Strict is not supported in this node",
+        ),
+        (&userns, "UserNamespacesNotSupported", "RuntimeClass handler \"\" does not support user namespaces"),
+    ] {
+        let s = a.wait_status(pod, T, "rejected", |s| s.phase.as_deref() == Some("Failed"));
+        assert_eq!(s.reason.as_deref(), Some(reason), "{pod}");
+        assert!(s.message.as_deref().is_some_and(|m| m.starts_with(message)), "{pod}: {:?}", s.message);
+        let uid = a.pod(pod).unwrap().metadata.uid.unwrap();
+        assert!(a.runtime_state(&uid).0.is_empty(), "{pod}: nothing ran");
+    }
+}

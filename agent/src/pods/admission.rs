@@ -386,4 +386,15 @@ mod tests {
         let spec = PodSpec { init_containers: Some(vec![c("proxy", "100Mi", true)]), ..spec };
         assert_eq!(pod_request(&spec, "memory"), 300 << 20);
     }
+
+    #[test]
+    fn overhead_counts_in_admission() {
+        let mut p = pod("", "600Mi");
+        p.spec.as_mut().unwrap().overhead = Some([("memory".to_string(), Quantity("300Mi".into()))].into());
+        let cap = Capacity { pods: 10, cpu_milli: 1000, memory: 800 << 20, hugepages: vec![] };
+        let r = admit(&p, &[], &cap).unwrap_err();
+        assert_eq!(r.reason, "OutOfmemory", "600Mi + 300Mi of RuntimeClass overhead exceed 800Mi");
+        p.spec.as_mut().unwrap().overhead = None;
+        assert!(admit(&p, &[], &cap).is_ok());
+    }
 }
