@@ -106,8 +106,13 @@ fn help_lists_the_flags_and_version_prints() {
 /// log at start, each with what is in effect instead; the agent runs.
 #[test]
 fn unimplemented_settings_are_logged_once_at_start() {
+    // Only memory evicts: the shared disk here is often past the default
+    // nodefs and imagefs thresholds, whose reclaim would delete the
+    // locally built test images.
     let config = "apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
+evictionHard:
+  memory.available: 100Mi
 hairpinMode: hairpin-veth
 cpuManagerReconcilePeriod: 5s
 rotateCertificates: true
