@@ -1035,7 +1035,9 @@ impl ProbeTask {
         tokio::time::sleep(initial).await;
         let mut tracker = Tracker::new(&self.probe);
         let target = Target { container_id: &self.id, container: &self.container, pod_ip: self.pod_ip };
-        let cref = container_ref(&self.pod, &self.container, false);
+        // Sidecars' events name them under spec.initContainers.
+        let init = find_container(&self.pod, &self.container.name).is_some_and(|(_, init)| init);
+        let cref = container_ref(&self.pod, &self.container, init);
         loop {
             let waiting_for_startup = self.kind != ProbeType::Startup
                 && lock(&self.results).not_started.get(&self.id).copied().unwrap_or(false);
