@@ -159,7 +159,15 @@ pub fn compute(pod: &Pod, observed: &ObservedPod, probes: &HashMap<String, Probe
             .filter(|c| !(restart_policy(pod) == "OnFailure" && succeeded(observed.latest(&c.name))))
             .map(|c| c.name.clone())
             .collect();
-        if start.is_empty() && next_init_container(pod, observed).2 {
+        // Initialization done (for a pod with sidecars: a regular
+        // container was created, hasAnyRegularContainerCreated) and nothing
+        // to start: no new sandbox.
+        let initialized = if sidecars::has_sidecars(pod) {
+            spec.containers.iter().any(|c| observed.latest(&c.name).is_some())
+        } else {
+            next_init_container(pod, observed).2
+        };
+        if start.is_empty() && initialized {
             // Everything already completed: nothing to create a sandbox for.
             return a;
         }

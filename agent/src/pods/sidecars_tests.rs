@@ -213,6 +213,17 @@ fn a_new_pod_with_sidecars_starts_its_first_init_container_in_a_new_sandbox() {
 }
 
 #[test]
+fn a_completed_pod_gets_no_new_sandbox_when_its_sandbox_is_gone() {
+    // After an agent restart: the app succeeded, the sidecar was stopped
+    // with the pod (137), the sandbox is down.
+    let p = pod("OnFailure", &["~proxy"], &["app"]);
+    let mut obs = observed(vec![ctr(&p, "proxy", Exited, 137, 1), ctr(&p, "app", Exited, 0, 2)]);
+    obs.sandboxes[0].ready = false;
+    let a = plan::compute(&p, &obs, &HashMap::new());
+    assert_eq!(a, PodActions { kill_pod: true, ..Default::default() });
+}
+
+#[test]
 fn sidecars_stop_last_in_reverse_order() {
     let p = pod("Always", &["~log", "setup", "~proxy"], &["app", "web"]);
     let (first, last) = termination_order(&p, &["proxy", "app", "log", "web"]);
