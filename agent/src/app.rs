@@ -350,7 +350,10 @@ impl Agent {
                 })
                 .inc();
         });
-        let runtime_classes = crate::pods::runtime_class::RuntimeClasses::default();
+        let runtime_classes = match &api {
+            Some(_) => crate::pods::runtime_class::RuntimeClasses::awaiting_api(),
+            None => crate::pods::runtime_class::RuntimeClasses::default(),
+        };
         // ---- pod fields ----
         // Credential provider plugins: a configuration in error stops the
         // start, as the kubelet.
