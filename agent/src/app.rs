@@ -81,6 +81,10 @@ pub enum StartError {
     Io(#[from] std::io::Error),
     #[error("API server: {0}")]
     Api(#[from] ApiError),
+    /// The host or configuration cannot run as configured (swap on,
+    /// cgroup v1 refused, a credential provider configuration in error).
+    #[error("{0}")]
+    Refused(String),
     // ---- server (issue 8) ----
     #[error("kubelet server: {0}")]
     Server(#[from] ServerError),
@@ -132,6 +136,11 @@ pub struct Agent {
     /// /debug/events: the eviction manager's signal events and evictions.
     pub debug_events: DebugEvents,
     // ---- end server ----
+    // ---- pod fields ----
+    /// RuntimeClasses for the pod workers (from the API server once it
+    /// answers).
+    pub runtime_classes: crate::pods::runtime_class::RuntimeClasses,
+    // ---- end pod fields ----
 }
 
 /// Sets the log verbosity (`--v`) of the running agent.
@@ -148,6 +157,31 @@ pub fn eviction_config(k: &crate::config::KubeletConfiguration) -> EvictionConfi
 
 fn quantity(list: &crate::cm::allocatable::ResourceList, r: Resource) -> crate::quantity::Quantity {
     list.get(&r).copied().unwrap_or_default()
+}
+
+/// What the host offers pods, for admission: sysctls for this kernel and
+/// allowedUnsafeSysctls, AppArmor, and the runtime's features (asked once
+/// at start; an unreachable runtime offers none).
+async fn host_support(config: &Config, cri: &CriClient) -> Result<crate::pods::admission::HostSupport, StartError> {
+    let kernel = crate::startup::kernel_release();
+    let version = crate::pods::sysctl::kernel_version(&kernel).unwrap_or((0, 0));
+    let sysctls = crate::pods::sysctl::Allowlist::new(version, &config.kubelet.allowed_unsafe_sysctls)
+        .map_err(|e| StartError::Refused(format!("allowedUnsafeSysctls: {e}")))?;
+    let status = cri.status().await.ok();
+    Ok(crate::pods::admission::HostSupport {
+        sysctls,
+        apparmor: crate::startup::apparmor_enabled(),
+        userns_handlers: status
+            .iter()
+            .flat_map(|s| &s.runtime_handlers)
+            .filter(|h| h.features.as_ref().is_some_and(|f| f.user_namespaces))
+            .map(|h| h.name.clone())
+            .collect(),
+        supplemental_groups_policy: status
+            .as_ref()
+            .and_then(|s| s.features.as_ref())
+            .is_some_and(|f| f.supplemental_groups_policy),
+    })
 }
 
 impl Agent {
@@ -187,6 +221,12 @@ impl Agent {
             tracing::warn!(dir = %root_dir.display(), "the root dir was open to group or others; made it 0700");
         }
         let cgroupfs = CgroupFs::detect()?;
+        // ---- pod fields ----
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        if let Some(why) = crate::startup::host_refusal(k, &swaps, cgroupfs.version()) {
+            return Err(StartError::Refused(why));
+        }
+        // ---- end pod fields ----
         let capacity =
             machine_capacity(&config.flags.root_dir, k.max_pods, k.pods_per_core).map_err(StartError::Capacity)?;
         let allocatable = NodeAllocatable::new(capacity, k);
@@ -263,6 +303,24 @@ impl Agent {
             allocatable_cpu_milli: quantity(alloc, Resource::Cpu).milli_value(),
             allocatable_memory: quantity(alloc, Resource::Memory).value(),
             allocatable_ephemeral_storage: quantity(alloc, Resource::EphemeralStorage).value(),
+            // ---- pod fields ----
+            features: crate::pods::spec::NodeFeatures {
+                security: crate::pods::security::SecuritySettings {
+                    seccomp_default: k.seccomp_default,
+                    seccomp_root: config.flags.root_dir.join("seccomp"),
+                },
+                oom_kills_whole_container: crate::startup::oom_kills_whole_container(k, cgroupfs.version()),
+                hugepage_sizes: if crate::cm::hugepages::limits_supported(&cgroupfs) {
+                    crate::cm::hugepages::host_page_sizes(std::path::Path::new(crate::cm::hugepages::SYSFS))
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|p| p.bytes)
+                        .collect()
+                } else {
+                    vec![]
+                },
+            },
+            // ---- end pod fields ----
         };
         let volumes = Arc::new(VolumeManager::new(
             VolumeConfig {
@@ -295,11 +353,30 @@ impl Agent {
                 })
                 .inc();
         });
+        let runtime_classes = match &api {
+            Some(_) => crate::pods::runtime_class::RuntimeClasses::awaiting_api(),
+            None => crate::pods::runtime_class::RuntimeClasses::default(),
+        };
+        // ---- pod fields ----
+        // Credential provider plugins: a configuration in error stops the
+        // start, as the kubelet.
+        let plugins =
+            match (&config.flags.image_credential_provider_config, &config.flags.image_credential_provider_bin_dir) {
+                (Some(cfg), Some(dir)) => crate::images::credentials::load_plugins(cfg, dir)
+                    .map_err(|e| StartError::Refused(format!("--image-credential-provider-config: {e}")))?,
+                _ => vec![],
+            };
+        let pull_credentials = Arc::new(
+            crate::images::credentials::PullCredentials::new(volumes.clone(), plugins)
+                .with_node_config(&config.flags.root_dir),
+        );
+        // ---- end pod fields ----
         let deps = Arc::new(WorkerDeps {
             runtime: cri.clone(),
             images: Arc::new(
                 ImageManager::new(cri.clone(), recorder.clone(), ImageManagerConfig::from_kubelet(k))
-                    .with_metrics(image_metrics.clone()),
+                    .with_metrics(image_metrics.clone())
+                    .with_credentials(pull_credentials),
             ),
             cgroups: pod_cgroups.clone(),
             settings,
@@ -316,6 +393,7 @@ impl Agent {
             probe_results: Some(observer),
             volumes: volumes.clone(),
             devices: Some(devices.clone()),
+            runtime_classes: runtime_classes.clone(),
         });
         let mut expected = HashSet::new();
         if k.static_pod_path.is_some() {
@@ -328,8 +406,18 @@ impl Agent {
             pods: quantity(alloc, Resource::Pods).value(),
             cpu_milli: quantity(alloc, Resource::Cpu).milli_value(),
             memory: quantity(alloc, Resource::Memory).value(),
+            hugepages: alloc
+                .iter()
+                .filter_map(|(r, q)| match r {
+                    Resource::Hugepages(size) => Some((*size, q.value())),
+                    _ => None,
+                })
+                .collect(),
         };
         let pods = PodManager::new(deps, expected, admit, pod_metrics.clone(), shutdown.clone());
+        // ---- pod fields ----
+        pods.set_host_support(host_support(&config, cri.as_ref()).await?);
+        // ---- end pod fields ----
 
         // Image GC keeps the image sandboxes are made from.
         let mut pinned: Vec<String> = config.flags.pod_infra_container_image.iter().cloned().collect();
@@ -418,6 +506,7 @@ impl Agent {
             api.connect_shutdown(node_shutdown.shutting_down());
         }
         Ok(Agent {
+            runtime_classes,
             devices,
             health,
             debug_events,
@@ -502,10 +591,14 @@ impl Agent {
         // environments come from the API server once connected.
         if let Some(api) = self.api.clone() {
             let volumes = self.volumes.clone();
+            let runtime_classes = self.runtime_classes.clone();
             let mut stop = self.shutdown.clone();
             tasks.push(tokio::spawn(async move {
                 loop {
                     if let Some(client) = api.client() {
+                        runtime_classes.set_source(Arc::new(crate::kubeapi::runtime_class::KubeRuntimeClasses::new(
+                            client.clone(),
+                        )));
                         volumes.set_objects(Arc::new(crate::volumes::kube::KubeObjects::new(client)));
                         return;
                     }

@@ -41,6 +41,9 @@ fn main() -> ExitCode {
     for w in &config.warnings {
         warn!("{w}");
     }
+    for problem in swiftlet::startup::apply_process_settings(&config.kubelet) {
+        warn!("{problem}");
+    }
     match run(config, args, log_level) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -30,6 +30,11 @@ struct Content {
     /// digest → (media type, bytes)
     blobs: HashMap<String, (String, Vec<u8>)>,
     requests: Vec<String>,
+    /// When set, every request needs `Authorization: Basic <this>`
+    /// (base64 of `user:password`), else 401 with a Basic challenge.
+    basic_auth: Option<String>,
+    /// The Authorization header of each request ("" when none).
+    authorizations: Vec<String>,
 }
 
 pub struct Registry {
@@ -74,6 +79,21 @@ impl Registry {
             }
         });
         Registry { port, content, stop, thread: Some(thread) }
+    }
+
+    /// A registry that answers only requests with these credentials (HTTP
+    /// Basic), as a private registry does.
+    pub fn start_private(user: &str, password: &str) -> Registry {
+        use base64::Engine;
+        let r = Registry::start();
+        r.content.lock().unwrap().basic_auth =
+            Some(base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}")));
+        r
+    }
+
+    /// The Authorization header of every request so far ("" when none).
+    pub fn authorizations(&self) -> Vec<String> {
+        self.content.lock().unwrap().authorizations.clone()
     }
 
     pub fn host(&self) -> String {
@@ -157,10 +177,16 @@ fn serve(mut conn: TcpStream, content: &Mutex<Content>) {
     if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
         return;
     }
+    let mut authorization = String::new();
     loop {
         let mut line = String::new();
         if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" || line == "\n" {
             break;
+        }
+        if let Some((k, v)) = line.split_once(':')
+            && k.trim().eq_ignore_ascii_case("authorization")
+        {
+            authorization = v.trim().to_owned();
         }
     }
     let mut parts = request_line.split_whitespace();
@@ -168,6 +194,26 @@ fn serve(mut conn: TcpStream, content: &Mutex<Content>) {
     let head = method == "HEAD";
     let mut c = content.lock().unwrap();
     c.requests.push(format!("{method} {path}"));
+    c.authorizations.push(authorization.clone());
+    if let Some(want) = &c.basic_auth
+        && authorization != format!("Basic {want}")
+    {
+        drop(c);
+        let body = serde_json::to_vec(
+            &serde_json::json!({"errors": [{"code": "UNAUTHORIZED", "message": "authentication required"}]}),
+        )
+        .expect("json");
+        return respond(
+            &mut conn,
+            "401 Unauthorized",
+            &[
+                ("Content-Type", "application/json".into()),
+                ("WWW-Authenticate", "Basic realm=\"swiftlet-test\"".into()),
+            ],
+            &body,
+            head,
+        );
+    }
     let not_found = |code: &str| {
         serde_json::to_vec(&serde_json::json!({"errors": [{"code": code, "message": "not found"}]})).expect("json")
     };

@@ -101,3 +101,41 @@ fn help_lists_the_flags_and_version_prints() {
     assert_eq!(version.status.code(), Some(0));
     assert_eq!(String::from_utf8_lossy(&version.stdout).trim(), format!("swiftlet v{}", env!("CARGO_PKG_VERSION")));
 }
+
+/// Settings swiftlet accepts but does not act on are named once in the
+/// log at start, each with what is in effect instead; the agent runs.
+#[test]
+fn unimplemented_settings_are_logged_once_at_start() {
+    // Only memory evicts: the shared disk here is often past the default
+    // nodefs and imagefs thresholds, whose reclaim would delete the
+    // locally built test images.
+    let config = "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+evictionHard:
+  memory.available: 100Mi
+hairpinMode: hairpin-veth
+cpuManagerReconcilePeriod: 5s
+rotateCertificates: true
+featureGates:
+  MemoryQoS: true
+";
+    let extra = vec!["--standalone".to_owned(), "--lock-file=/run/swiftlet-test.lock".to_owned()];
+    let mut agent = swiftlet_tests::node_process::NodeProcess::start(Some(config), &extra);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !agent.log_text().contains("swiftlet started") {
+        agent.assert_running();
+        assert!(std::time::Instant::now() < deadline, "the agent did not start:\n{}", agent.log_text());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let log = agent.log_text();
+    for line in [
+        "KubeletConfiguration hairpinMode: \"hairpin-veth\" is not implemented (the runtime's CNI network configures hairpin traffic); in effect: \"none\"",
+        "KubeletConfiguration cpuManagerReconcilePeriod: \"5s\" is not implemented (swiftlet has no CPU manager); in effect: \"10s\"",
+        "KubeletConfiguration rotateCertificates: true is not implemented",
+        "KubeletConfiguration featureGates: MemoryQoS=true is not implemented",
+        "--lock-file is not implemented (no lock file is taken)",
+    ] {
+        assert_eq!(log.matches(line).count(), 1, "{line:?} once in:\n{log}");
+    }
+    assert!(agent.stop(), "the agent stops on SIGTERM");
+}

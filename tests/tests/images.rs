@@ -55,9 +55,14 @@ impl ImageService for Counting {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.image_status(image).await
     }
-    async fn pull_image(&self, image: &str, sb: Option<api::PodSandboxConfig>) -> swiftlet::cri::Result<String> {
+    async fn pull_image(
+        &self,
+        image: &str,
+        auth: Option<api::AuthConfig>,
+        sb: Option<api::PodSandboxConfig>,
+    ) -> swiftlet::cri::Result<String> {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.pull_image(image, sb).await
+        self.inner.pull_image(image, auth, sb).await
     }
     async fn remove_image(&self, image: &str) -> swiftlet::cri::Result<()> {
         self.calls.fetch_add(1, Ordering::SeqCst);
@@ -222,7 +227,7 @@ async fn image_inspect_error_when_image_status_fails() {
     let b = registry.add_image("swiftlet-test/ambiguous-b", "1", prefix);
     let _cleanup = ImageGuard(vec![a.id.clone(), b.id.clone()]);
     for i in [&a, &b] {
-        s.cri.pull_image(&i.reference, None).await.unwrap_or_else(|e| panic!("pull {}: {e}", i.reference));
+        s.cri.pull_image(&i.reference, None, None).await.unwrap_or_else(|e| panic!("pull {}: {e}", i.reference));
     }
     let image = format!("sha256:{prefix}");
     let (pod, c) = pod_with(&image, None);
@@ -240,7 +245,7 @@ async fn image_gc_removes_unused_images_but_not_those_in_use() {
     let old = registry.add_image("swiftlet-test/gc-old", "1", "");
     let young = registry.add_image("swiftlet-test/gc-young", "1", "");
     let _cleanup = ImageGuard(vec![old.id.clone(), young.id.clone()]);
-    cri.pull_image(&old.reference, None).await.unwrap();
+    cri.pull_image(&old.reference, None, None).await.unwrap();
 
     // busybox in use by a running container, pause by its sandbox (pinned
     // by name: containerd 1.6 does not pin its sandbox image).
@@ -275,7 +280,7 @@ async fn image_gc_removes_unused_images_but_not_those_in_use() {
     // The first detection dates what is present to the beginning of time;
     // an image pulled after it is younger than the minimum age.
     gc.detect().await.unwrap();
-    cri.pull_image(&young.reference, None).await.unwrap();
+    cri.pull_image(&young.reference, None, None).await.unwrap();
 
     let e = gc.garbage_collect().await.unwrap_err();
     // Freeing 1% of a real disk needs more than a test image: the kubelet's

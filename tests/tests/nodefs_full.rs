@@ -259,7 +259,7 @@ fn a_full_nodefs_reclaims_first_then_evicts_the_filler_and_state_survives_a_sigk
 
     let mut agent = AgentProcess::start(setup);
     let https = Https::new(std::net::SocketAddr::from(([127, 0, 0, 1], port)), None);
-    agent.rt.block_on(agent.cri.pull_image(&unused.reference, None)).expect("pull the unused image");
+    agent.rt.block_on(agent.cri.pull_image(&unused.reference, None, None)).expect("pull the unused image");
 
     // The finished pod's containers are dead, the steady pod runs.
     let dead = |a: &AgentProcess| {

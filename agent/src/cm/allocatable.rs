@@ -11,6 +11,10 @@
 //!   not the kernel OOM killer, is meant to act in the gap between the two
 //!   (the kubelet's getNodeAllocatableAbsolute).
 //!
+//! Huge pages are capacity (`hugepages-2Mi`, `hugepages-1Gi`: pages
+//! pre-allocated × page size) and allocatable as they are; allocatable
+//! memory excludes them.
+//!
 //! The arithmetic is pure; `machine_capacity` reads the machine.
 
 use std::{
@@ -19,6 +23,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use super::hugepages;
 use crate::{
     config::{KubeletConfiguration, Reservation, ReservedResource},
     eviction::signal::{EvictionSignal, EvictionThreshold},
@@ -35,17 +40,20 @@ pub enum Resource {
     EphemeralStorage,
     Pods,
     Pid,
+    /// Pre-allocated huge pages of one page size (bytes).
+    Hugepages(u64),
 }
 
 impl Resource {
     /// The name in NodeStatus.capacity/allocatable; None for `Pid`.
-    pub fn status_name(self) -> Option<&'static str> {
+    pub fn status_name(self) -> Option<String> {
         match self {
-            Resource::Cpu => Some("cpu"),
-            Resource::Memory => Some("memory"),
-            Resource::EphemeralStorage => Some("ephemeral-storage"),
-            Resource::Pods => Some("pods"),
+            Resource::Cpu => Some("cpu".into()),
+            Resource::Memory => Some("memory".into()),
+            Resource::EphemeralStorage => Some("ephemeral-storage".into()),
+            Resource::Pods => Some("pods".into()),
             Resource::Pid => None,
+            Resource::Hugepages(size) => Some(hugepages::resource_name(size)),
         }
     }
 }
@@ -113,15 +121,25 @@ fn subtract(capacity: &ResourceList, withheld: &ResourceList) -> ResourceList {
 }
 
 /// Node status allocatable: capacity − kubeReserved − systemReserved −
-/// hard eviction thresholds, floored at zero. Resources missing from
-/// capacity are missing here too.
+/// hard eviction thresholds, floored at zero, and memory less the
+/// pre-allocated huge pages (as the kubelet's node status setter).
+/// Resources missing from capacity are missing here too.
 pub fn allocatable(
     capacity: &ResourceList,
     kube_reserved: &Reservation,
     system_reserved: &Reservation,
     hard: &[EvictionThreshold],
 ) -> ResourceList {
-    subtract(capacity, &reservation(capacity, kube_reserved, system_reserved, hard))
+    let mut out = subtract(capacity, &reservation(capacity, kube_reserved, system_reserved, hard));
+    let huge: Quantity = capacity
+        .iter()
+        .filter(|(r, _)| matches!(r, Resource::Hugepages(_)))
+        .fold(Quantity::ZERO, |acc, (_, q)| acc + *q);
+    if let Some(m) = out.get_mut(&Resource::Memory) {
+        let v = *m - huge;
+        *m = if v.is_negative() { Quantity::ZERO } else { v };
+    }
+    out
 }
 
 /// What the kubepods cgroup is limited to when pods' allocatable is
@@ -214,13 +232,19 @@ pub fn machine_capacity(root_dir: &Path, max_pods: u32, pods_per_core: u32) -> i
         .map_err(|e| io::Error::new(e.kind(), format!("statfs {}: {e}", root_dir.display())))?;
     let pids = node::pid_limit()?;
     let units = |v: u64| Quantity::from_units(v.min(i64::MAX as u64) as i64);
-    Ok(ResourceList::from([
+    let mut list = ResourceList::from([
         (Resource::Cpu, units(cores)),
         (Resource::Memory, units(memory)),
         (Resource::EphemeralStorage, units(storage.capacity_bytes)),
         (Resource::Pid, units(pids)),
         (Resource::Pods, units(pods_capacity(max_pods, pods_per_core, cores))),
-    ]))
+    ]);
+    // Every page size the host offers, even with no page allocated, as
+    // cAdvisor reports them to the kubelet.
+    for p in hugepages::host_page_sizes(Path::new(hugepages::SYSFS))? {
+        list.insert(Resource::Hugepages(p.bytes), units(p.capacity()));
+    }
+    Ok(list)
 }
 
 #[cfg(test)]
@@ -300,6 +324,14 @@ mod tests {
             want: ResourceList,
         }
         let cases = vec![
+            Case {
+                name: "huge pages are allocatable as they are and leave memory",
+                capacity: list(&[(Memory, "8Gi"), (Hugepages(2 << 20), "1Gi"), (Hugepages(1 << 30), "0")]),
+                kube: reserved(&[(ReservedResource::Memory, "1Gi")]),
+                system: reserved(&[]),
+                hard: vec![],
+                want: list(&[(Memory, "6Gi"), (Hugepages(2 << 20), "1Gi"), (Hugepages(1 << 30), "0")]),
+            },
             Case {
                 name: "nothing reserved",
                 capacity: list(&[(Cpu, "2"), (Memory, "4Gi")]),

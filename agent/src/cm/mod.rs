@@ -1,11 +1,13 @@
 //! The container manager: QoS and oom_score_adj (`qos`), cgroup names for
 //! both drivers (`naming`), node capacity and allocatable (`allocatable`),
-//! the limits of the pods' cgroup hierarchy (`hierarchy`, pure), the cgroup
-//! drivers (`manager`: the trait, cgroupfs and in-memory; `systemd`) and
-//! the hierarchy applied through them (`pod_cgroups`).
+//! huge page sizes and limits (`hugepages`), the limits of the pods'
+//! cgroup hierarchy (`hierarchy`, pure), the cgroup drivers (`manager`: the
+//! trait, cgroupfs and in-memory; `systemd`) and the hierarchy applied
+//! through them (`pod_cgroups`).
 
 pub mod allocatable;
 pub mod hierarchy;
+pub mod hugepages;
 pub mod manager;
 pub mod naming;
 pub mod pod_cgroups;

@@ -92,7 +92,7 @@ pub static FLAGS: &[FlagDef] = &[
         "allowed-unsafe-sysctls",
         &["allowedUnsafeSysctls"],
         List,
-        "Unsafe sysctls or sysctl patterns (ending in *) pods may use (accepted, not enforced)",
+        "Unsafe sysctls or sysctl patterns (ending in *) pods may use",
     ),
     cfg(
         "anonymous-auth",
@@ -193,12 +193,12 @@ pub static FLAGS: &[FlagDef] = &[
         "Enable CPU CFS quota enforcement for containers that specify CPU limits",
     ),
     cfg("cpu-cfs-quota-period", &["cpuCFSQuotaPeriod"], Duration, "The CPU CFS quota period (cpu.cfs_period_us)"),
-    cfg("cpu-manager-policy", &["cpuManagerPolicy"], Str, "CPU manager policy (accepted; only none is implemented)"),
+    cfg("cpu-manager-policy", &["cpuManagerPolicy"], Str, "CPU manager policy (only none; others are refused)"),
     cfg(
         "cpu-manager-reconcile-period",
         &["cpuManagerReconcilePeriod"],
         Duration,
-        "CPU manager reconciliation period (accepted)",
+        "CPU manager reconciliation period (not implemented: logged when set)",
     ),
     cfg("enable-server", &["enableServer"], Bool, "Enable the Kubelet's server"),
     cfg(
@@ -245,8 +245,13 @@ pub static FLAGS: &[FlagDef] = &[
         Map,
         "Grace periods of soft thresholds (e.g. memory.available=1m30s)",
     ),
-    only("exit-on-lock-contention", Bool, None, "Exit when the lock file is contended (accepted)"),
-    cfg("fail-swap-on", &["failSwapOn"], Bool, "Fail to start if swap is enabled on the node (accepted)"),
+    only(
+        "exit-on-lock-contention",
+        Bool,
+        None,
+        "Exit when the lock file is contended (not implemented: logged when set)",
+    ),
+    cfg("fail-swap-on", &["failSwapOn"], Bool, "Fail to start if swap is enabled on the node"),
     cfg("feature-gates", &["featureGates"], BoolMap, "Feature gates (key=true|false); merged with the file's"),
     cfg(
         "file-check-frequency",
@@ -283,6 +288,18 @@ pub static FLAGS: &[FlagDef] = &[
         "swiftlet: period of the safety-net re-evaluation of eviction thresholds (kernel events trigger it at once)",
     ),
     cfg("http-check-frequency", &["httpCheckFrequency"], Duration, "Duration between checking http for new data"),
+    only(
+        "image-credential-provider-bin-dir",
+        Str,
+        None,
+        "The path to the directory where credential provider plugin binaries are located",
+    ),
+    only(
+        "image-credential-provider-config",
+        Str,
+        None,
+        "The path to the credential provider plugin config file (CredentialProviderConfig)",
+    ),
     cfg(
         "image-gc-high-threshold",
         &["imageGCHighThresholdPercent"],
@@ -317,7 +334,7 @@ pub static FLAGS: &[FlagDef] = &[
         "kernel-memcg-notification",
         &["kernelMemcgNotification"],
         Bool,
-        "Use kernel memcg notification for memory thresholds (accepted)",
+        "Use kernel memcg notification for memory thresholds (not implemented: logged when set)",
     ),
     cfg("kube-api-burst", &["kubeAPIBurst"], Int, "Burst to use while talking with the API server"),
     cfg("kube-api-qps", &["kubeAPIQPS"], Int, "QPS to use while talking with the API server"),
@@ -343,7 +360,7 @@ pub static FLAGS: &[FlagDef] = &[
         "kubelet-cgroups",
         &["kubeletCgroups"],
         Str,
-        "Absolute name of the cgroup to isolate the kubelet in (accepted)",
+        "Absolute name of the cgroup to isolate the kubelet in (not implemented: logged when set)",
     ),
     cfg(
         "local-storage-capacity-isolation",
@@ -351,14 +368,14 @@ pub static FLAGS: &[FlagDef] = &[
         Bool,
         "Enable local ephemeral storage isolation",
     ),
-    only("lock-file", Str, None, "The path to a file to use as a lock file (accepted)"),
+    only("lock-file", Str, None, "The path to a file to use as a lock file (not implemented: logged when set)"),
     cfg("log-flush-frequency", &["logging", "flushFrequency"], Duration, "Maximum seconds between log flushes"),
     cfg("logging-format", &["logging", "format"], Str, "Log format: text (json is accepted and logged as text)"),
     cfg(
         "make-iptables-util-chains",
         &["makeIPTablesUtilChains"],
         Bool,
-        "Create the KUBE-IPTABLES-HINT chain (accepted)",
+        "Create the KUBE-IPTABLES-HINT chain (not implemented: logged when set)",
     ),
     cfg("max-open-files", &["maxOpenFiles"], Int, "Number of files that can be opened by the Kubelet process"),
     cfg(
@@ -372,7 +389,7 @@ pub static FLAGS: &[FlagDef] = &[
         "memory-manager-policy",
         &["memoryManagerPolicy"],
         Str,
-        "Memory manager policy (accepted; only None is implemented)",
+        "Memory manager policy (only None; others are refused)",
     ),
     cfg(
         "minimum-image-ttl-duration",
@@ -406,7 +423,12 @@ pub static FLAGS: &[FlagDef] = &[
         "How often the kubelet computes node status and posts it if it changed",
     ),
     cfg("oom-score-adj", &["oomScoreAdj"], Int, "The oom_score_adj of the kubelet process [-1000, 1000]"),
-    cfg("pod-cidr", &["podCIDR"], Str, "The CIDR for pod IP addresses in standalone mode (accepted)"),
+    cfg(
+        "pod-cidr",
+        &["podCIDR"],
+        Str,
+        "The CIDR for pod IP addresses in standalone mode (not implemented: logged when set)",
+    ),
     only(
         "pod-infra-container-image",
         Str,
@@ -426,10 +448,15 @@ pub static FLAGS: &[FlagDef] = &[
         "protect-kernel-defaults",
         &["protectKernelDefaults"],
         Bool,
-        "Error if kernel tunables differ from the kubelet defaults (accepted)",
+        "Error if kernel tunables differ from the kubelet defaults (not implemented: logged when set)",
     ),
     cfg("provider-id", &["providerID"], Str, "Unique identifier of the node in the cloud provider"),
-    cfg("qos-reserved", &["qosReserved"], Map, "Memory reserved for Guaranteed pods (accepted)"),
+    cfg(
+        "qos-reserved",
+        &["qosReserved"],
+        Map,
+        "Memory reserved for higher QoS classes (not implemented: refused when set)",
+    ),
     cfg("read-only-port", &["readOnlyPort"], Int, "The read-only port for the Kubelet to serve on (0 disables)"),
     cfg("register-node", &["registerNode"], Bool, "Register the node with the API server"),
     cfg(
@@ -444,7 +471,7 @@ pub static FLAGS: &[FlagDef] = &[
         "reserved-system-cpus",
         &["reservedSystemCPUs"],
         Str,
-        "CPU list reserved for system and kubernetes daemons (accepted)",
+        "CPU list reserved for system and kubernetes daemons (counted as systemReserved cpu)",
     ),
     cfg("resolv-conf", &["resolvConf"], Str, "Resolver configuration file used as the basis for container DNS"),
     only("root-dir", Str, Some("/var/lib/kubelet"), "Directory path for managing kubelet files"),
@@ -460,7 +487,12 @@ pub static FLAGS: &[FlagDef] = &[
         Bool,
         "Request the serving certificate through the certificates API",
     ),
-    only("runtime-cgroups", Str, None, "Absolute name of the cgroup of the container runtime (accepted)"),
+    only(
+        "runtime-cgroups",
+        Str,
+        None,
+        "Absolute name of the cgroup of the container runtime (not implemented: logged when set)",
+    ),
     cfg(
         "runtime-request-timeout",
         &["runtimeRequestTimeout"],
@@ -488,7 +520,12 @@ pub static FLAGS: &[FlagDef] = &[
         Duration,
         "Max period between synchronizing running containers and config",
     ),
-    cfg("system-cgroups", &["systemCgroups"], Str, "Cgroup for non-kernel processes not in a container (accepted)"),
+    cfg(
+        "system-cgroups",
+        &["systemCgroups"],
+        Str,
+        "Cgroup for non-kernel processes not in a container (not implemented: logged when set)",
+    ),
     cfg(
         "system-reserved",
         &["systemReserved"],
@@ -514,9 +551,14 @@ pub static FLAGS: &[FlagDef] = &[
         "topology-manager-policy",
         &["topologyManagerPolicy"],
         Str,
-        "Topology manager policy (accepted; only none is implemented)",
+        "Topology manager policy (only none; others are refused)",
     ),
-    cfg("topology-manager-scope", &["topologyManagerScope"], Str, "Topology manager scope (accepted)"),
+    cfg(
+        "topology-manager-scope",
+        &["topologyManagerScope"],
+        Str,
+        "Topology manager scope (not implemented: logged when set)",
+    ),
     FlagDef {
         name: "v",
         shorthand: Some('v'),
@@ -533,12 +575,17 @@ pub static FLAGS: &[FlagDef] = &[
         default: None,
         help: "Print version information and quit",
     },
-    cfg("volume-plugin-dir", &["volumePluginDir"], Str, "Directory to search for additional volume plugins (accepted)"),
+    cfg(
+        "volume-plugin-dir",
+        &["volumePluginDir"],
+        Str,
+        "Directory to search for additional volume plugins (not implemented: logged when set)",
+    ),
     cfg(
         "volume-stats-agg-period",
         &["volumeStatsAggPeriod"],
         Duration,
-        "How often volume disk usage is computed (accepted)",
+        "How often volume disk usage is computed (not implemented: logged when set)",
     ),
 ];
 

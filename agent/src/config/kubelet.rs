@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Taint;
 use serde_json::{Value as Json, json};
 
 use super::{
-    duration,
+    audit, duration,
     error::ConfigError,
     thresholds,
     tree::{Node, Value},
@@ -159,9 +159,6 @@ pub struct KubeletConfiguration {
     pub tls_private_key_file: Option<PathBuf>,
     pub tls_cipher_suites: Vec<String>,
     pub tls_min_version: Option<String>,
-    pub rotate_certificates: bool,
-    /// serverTLSBootstrap
-    pub server_tls_bootstrap: bool,
     pub authentication: Authentication,
     pub authorization: Authorization,
     /// registryPullQPS (0: no limit)
@@ -192,8 +189,6 @@ pub struct KubeletConfiguration {
     pub image_gc_low_threshold_percent: u8,
     /// cgroupRoot ("/" when unset, as the kubelet does with cgroupsPerQOS).
     pub cgroup_root: String,
-    /// cgroupsPerQOS
-    pub cgroups_per_qos: bool,
     pub cgroup_driver: CgroupDriver,
     pub runtime_request_timeout: Duration,
     /// streamingConnectionIdleTimeout: exec, attach and port-forward
@@ -252,7 +247,18 @@ pub struct KubeletConfiguration {
     pub feature_gates: BTreeMap<String, bool>,
     pub seccomp_default: bool,
     pub local_storage_capacity_isolation: bool,
-    /// Fields swiftlet accepts but does not act on, as given (for /configz).
+    /// Unsafe sysctls (or patterns ending in `*`) pods may set.
+    pub allowed_unsafe_sysctls: Vec<String>,
+    /// singleProcessOOMKill; None: the kubelet's default for the cgroup
+    /// version (false on v2: the whole container is OOM-killed).
+    pub single_process_oom_kill: Option<bool>,
+    pub fail_cgroup_v1: bool,
+    /// The agent's own RLIMIT_NOFILE.
+    pub max_open_files: u64,
+    /// reservedSystemCPUs as given (already counted in systemReserved cpu).
+    pub reserved_system_cpus: Option<String>,
+    /// Fields swiftlet accepts but does not act on, with the value in
+    /// effect (for /configz); see `audit`.
     pub other: BTreeMap<String, Json>,
 }
 
@@ -271,8 +277,6 @@ impl Default for KubeletConfiguration {
             tls_private_key_file: None,
             tls_cipher_suites: vec![],
             tls_min_version: None,
-            rotate_certificates: false,
-            server_tls_bootstrap: false,
             authentication: Authentication {
                 client_ca_file: None,
                 webhook_enabled: true,
@@ -302,7 +306,6 @@ impl Default for KubeletConfiguration {
             image_gc_high_threshold_percent: 85,
             image_gc_low_threshold_percent: 80,
             cgroup_root: "/".into(),
-            cgroups_per_qos: true,
             cgroup_driver: CgroupDriver::Cgroupfs,
             runtime_request_timeout: 2 * MINUTE,
             streaming_connection_idle_timeout: 4 * 60 * MINUTE,
@@ -349,7 +352,12 @@ impl Default for KubeletConfiguration {
             feature_gates: BTreeMap::new(),
             seccomp_default: false,
             local_storage_capacity_isolation: true,
-            other: accepted_defaults(),
+            allowed_unsafe_sysctls: vec![],
+            single_process_oom_kill: None,
+            fail_cgroup_v1: false,
+            max_open_files: 1_000_000,
+            reserved_system_cpus: None,
+            other: audit::in_effect_defaults(),
         }
     }
 }
@@ -365,7 +373,7 @@ impl KubeletConfiguration {
     }
 
     pub fn enforces(&self, e: Enforcement) -> bool {
-        self.cgroups_per_qos && self.enforce_node_allocatable.contains(&e)
+        self.enforce_node_allocatable.contains(&e)
     }
 
     /// Names of the pods' cgroups under cgroupRoot for the configured driver.
@@ -401,8 +409,6 @@ impl KubeletConfiguration {
         put("tlsPrivateKeyFile", json!(opt_path(&self.tls_private_key_file)));
         put("tlsCipherSuites", json!(self.tls_cipher_suites));
         put("tlsMinVersion", json!(self.tls_min_version));
-        put("rotateCertificates", json!(self.rotate_certificates));
-        put("serverTLSBootstrap", json!(self.server_tls_bootstrap));
         put(
             "authentication",
             json!({
@@ -442,7 +448,6 @@ impl KubeletConfiguration {
         put("imageGCHighThresholdPercent", json!(self.image_gc_high_threshold_percent));
         put("imageGCLowThresholdPercent", json!(self.image_gc_low_threshold_percent));
         put("cgroupRoot", json!(self.cgroup_root));
-        put("cgroupsPerQOS", json!(self.cgroups_per_qos));
         put(
             "cgroupDriver",
             json!(match self.cgroup_driver {
@@ -512,6 +517,11 @@ impl KubeletConfiguration {
         put("featureGates", json!(self.feature_gates));
         put("seccompDefault", json!(self.seccomp_default));
         put("localStorageCapacityIsolation", json!(self.local_storage_capacity_isolation));
+        put("allowedUnsafeSysctls", json!(self.allowed_unsafe_sysctls));
+        put("singleProcessOOMKill", json!(self.single_process_oom_kill));
+        put("failCgroupV1", json!(self.fail_cgroup_v1));
+        put("maxOpenFiles", json!(self.max_open_files));
+        put("reservedSystemCPUs", json!(self.reserved_system_cpus));
         for (k, v) in &self.other {
             put(k, v.clone());
         }
@@ -546,111 +556,12 @@ pub fn format_quantity(q: &Quantity) -> String {
     v.to_string()
 }
 
-/// How a field swiftlet does not act on is checked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Accepted {
-    Bool,
-    Int,
-    Float,
-    Str,
-    Duration,
-    StrList,
-    StrMap,
-    /// Structured; kept as given.
-    Any,
-}
-
-/// KubeletConfiguration fields that swiftlet accepts without acting on,
-/// with the kubelet's default where it has one (JSON text).
-const ACCEPTED: &[(&str, Accepted, Option<&str>)] = &[
-    ("staticPodURL", Accepted::Str, None),
-    ("staticPodURLHeader", Accepted::Any, None),
-    ("httpCheckFrequency", Accepted::Duration, Some("\"20s\"")),
-    ("tlsCurvePreferences", Accepted::Any, None),
-    ("imagePullCredentialsVerificationPolicy", Accepted::Str, None),
-    ("preloadedImagesVerificationAllowlist", Accepted::StrList, None),
-    ("enableContentionProfiling", Accepted::Bool, None),
-    ("volumeStatsAggPeriod", Accepted::Duration, Some("\"1m0s\"")),
-    ("kubeletCgroups", Accepted::Str, None),
-    ("systemCgroups", Accepted::Str, None),
-    ("cpuManagerPolicy", Accepted::Str, Some("\"none\"")),
-    ("singleProcessOOMKill", Accepted::Bool, None),
-    ("cpuManagerPolicyOptions", Accepted::StrMap, None),
-    ("cpuManagerReconcilePeriod", Accepted::Duration, Some("\"10s\"")),
-    ("draManagerReconcilePeriod", Accepted::Duration, Some("\"1m0s\"")),
-    ("memoryManagerPolicy", Accepted::Str, Some("\"None\"")),
-    ("topologyManagerPolicy", Accepted::Str, Some("\"none\"")),
-    ("topologyManagerScope", Accepted::Str, Some("\"container\"")),
-    ("topologyManagerPolicyOptions", Accepted::StrMap, None),
-    ("qosReserved", Accepted::StrMap, None),
-    ("hairpinMode", Accepted::Str, Some("\"promiscuous-bridge\"")),
-    ("podCIDR", Accepted::Str, None),
-    ("runOnce", Accepted::Bool, None),
-    ("maxOpenFiles", Accepted::Int, Some("1000000")),
-    ("contentType", Accepted::Str, Some("\"application/vnd.kubernetes.protobuf\"")),
-    ("enableControllerAttachDetach", Accepted::Bool, Some("true")),
-    ("protectKernelDefaults", Accepted::Bool, None),
-    ("makeIPTablesUtilChains", Accepted::Bool, Some("true")),
-    ("iptablesMasqueradeBit", Accepted::Int, Some("14")),
-    ("iptablesDropBit", Accepted::Int, Some("15")),
-    ("memorySwap", Accepted::Any, None),
-    ("containerLogMaxWorkers", Accepted::Int, Some("1")),
-    ("containerLogMonitorInterval", Accepted::Duration, Some("\"10s\"")),
-    ("configMapAndSecretChangeDetectionStrategy", Accepted::Str, Some("\"Watch\"")),
-    ("reservedSystemCPUs", Accepted::Str, None),
-    ("showHiddenMetricsForVersion", Accepted::Str, None),
-    ("allowedUnsafeSysctls", Accepted::StrList, None),
-    ("volumePluginDir", Accepted::Str, Some("\"/usr/libexec/kubernetes/kubelet-plugins/volume/exec/\"")),
-    ("kernelMemcgNotification", Accepted::Bool, None),
-    ("enableSystemLogHandler", Accepted::Bool, Some("true")),
-    ("enableSystemLogQuery", Accepted::Bool, None),
-    ("shutdownGracePeriodByPodPriority", Accepted::Any, None),
-    ("reservedMemory", Accepted::Any, None),
-    ("enableProfilingHandler", Accepted::Bool, Some("true")),
-    ("enableDebugFlagsHandler", Accepted::Bool, Some("true")),
-    ("memoryThrottlingFactor", Accepted::Float, Some("0.9")),
-    ("memoryReservationPolicy", Accepted::Str, None),
-    ("tracing", Accepted::Any, None),
-    ("failCgroupV1", Accepted::Bool, None),
-    ("userNamespaces", Accepted::Any, None),
-];
-
-fn accepted_defaults() -> BTreeMap<String, Json> {
-    ACCEPTED.iter().filter_map(|(k, _, d)| Some(((*k).to_owned(), serde_json::from_str(d.as_ref()?).ok()?))).collect()
-}
-
-/// A node as JSON, for fields kept verbatim.
-fn to_json(node: &Node) -> Json {
-    match &node.value {
-        Value::Null => Json::Null,
-        Value::Bool(b) => json!(b),
-        Value::Int(i) => json!(i),
-        Value::Float(f) => json!(f),
-        Value::Str(s) => json!(s),
-        Value::List(items) => Json::Array(items.iter().map(to_json).collect()),
-        Value::Map(entries) => Json::Object(entries.iter().map(|(k, v)| (k.clone(), to_json(v))).collect()),
-    }
-}
-
-fn accepted(cx: &Ctx, node: &Node, field: &str, kind: Accepted) -> Result<Json, ConfigError> {
-    match kind {
-        Accepted::Bool => cx.boolean(node, field).map(|b| json!(b)),
-        Accepted::Int => cx.int(node, field).map(|i| json!(i)),
-        Accepted::Float => cx.float(node, field).map(|f| json!(f)),
-        Accepted::Str => cx.string(node, field).map(|s| json!(s)),
-        Accepted::Duration => cx.duration(node, field).map(|d| json!(duration::format(d))),
-        Accepted::StrList => cx.string_list(node, field).map(|l| json!(l)),
-        Accepted::StrMap => cx.string_map(node, field).map(|e| e.into_iter().map(|(k, v, _)| (k, json!(v))).collect()),
-        Accepted::Any => Ok(to_json(node)),
-    }
-}
-
 fn u16_port(v: i64) -> u16 {
     v as u16
 }
 
 /// Reads the merged tree into the effective configuration.
-pub fn read(cx: &Ctx, root: &Node) -> Result<KubeletConfiguration, ConfigError> {
+pub fn read(cx: &Ctx, root: &Node, warnings: &mut Vec<String>) -> Result<KubeletConfiguration, ConfigError> {
     let mut c = KubeletConfiguration::default();
     let mut o = Object::new(cx, root, "")?;
     // Checked per file before merging.
@@ -692,12 +603,6 @@ pub fn read(cx: &Ctx, root: &Node) -> Result<KubeletConfiguration, ConfigError> 
             }
             c.tls_min_version = Some(v);
         }
-    }
-    if let Some(v) = o.boolean("rotateCertificates")? {
-        c.rotate_certificates = v;
-    }
-    if let Some(v) = o.boolean("serverTLSBootstrap")? {
-        c.server_tls_bootstrap = v;
     }
     if let Some(n) = o.get("authentication") {
         read_authentication(cx, n, &mut c.authentication)?;
@@ -765,9 +670,6 @@ pub fn read(cx: &Ctx, root: &Node) -> Result<KubeletConfiguration, ConfigError> 
     }
     if let Some(v) = o.string("cgroupRoot")?.filter(|s| !s.is_empty()) {
         c.cgroup_root = v;
-    }
-    if let Some(v) = o.boolean("cgroupsPerQOS")? {
-        c.cgroups_per_qos = v;
     }
     if let Some(n) = o.get("cgroupDriver") {
         c.cgroup_driver = match cx.string(n, "cgroupDriver")?.as_str() {
@@ -862,15 +764,6 @@ pub fn read(cx: &Ctx, root: &Node) -> Result<KubeletConfiguration, ConfigError> 
     if let Some(n) = o.get("enforceNodeAllocatable") {
         c.enforce_node_allocatable = read_enforcement(cx, n, &c)?;
     }
-    if !c.cgroups_per_qos && !c.enforce_node_allocatable.is_empty() {
-        let n = root.get("cgroupsPerQOS").unwrap_or(root);
-        return Err(cx.err(
-            n,
-            "cgroupsPerQOS",
-            "false needs enforceNodeAllocatable (--enforce-node-allocatable) set to none: node allocatable is \
-             enforced on the QoS cgroups",
-        ));
-    }
     c.provider_id = o.string("providerID")?.filter(|s| !s.is_empty());
     if let Some(n) = o.get("logging") {
         read_logging(cx, n, &mut c.logging)?;
@@ -937,12 +830,10 @@ pub fn read(cx: &Ctx, root: &Node) -> Result<KubeletConfiguration, ConfigError> 
         }
         b.finish()?;
     }
-    for (key, kind, _) in ACCEPTED {
-        if let Some(n) = o.get(key) {
-            c.other.insert((*key).to_owned(), accepted(cx, n, key, *kind)?);
-        }
-    }
+    super::kubelet_extra::read(cx, &mut o, &mut c)?;
+    audit::read_unimplemented(cx, &mut o, warnings)?;
     o.finish()?;
+    warnings.extend(audit::typed_warnings(&c));
     Ok(c)
 }
 
@@ -1016,7 +907,7 @@ fn read_logging(cx: &Ctx, node: &Node, l: &mut Logging) -> Result<(), ConfigErro
     }
     for key in ["vmodule", "options"] {
         if let Some(n) = o.get(key) {
-            l.other.insert(key.to_owned(), to_json(n));
+            l.other.insert(key.to_owned(), audit::node_json(n));
         }
     }
     o.finish()
@@ -1224,18 +1115,5 @@ mod tests {
         ] {
             assert_eq!(format_quantity(&input.parse().unwrap()), want, "{input}");
         }
-    }
-
-    #[test]
-    fn accepted_defaults_parse() {
-        for (k, _, d) in ACCEPTED {
-            if let Some(d) = d {
-                assert!(serde_json::from_str::<Json>(d).is_ok(), "{k}: {d}");
-            }
-        }
-        let mut names: Vec<&str> = ACCEPTED.iter().map(|(k, _, _)| *k).collect();
-        names.sort();
-        names.dedup();
-        assert_eq!(names.len(), ACCEPTED.len(), "duplicate accepted field");
     }
 }

@@ -11,14 +11,16 @@
 //! values over the merged tree → `kubelet::read` / `options::read` turn it
 //! into typed values, checking each against the kubelet's rules.
 
+pub mod audit;
 pub mod duration;
 mod error;
 mod flags;
 mod kubelet;
+mod kubelet_extra;
 mod options;
 pub mod thresholds;
 mod tree;
-mod validation;
+pub mod validation;
 mod values;
 mod yaml;
 
@@ -276,10 +278,15 @@ fn build(parsed: &flags::ParsedFlags, fs: &dyn ConfigFs) -> Result<Config, Confi
         }
     }
     let cx = Ctx { sources: &sources };
-    let kubelet = kubelet::read(&cx, &root)?;
-    let (flags, swiftlet, warnings) = options::read(&cx, parsed)?;
+    let mut warnings = vec![];
+    let kubelet = kubelet::read(&cx, &root, &mut warnings)?;
+    let (flags, swiftlet, flag_warnings) = options::read(&cx, parsed)?;
+    warnings.extend(flag_warnings);
     Ok(Config { flags, kubelet, swiftlet, warnings })
 }
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod audit_tests;

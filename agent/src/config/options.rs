@@ -29,6 +29,10 @@ pub struct KubeletFlags {
     pub runtime_cgroups: Option<String>,
     pub lock_file: Option<PathBuf>,
     pub exit_on_lock_contention: bool,
+    /// --image-credential-provider-config: a CredentialProviderConfig file.
+    pub image_credential_provider_config: Option<PathBuf>,
+    /// --image-credential-provider-bin-dir: where the plugins named there are.
+    pub image_credential_provider_bin_dir: Option<PathBuf>,
 }
 
 impl Default for KubeletFlags {
@@ -48,6 +52,8 @@ impl Default for KubeletFlags {
             runtime_cgroups: None,
             lock_file: None,
             exit_on_lock_contention: false,
+            image_credential_provider_config: None,
+            image_credential_provider_bin_dir: None,
         }
     }
 }
@@ -152,6 +158,23 @@ pub fn read(cx: &Ctx, parsed: &ParsedFlags) -> Result<(KubeletFlags, SwiftletOpt
     f.lock_file = path("lock-file")?;
     if let Some(n) = parsed.get("exit-on-lock-contention") {
         f.exit_on_lock_contention = cx.boolean(n, "")?;
+    }
+    // Accepted flags swiftlet does not act on are named at start.
+    let unimplemented = [
+        ("runtime-cgroups", f.runtime_cgroups.is_some(), "the runtime's cgroup is left as it is"),
+        ("lock-file", f.lock_file.is_some(), "no lock file is taken"),
+        ("exit-on-lock-contention", f.exit_on_lock_contention, "no lock file is taken"),
+    ];
+    for (flag, set, why) in unimplemented {
+        if set {
+            warnings.push(format!("--{flag} is not implemented ({why})"));
+        }
+    }
+    f.image_credential_provider_config = path("image-credential-provider-config")?;
+    f.image_credential_provider_bin_dir = path("image-credential-provider-bin-dir")?;
+    if let (Some(_), None) = (&f.image_credential_provider_config, &f.image_credential_provider_bin_dir) {
+        let n = parsed.get("image-credential-provider-config").expect("read above");
+        return Err(cx.err(n, "", "needs --image-credential-provider-bin-dir (where the plugins are)"));
     }
 
     if let Some(n) = parsed.get("signal-source") {

@@ -109,7 +109,7 @@ fn defaults_are_the_kubelets() {
     assert_eq!(k.eviction_max_pod_grace_period, 0);
     assert_eq!(k.enforce_node_allocatable, BTreeSet::from([Enforcement::Pods]));
     assert_eq!(k.shutdown_grace_period, Duration::ZERO);
-    assert!(k.register_node && k.serialize_image_pulls && k.fail_swap_on && k.cgroups_per_qos);
+    assert!(k.register_node && k.serialize_image_pulls && k.fail_swap_on);
     assert_eq!(k.pod_pids_limit, -1);
     assert_eq!(k.resolv_conf, Some(PathBuf::from("/etc/resolv.conf")));
     assert_eq!(k.static_pod_path, None);
@@ -388,7 +388,7 @@ volumeStatsAggPeriod: 0s
     assert_eq!(k.cgroup_driver, CgroupDriver::Systemd);
     assert_eq!(k.static_pod_path, Some("/etc/kubernetes/manifests".into()));
     assert_eq!(k.authentication.client_ca_file, Some("/etc/kubernetes/pki/ca.crt".into()));
-    assert!(k.rotate_certificates);
+    assert!(c.warnings.iter().any(|w| w.contains("rotateCertificates: true is not implemented")), "{:?}", c.warnings);
     assert_eq!(k.eviction_hard, d.eviction_hard);
 }
 
@@ -526,11 +526,16 @@ fn relative_paths_in_a_file_are_relative_to_it() {
 }
 
 #[test]
-fn accepted_fields_are_kept_for_configz() {
+fn unimplemented_fields_are_logged_and_configz_shows_what_is_in_effect() {
     let cfg = file("hairpinMode: hairpin-veth\ncpuManagerPolicy: none\nstaticPodURLHeader:\n  a: [b]\n");
     let c = ok(&["--config=/k.yaml"], &[("/k.yaml", &cfg)]);
-    assert_eq!(c.kubelet.other["hairpinMode"], serde_json::json!("hairpin-veth"));
-    assert_eq!(c.kubelet.other["staticPodURLHeader"], serde_json::json!({"a": ["b"]}));
+    assert_eq!(c.kubelet.other["hairpinMode"], serde_json::json!("none"), "in effect, not as asked");
+    assert!(!c.kubelet.other.contains_key("staticPodURLHeader"), "nothing is in effect");
+    assert!(c.warnings.iter().any(|w| w.starts_with("KubeletConfiguration hairpinMode: \"hairpin-veth\"")));
+    assert!(c.warnings.iter().any(|w| w.starts_with("KubeletConfiguration staticPodURLHeader: {\"a\":[\"b\"]}")));
+    assert!(!c.warnings.iter().any(|w| w.contains("cpuManagerPolicy")), "none is what swiftlet does");
+    let refused = err(&["--config=/k.yaml"], &[("/k.yaml", &file("cpuManagerPolicy: static\n"))]);
+    assert!(refused.starts_with("/k.yaml:3: cpuManagerPolicy: \"static\" is not supported"), "{refused}");
 }
 
 #[test]
@@ -550,7 +555,7 @@ fn configz_uses_the_kubelets_names() {
     assert_eq!(k["enforceNodeAllocatable"], serde_json::json!(["pods"]));
     assert_eq!(k["cgroupDriver"], "cgroupfs");
     assert_eq!(k["containerLogMaxSize"], "10Mi");
-    assert_eq!(k["hairpinMode"], "promiscuous-bridge");
+    assert_eq!(k["hairpinMode"], "none");
     assert_eq!(k["logging"]["verbosity"], 0);
 }
 

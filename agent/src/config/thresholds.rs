@@ -133,7 +133,15 @@ pub fn format_value(v: &ThresholdValue) -> String {
             // "0%" and "100%" as written mean no threshold; a threshold
             // of exactly 0 or 100 percent (written "0.0%", "1e2%") must
             // read back as itself.
-            if rounded == 0.0 || rounded == 100.0 { format!("{rounded:.1}%") } else { format!("{rounded}%") }
+            // A percentage too small for the rounding (`5e-30%`) is printed
+            // in full, so a positive one never reads back as zero.
+            if rounded == 0.0 && pct != 0.0 {
+                format!("{pct}%")
+            } else if rounded == 0.0 || rounded == 100.0 {
+                format!("{rounded:.1}%")
+            } else {
+                format!("{rounded}%")
+            }
         }
     }
 }
@@ -269,6 +277,14 @@ mod tests {
         assert_eq!(twins[0].value, q("500Mi"));
         assert_eq!(twins[0].min_reclaim, Some(q("1Gi")));
         assert!(twins[0].is_hard());
+    }
+
+    #[test]
+    fn a_tiny_percentage_reads_back_positive() {
+        let (_, v) = parse_min_reclaim("memory.available", "5e-30%").unwrap();
+        let written = format_value(&v);
+        let (_, back) = parse_min_reclaim("memory.available", &written).unwrap_or_else(|e| panic!("{written}: {e}"));
+        assert_eq!(format_value(&back), written);
     }
 
     #[test]

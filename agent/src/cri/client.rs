@@ -449,11 +449,16 @@ impl ImageService for CriClient {
         Ok(self.call("ImageStatus", self.timeout, c.image_status(req)).await?.image)
     }
 
-    async fn pull_image(&self, image: &str, sandbox_config: Option<api::PodSandboxConfig>) -> Result<String> {
+    async fn pull_image(
+        &self,
+        image: &str,
+        auth: Option<api::AuthConfig>,
+        sandbox_config: Option<api::PodSandboxConfig>,
+    ) -> Result<String> {
         let mut c = self.images.clone();
         let req = api::PullImageRequest {
             image: Some(api::ImageSpec { image: image.to_owned(), ..Default::default() }),
-            auth: None,
+            auth,
             sandbox_config,
         };
         Ok(self.call("PullImage", PULL_TIMEOUT, c.pull_image(req)).await?.image_ref)

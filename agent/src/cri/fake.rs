@@ -180,8 +180,19 @@ type ExecFn = Arc<dyn Fn(&[String]) -> std::result::Result<api::ExecSyncResponse
 /// A pull's scripted outcome.
 #[derive(Clone, Debug)]
 enum Pullable {
-    Ok { size: u64 },
-    Err { code: tonic::Code, message: String },
+    Ok {
+        size: u64,
+    },
+    /// Pulls only with this username and password.
+    Private {
+        size: u64,
+        username: String,
+        password: String,
+    },
+    Err {
+        code: tonic::Code,
+        message: String,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -242,6 +253,8 @@ struct State {
     in_flight: HashMap<Method, usize>,
     max_in_flight: HashMap<Method, usize>,
     calls: Vec<Call>,
+    /// Every PullImage's image and credentials, in order.
+    pull_auths: Vec<(String, Option<api::AuthConfig>)>,
     stats: HashMap<String, (u64, u64)>,
     image_fs: Option<(String, Option<u64>, Option<u64>)>,
     runtime_ready: bool,
@@ -394,6 +407,20 @@ impl FakeRuntime {
     /// A pull of `name` succeeds and adds the image (of `size` bytes).
     pub fn make_pullable(&self, name: &str, size: u64) {
         lock(&self.state).pullable.insert(normalize(name), Pullable::Ok { size });
+    }
+
+    /// A pull of `name` succeeds only with these credentials (a username
+    /// and password, or `auth` = base64 of `username:password`); otherwise
+    /// it fails as containerd does on a registry's 401.
+    pub fn make_private(&self, name: &str, size: u64, username: &str, password: &str) {
+        lock(&self.state)
+            .pullable
+            .insert(normalize(name), Pullable::Private { size, username: username.into(), password: password.into() });
+    }
+
+    /// The image and credentials of every PullImage so far.
+    pub fn pull_auths(&self) -> Vec<(String, Option<api::AuthConfig>)> {
+        lock(&self.state).pull_auths.clone()
     }
 
     /// A pull of `name` fails with `code` and `message` until scripted
@@ -1108,14 +1135,46 @@ impl ImageService for FakeRuntime {
         Ok(s.find_image(image).map(|i| image_view(&s.images[i])))
     }
 
-    async fn pull_image(&self, image: &str, _sandbox_config: Option<api::PodSandboxConfig>) -> Result<String> {
+    async fn pull_image(
+        &self,
+        image: &str,
+        auth: Option<api::AuthConfig>,
+        _sandbox_config: Option<api::PodSandboxConfig>,
+    ) -> Result<String> {
         let _g = self.enter(Method::PullImage, image, &[]).await?;
         let normalized = normalize(image);
-        let s = lock(&self.state);
+        let mut s = lock(&self.state);
+        s.pull_auths.push((image.to_owned(), auth.clone()));
         match s.pullable.get(&normalized).cloned() {
             Some(Pullable::Ok { size }) => {
                 drop(s);
                 Ok(self.add_image(&normalized, size))
+            }
+            Some(Pullable::Private { size, username, password }) => {
+                let given = auth.map(|a| {
+                    if a.username.is_empty() && !a.auth.is_empty() {
+                        use base64::Engine;
+                        let decoded = base64::engine::general_purpose::STANDARD.decode(&a.auth).unwrap_or_default();
+                        let text = String::from_utf8_lossy(&decoded).into_owned();
+                        let (u, p) = text.split_once(':').unwrap_or((&text, ""));
+                        (u.to_owned(), p.to_owned())
+                    } else {
+                        (a.username, a.password)
+                    }
+                });
+                drop(s);
+                if given == Some((username, password)) {
+                    return Ok(self.add_image(&normalized, size));
+                }
+                let host = normalized.split('/').next().unwrap_or("");
+                Err(err(
+                    Method::PullImage,
+                    tonic::Code::Unknown,
+                    format!(
+                        "failed to pull and unpack image {normalized:?}: failed to resolve reference {normalized:?}: \
+                         pulling from host {host} failed with status code [manifests]: 401 Unauthorized"
+                    ),
+                ))
             }
             Some(Pullable::Err { code, message }) => Err(err(Method::PullImage, code, message)),
             None => Err(err(
@@ -1248,13 +1307,15 @@ mod tests {
         rt.make_pullable("nginx:1.27", 10);
         rt.set_pull_error("quay.io/x/y:1", tonic::Code::Unknown, "RegistryUnavailable: down");
         assert_eq!(rt.image_status("nginx:1.27").await.unwrap(), None);
-        let id = rt.pull_image("nginx:1.27", None).await.unwrap();
+        let id = rt.pull_image("nginx:1.27", None, None).await.unwrap();
         let img = rt.image_status("docker.io/library/nginx:1.27").await.unwrap().unwrap();
         assert_eq!(img.id, id);
         assert_eq!(rt.image_status(&id).await.unwrap().unwrap().id, id);
         assert_eq!(rt.image_status(&id[..12]).await.unwrap().unwrap().id, id);
-        assert!(rt.pull_image("quay.io/x/y:1", None).await.unwrap_err().message().starts_with("RegistryUnavailable"));
-        let e = rt.pull_image("nope", None).await.unwrap_err();
+        assert!(
+            rt.pull_image("quay.io/x/y:1", None, None).await.unwrap_err().message().starts_with("RegistryUnavailable")
+        );
+        let e = rt.pull_image("nope", None, None).await.unwrap_err();
         assert!(e.message().contains("docker.io/library/nope:latest"), "{e}");
         rt.remove_image(&id).await.unwrap();
         rt.remove_image(&id).await.unwrap();
@@ -1307,7 +1368,7 @@ mod tests {
         rt.make_pullable("a", 1);
         rt.make_pullable("b", 1);
         rt.set_latency(Method::PullImage, Duration::from_secs(1));
-        let (x, y) = tokio::join!(rt.pull_image("a", None), rt.pull_image("b", None));
+        let (x, y) = tokio::join!(rt.pull_image("a", None, None), rt.pull_image("b", None, None));
         x.unwrap();
         y.unwrap();
         assert_eq!(rt.max_in_flight(Method::PullImage), 2);

@@ -91,8 +91,14 @@ pub trait ImageService: Send + Sync {
     async fn list_images(&self) -> Result<Vec<api::Image>>;
     /// None when the image is not present.
     async fn image_status(&self, image: &str) -> Result<Option<api::Image>>;
-    /// Pulls `image`; returns the image reference (its id) the runtime gives.
-    async fn pull_image(&self, image: &str, sandbox_config: Option<api::PodSandboxConfig>) -> Result<String>;
+    /// Pulls `image` with `auth` (the registry credentials, if any);
+    /// returns the image reference (its id) the runtime gives.
+    async fn pull_image(
+        &self,
+        image: &str,
+        auth: Option<api::AuthConfig>,
+        sandbox_config: Option<api::PodSandboxConfig>,
+    ) -> Result<String>;
     async fn remove_image(&self, image: &str) -> Result<()>;
     async fn image_fs_info(&self) -> Result<Vec<api::FilesystemUsage>>;
 }

@@ -30,6 +30,7 @@ use tracing::{info, warn};
 
 use super::{
     backoff::Backoff,
+    credentials::PullCredentials,
     errors::{ImageError, ImageErrorReason, classify_pull_error},
     metrics::ImageMetrics,
     policy::PullPolicy,
@@ -50,6 +51,7 @@ pub mod event {
     pub const INSPECT_FAILED: &str = "InspectFailed";
     pub const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
     pub const BACK_OFF: &str = "BackOff";
+    pub const FAILED_TO_RETRIEVE_IMAGE_PULL_SECRET: &str = "FailedToRetrieveImagePullSecret";
 }
 
 /// The runtime's id of a present image (`sha256:...`): what CreateContainer
@@ -150,6 +152,8 @@ pub struct ImageManager {
     slots: PullSlots,
     state: Mutex<PullState>,
     metrics: Option<ImageMetrics>,
+    /// Pull secrets, the node's Docker config and credential providers.
+    credentials: Option<Arc<PullCredentials>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -236,7 +240,34 @@ impl ImageManager {
                 throttle: TokenBucket::new(cfg.registry_pull_qps, cfg.registry_burst, Instant::now()),
             }),
             metrics: None,
+            credentials: None,
         }
+    }
+
+    /// Pulls with the credentials `credentials` finds for each pod.
+    pub fn with_credentials(mut self, credentials: Arc<PullCredentials>) -> ImageManager {
+        self.credentials = Some(credentials);
+        self
+    }
+
+    /// The CRI credentials to try for a pull, in order (none: pull
+    /// without); Err when a pull secret is broken.
+    async fn pull_auths(&self, pod: &Pod, obj: &ObjectReference, image: &str) -> Result<Vec<api::AuthConfig>, String> {
+        let Some(creds) = &self.credentials else { return Ok(vec![]) };
+        let repository =
+            super::reference::Reference::parse(image).map(|r| r.name()).unwrap_or_else(|_| image.to_owned());
+        let found = creds.lookup(pod, &repository).await?;
+        if !found.missing_secrets.is_empty() {
+            let msg = format!(
+                "Unable to retrieve some image pull secrets ({}); attempting to pull the image may not succeed.",
+                found.missing_secrets.join(", ")
+            );
+            self.event(&pod_ref(pod), EventType::Warning, event::FAILED_TO_RETRIEVE_IMAGE_PULL_SECRET, &msg);
+        }
+        for e in &found.plugin_errors {
+            warn!(image, field = obj.field_path.as_deref().unwrap_or(""), "{e}");
+        }
+        Ok(found.auth_configs())
     }
 
     /// Observes pull durations and counts into `metrics`.
@@ -263,6 +294,17 @@ impl ImageManager {
         container: &Container,
         sandbox_config: Option<&api::PodSandboxConfig>,
     ) -> Result<ImageRef, ImageError> {
+        self.ensure_image_status(pod, container, sandbox_config).await.map(|(r, _)| r)
+    }
+
+    /// [`ImageManager::ensure_image`] with the runtime's record of the
+    /// image (its user, for runAsNonRoot), when the runtime gave one.
+    pub async fn ensure_image_status(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        sandbox_config: Option<&api::PodSandboxConfig>,
+    ) -> Result<(ImageRef, Option<api::Image>), ImageError> {
         let obj = container_ref(pod, &container.name);
         let requested = container.image.as_deref().unwrap_or("");
         let image = match with_default_tag(requested) {
@@ -276,7 +318,7 @@ impl ImageManager {
             }
         };
         let present = match self.service.image_status(&image).await {
-            Ok(status) => status.map(|i| i.id),
+            Ok(status) => status,
             Err(e) => {
                 let msg = format!("Failed to inspect image {image:?}: {}", grpc_error_string(&e));
                 self.event(&obj, EventType::Warning, event::INSPECT_FAILED, &msg);
@@ -286,10 +328,10 @@ impl ImageManager {
         let policy = PullPolicy::effective(container.image_pull_policy.as_deref(), requested);
         if !policy.should_pull(present.is_some()) {
             return match present {
-                Some(id) => {
+                Some(status) => {
                     let msg = format!("Container image {requested:?} already present on machine");
                     self.event(&obj, EventType::Normal, event::PULLED, &msg);
-                    Ok(ImageRef(id))
+                    Ok((ImageRef(status.id.clone()), Some(status)))
                 }
                 None => {
                     let msg = format!("Container image {requested:?} is not present with pull policy of Never");
@@ -314,26 +356,29 @@ impl ImageManager {
             }
         }
 
+        let auths = match self.pull_auths(pod, &obj, &image).await {
+            Ok(a) => a,
+            Err(why) => {
+                let msg = format!("Failed to pull image {requested:?}: {why}");
+                self.event(&obj, EventType::Warning, event::FAILED, &msg);
+                return Err(ImageError::new(ImageErrorReason::ErrImagePull, why));
+            }
+        };
         self.event(&obj, EventType::Normal, event::PULLING, &format!("Pulling image {requested:?}"));
         let waiting_since = Instant::now();
         let result = {
             let _slot = self.slots.acquire().await;
             let started = Instant::now();
             let throttled = lock(&self.state).throttle.as_mut().is_some_and(|t| !t.try_accept(started));
-            let r = if throttled {
-                Err(None)
-            } else {
-                self.service.pull_image(&image, sandbox_config.cloned()).await.map_err(Some)
-            };
+            let r =
+                if throttled { Err(None) } else { self.pull_with(&image, auths, sandbox_config).await.map_err(Some) };
             r.map(|id| (id, started.elapsed()))
         };
         let now = Instant::now();
         match result {
             Ok((image_ref, pull_time)) => {
-                let size = match self.service.image_status(&image_ref).await {
-                    Ok(Some(i)) => i.size,
-                    _ => 0,
-                };
+                let status = self.service.image_status(&image_ref).await.ok().flatten();
+                let size = status.as_ref().map_or(0, |i| i.size);
                 let total = waiting_since.elapsed();
                 self.event(
                     &obj,
@@ -351,7 +396,7 @@ impl ImageManager {
                 let mut st = lock(&self.state);
                 st.backoff.gc(now);
                 st.prev_error.remove(&key);
-                Ok(ImageRef(image_ref))
+                Ok((ImageRef(image_ref), status))
             }
             Err(e) => {
                 let (raw, err) = match e {
@@ -376,6 +421,27 @@ impl ImageManager {
         }
     }
 
+    /// Pulls with each credential in turn until one works (without any
+    /// when there are none), as the kubelet; the last failure is the one
+    /// reported.
+    async fn pull_with(
+        &self,
+        image: &str,
+        auths: Vec<api::AuthConfig>,
+        sandbox: Option<&api::PodSandboxConfig>,
+    ) -> Result<String, CriError> {
+        let attempts: Vec<Option<api::AuthConfig>> =
+            if auths.is_empty() { vec![None] } else { auths.into_iter().map(Some).collect() };
+        let mut last = None;
+        for auth in attempts {
+            match self.service.pull_image(image, auth, sandbox.cloned()).await {
+                Ok(id) => return Ok(id),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("at least one attempt"))
+    }
+
     /// When the pull of `container`'s image for `pod` may be tried again,
     /// if it is backing off (the pod worker can wake up then).
     pub fn retry_at(&self, pod: &Pod, container: &Container) -> Option<Instant> {
@@ -394,10 +460,13 @@ impl crate::pods::pull::ImageEnsurer for ImageManager {
         pod: &Pod,
         container: &Container,
         sandbox: &api::PodSandboxConfig,
-    ) -> Result<String, crate::pods::pull::ImageFailure> {
-        self.ensure_image(pod, container, Some(sandbox))
+    ) -> Result<crate::pods::pull::EnsuredImage, crate::pods::pull::ImageFailure> {
+        self.ensure_image_status(pod, container, Some(sandbox))
             .await
-            .map(|r| r.0)
+            .map(|(r, status)| crate::pods::pull::EnsuredImage {
+                image_ref: r.0,
+                user: crate::pods::security::ImageUser::of(status.as_ref()),
+            })
             .map_err(|e| crate::pods::pull::ImageFailure { reason: e.reason.as_str().to_owned(), message: e.message })
     }
 }
@@ -666,8 +735,9 @@ mod tests {
         rt.add_image("busybox:1.36", 1);
         let ensurer: Arc<dyn ImageEnsurer> = Arc::new(m);
         let ok = container("app", "busybox:1.36", None);
-        let id = ensurer.ensure(&pod("u", vec![ok.clone()], vec![]), &ok, &Default::default()).await.unwrap();
-        assert!(id.starts_with("sha256:"));
+        let got = ensurer.ensure(&pod("u", vec![ok.clone()], vec![]), &ok, &Default::default()).await.unwrap();
+        assert!(got.image_ref.starts_with("sha256:"));
+        assert_eq!(got.user.uid, Some(0), "an image without a user runs as root");
         let bad = container("app", "Busybox", None);
         let e = ensurer.ensure(&pod("u", vec![bad.clone()], vec![]), &bad, &Default::default()).await.unwrap_err();
         assert_eq!(e.reason, "InvalidImageName");

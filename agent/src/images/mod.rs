@@ -47,6 +47,7 @@
 
 pub mod backoff;
 pub mod collector;
+pub mod credentials;
 pub mod errors;
 pub mod gc;
 pub mod manager;

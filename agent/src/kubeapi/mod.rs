@@ -17,6 +17,7 @@ pub mod pod_api;
 pub mod pod_watch;
 pub mod ratelimit;
 pub mod recorder;
+pub mod runtime_class;
 pub mod smp;
 pub mod status;
 

@@ -179,6 +179,10 @@ impl NodeAgent {
                 errs
             },
             runtime_handlers: status.as_ref().map(status::runtime_handlers).unwrap_or_default(),
+            supplemental_groups_policy: status
+                .as_ref()
+                .and_then(|s| s.features.as_ref())
+                .is_some_and(|f| f.supplemental_groups_policy),
             addresses: info::node_addresses(&s.node_ips, &s.registration.hostname),
             machine: self.machine.clone(),
             kubelet_version: kubelet_version(),

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::{
     api::core::v1::{
-        ContainerImage, DaemonEndpoint, NodeAddress, NodeCondition as ApiCondition, NodeDaemonEndpoints,
+        ContainerImage, DaemonEndpoint, NodeAddress, NodeCondition as ApiCondition, NodeDaemonEndpoints, NodeFeatures,
         NodeRuntimeHandler, NodeRuntimeHandlerFeatures, NodeStatus, NodeSystemInfo, Taint,
     },
     apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::Time},
@@ -45,6 +45,9 @@ pub struct NodeFacts {
     /// worded as the kubelet's; empty when ready.
     pub runtime_errors: Vec<String>,
     pub runtime_handlers: Vec<NodeRuntimeHandler>,
+    /// The runtime supports supplementalGroupsPolicy Strict (CRI Status
+    /// features).
+    pub supplemental_groups_policy: bool,
     pub addresses: Vec<NodeAddress>,
     pub machine: MachineInfo,
     pub kubelet_version: String,
@@ -240,6 +243,9 @@ pub fn node_status(current: Option<&NodeStatus>, facts: &NodeFacts, now: Timesta
     });
     status.images = Some(facts.images.clone());
     status.runtime_handlers = (!facts.runtime_handlers.is_empty()).then(|| facts.runtime_handlers.clone());
+    // Only what the runtime reports: a runtime without the feature (as
+    // containerd 1.6) leaves it false, so Strict pods are not sent here.
+    status.features = Some(NodeFeatures { supplemental_groups_policy: Some(facts.supplemental_groups_policy) });
 
     let mut conditions = status.conditions.take().unwrap_or_default();
     let mut events = vec![];
@@ -360,6 +366,11 @@ mod tests {
         assert_eq!(s.allocatable.as_ref().unwrap()["memory"], Quantity("7Gi".into()));
         assert_eq!(s.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port, 10250);
         assert_eq!(s.node_info.unwrap().container_runtime_version, "containerd://1.6.20");
+        assert_eq!(
+            s.features.and_then(|f| f.supplemental_groups_policy),
+            Some(false),
+            "a runtime that does not report the feature does not have it"
+        );
     }
 
     #[test]

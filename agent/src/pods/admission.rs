@@ -7,20 +7,112 @@
 //! Critical pods (static, mirror, system priority) are admitted anyway:
 //! the kubelet would preempt other pods to make room for them; swiftlet
 //! admits them and leaves the pressure to the eviction manager.
+//!
+//! [`admit_host`] is the kubelet's other admit handlers, for what a pod
+//! asks of the node rather than of its resources: sysctls
+//! (`SysctlForbidden`), AppArmor (`AppArmor`), supplementalGroupsPolicy
+//! Strict (`SupplementalGroupsPolicyNotSupported`) and user namespaces
+//! (`UserNamespacesNotSupported`).
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
-use crate::cm::{hierarchy::pod_requests, qos::is_critical};
+use super::{security, sysctl::Allowlist};
+use crate::{
+    cm::{hierarchy::pod_requests, hugepages, qos::is_critical},
+    quantity::Quantity,
+};
 
 /// The reason of a pod the device manager cannot give its devices.
 pub const UNEXPECTED_ADMISSION_ERROR: &str = "UnexpectedAdmissionError";
 
 /// What the node can hold, in the units admission counts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Capacity {
     pub pods: i64,
     pub cpu_milli: i64,
     pub memory: i64,
+    /// Allocatable huge pages per page size: (page bytes, bytes).
+    pub hugepages: Vec<(u64, i64)>,
+}
+
+/// What the node offers pods beyond resources.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostSupport {
+    /// The safe sysctls and allowedUnsafeSysctls.
+    pub sysctls: Allowlist,
+    /// AppArmor is enabled on the host.
+    pub apparmor: bool,
+    /// Runtime handlers that support user namespaces (CRI Status).
+    pub userns_handlers: Vec<String>,
+    /// The runtime supports supplementalGroupsPolicy Strict.
+    pub supplemental_groups_policy: bool,
+}
+
+/// The kubelet's admit handlers for what a pod asks of the host.
+pub fn admit_host(pod: &Pod, host: &HostSupport) -> Result<(), Rejection> {
+    let reject = |reason: &str, message: String| Err(Rejection { reason: reason.into(), message });
+    if let Some(message) = host.sysctls.admit(pod) {
+        return reject(super::sysctl::FORBIDDEN_REASON, message);
+    }
+    if !host.apparmor && security::requires_apparmor(pod) {
+        return reject("AppArmor", "Cannot enforce AppArmor: AppArmor is not enabled on the host".into());
+    }
+    let spec = pod.spec.as_ref();
+    let strict = spec.and_then(|s| s.security_context.as_ref()).and_then(|s| s.supplemental_groups_policy.as_deref())
+        == Some("Strict");
+    if strict && !host.supplemental_groups_policy {
+        return reject(
+            "SupplementalGroupsPolicyNotSupported",
+            "SupplementalGroupsPolicy=Strict is not supported in this node".into(),
+        );
+    }
+    if spec.and_then(|s| s.host_users) == Some(false) {
+        // swiftlet does not allocate user namespace ID ranges: a pod that
+        // needs one is refused here, whatever the runtime could do.
+        let why = if host.userns_handlers.is_empty() {
+            "RuntimeClass handler \"\" does not support user namespaces (the container runtime reports no handler \
+             with user namespaces)"
+        } else {
+            "user namespaces (hostUsers: false) are not implemented by this node's agent"
+        };
+        return reject("UserNamespacesNotSupported", why.into());
+    }
+    Ok(())
+}
+
+fn container_request(c: &Container, resource: &str) -> i64 {
+    let r = c.resources.as_ref();
+    let q = r
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|m| m.get(resource))
+        .or_else(|| r.and_then(|r| r.limits.as_ref()).and_then(|m| m.get(resource)));
+    q.and_then(|q| q.0.parse::<Quantity>().ok()).map_or(0, |q| q.value().max(0))
+}
+
+/// A pod's request of one resource as the kubelet's PodRequests sums it:
+/// regular containers and sidecars together, against the largest init
+/// container with the sidecars started before it, plus overhead.
+pub fn pod_request(spec: &PodSpec, resource: &str) -> i64 {
+    let mut total: i64 = spec.containers.iter().map(|c| container_request(c, resource)).sum();
+    let (mut sidecars, mut init_peak) = (0i64, 0i64);
+    for c in spec.init_containers.iter().flatten() {
+        let r = container_request(c, resource);
+        let at_start = if c.restart_policy.as_deref() == Some("Always") {
+            total += r;
+            sidecars += r;
+            sidecars
+        } else {
+            r + sidecars
+        };
+        init_peak = init_peak.max(at_start);
+    }
+    let overhead = spec
+        .overhead
+        .as_ref()
+        .and_then(|o| o.get(resource))
+        .and_then(|q| q.0.parse::<Quantity>().ok())
+        .map_or(0, |q| q.value().max(0));
+    total.max(init_peak) + overhead
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,7 +123,7 @@ pub struct Rejection {
 }
 
 /// Admits `pod` beside the `active` pods (those admitted and not finished).
-pub fn admit(pod: &Pod, active: &[&Pod], allocatable: Capacity) -> Result<(), Rejection> {
+pub fn admit(pod: &Pod, active: &[&Pod], allocatable: &Capacity) -> Result<(), Rejection> {
     if is_critical(pod) {
         return Ok(());
     }
@@ -57,6 +149,28 @@ pub fn admit(pod: &Pod, active: &[&Pod], allocatable: Capacity) -> Result<(), Re
     }
     if memory > 0 && used_memory.saturating_add(memory) > allocatable.memory {
         return Err(reject("memory", memory, used_memory, allocatable.memory));
+    }
+    for (size, capacity) in &allocatable.hugepages {
+        let name = hugepages::resource_name(*size);
+        let want = pod_request(spec, &name);
+        if want == 0 {
+            continue;
+        }
+        let used: i64 = active.iter().filter_map(|p| p.spec.as_ref()).map(|s| pod_request(s, &name)).sum();
+        if used.saturating_add(want) > *capacity {
+            return Err(reject(&name, want, used, *capacity));
+        }
+    }
+    // A page size the node does not have at all.
+    let all = spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    for c in all {
+        for name in c.resources.iter().flat_map(|r| r.limits.iter().chain(r.requests.iter())).flatten().map(|(n, _)| n)
+        {
+            let Some(size) = hugepages::page_bytes(name) else { continue };
+            if !allocatable.hugepages.iter().any(|(s, _)| *s == size) {
+                return Err(reject(name, pod_request(spec, name), 0, 0));
+            }
+        }
     }
     Ok(())
 }
@@ -93,7 +207,7 @@ mod tests {
 
     #[test]
     fn table() {
-        let cap = Capacity { pods: 3, cpu_milli: 2000, memory: 1 << 30 };
+        let cap = Capacity { pods: 3, cpu_milli: 2000, memory: 1 << 30, hugepages: vec![] };
         let a = pod("500m", "256Mi");
         let b = pod("1", "512Mi");
         let cases: Vec<(&str, Pod, Vec<&Pod>, Option<&str>)> = vec![
@@ -125,7 +239,7 @@ mod tests {
             ),
         ];
         for (name, p, active, want) in cases {
-            let got = admit(&p, &active, cap).err().map(|r| format!("{}: {}", r.reason, r.message));
+            let got = admit(&p, &active, &cap).err().map(|r| format!("{}: {}", r.reason, r.message));
             assert_eq!(got.as_deref(), want, "{name}");
         }
     }
@@ -134,6 +248,153 @@ mod tests {
     fn critical_pods_are_admitted_over_capacity() {
         let mut p = pod("4", "4Gi");
         p.metadata.annotations = Some([("kubernetes.io/config.source".to_string(), "file".to_string())].into());
-        assert!(admit(&p, &[], Capacity { pods: 0, cpu_milli: 0, memory: 0 }).is_ok());
+        assert!(admit(&p, &[], &Capacity::default()).is_ok());
+    }
+
+    fn host() -> HostSupport {
+        HostSupport {
+            sysctls: Allowlist::new((6, 1), &[]).unwrap(),
+            apparmor: false,
+            userns_handlers: vec![],
+            supplemental_groups_policy: false,
+        }
+    }
+
+    #[test]
+    fn host_admission_table() {
+        use k8s_openapi::api::core::v1::{AppArmorProfile, PodSecurityContext, SecurityContext, Sysctl};
+        let with_psc = |psc: PodSecurityContext| {
+            let mut p = pod("", "");
+            p.spec.as_mut().unwrap().security_context = Some(psc);
+            p
+        };
+        let mut userns = pod("", "");
+        userns.spec.as_mut().unwrap().host_users = Some(false);
+        let mut armored = pod("", "");
+        armored.spec.as_mut().unwrap().containers[0].security_context = Some(SecurityContext {
+            app_armor_profile: Some(AppArmorProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+            ..Default::default()
+        });
+        let cases: Vec<(&str, Pod, Option<&str>)> = vec![
+            ("plain", pod("", ""), None),
+            (
+                "unsafe sysctl",
+                with_psc(PodSecurityContext {
+                    sysctls: Some(vec![Sysctl { name: "kernel.msgmax".into(), value: "1".into() }]),
+                    ..Default::default()
+                }),
+                Some("SysctlForbidden: forbidden sysctl: \"kernel.msgmax\" not allowlisted"),
+            ),
+            (
+                "safe sysctl",
+                with_psc(PodSecurityContext {
+                    sysctls: Some(vec![Sysctl { name: "net.ipv4.tcp_syncookies".into(), value: "1".into() }]),
+                    ..Default::default()
+                }),
+                None,
+            ),
+            (
+                "AppArmor on a host without it",
+                armored,
+                Some("AppArmor: Cannot enforce AppArmor: AppArmor is not enabled on the host"),
+            ),
+            (
+                "Strict groups on a runtime without it",
+                with_psc(PodSecurityContext {
+                    supplemental_groups_policy: Some("Strict".into()),
+                    ..Default::default()
+                }),
+                Some(
+                    "SupplementalGroupsPolicyNotSupported: SupplementalGroupsPolicy=Strict is not supported in this node",
+                ),
+            ),
+            (
+                "Merge groups",
+                with_psc(PodSecurityContext { supplemental_groups_policy: Some("Merge".into()), ..Default::default() }),
+                None,
+            ),
+            (
+                "hostUsers false on a runtime without user namespaces",
+                userns,
+                Some(
+                    "UserNamespacesNotSupported: RuntimeClass handler \"\" does not support user namespaces (the container runtime reports no handler with user namespaces)",
+                ),
+            ),
+        ];
+        for (name, p, want) in cases {
+            let got = admit_host(&p, &host()).err().map(|r| format!("{}: {}", r.reason, r.message));
+            assert_eq!(got.as_deref(), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn hugepages_are_admitted_against_allocatable() {
+        let huge = |amount: &str| {
+            let mut p = pod("", "");
+            p.spec.as_mut().unwrap().containers[0].resources = Some(ResourceRequirements {
+                limits: Some(
+                    [
+                        ("hugepages-2Mi".to_string(), Quantity(amount.into())),
+                        ("memory".to_string(), Quantity("64Mi".into())),
+                    ]
+                    .into(),
+                ),
+                ..Default::default()
+            });
+            p
+        };
+        let cap =
+            Capacity { pods: 10, cpu_milli: 1000, memory: 1 << 30, hugepages: vec![(2 << 20, 64 << 20), (1 << 30, 0)] };
+        let a = huge("32Mi");
+        assert!(admit(&huge("32Mi"), &[&a], &cap).is_ok());
+        let r = admit(&huge("64Mi"), &[&a], &cap).unwrap_err();
+        assert_eq!(r.reason, "OutOfhugepages-2Mi");
+        assert_eq!(
+            r.message,
+            "Pod was rejected: Node didn't have enough resource: hugepages-2Mi, requested: 67108864, used: 33554432, capacity: 67108864"
+        );
+        let none = Capacity { hugepages: vec![], ..cap.clone() };
+        assert_eq!(
+            admit(&huge("2Mi"), &[], &none).unwrap_err().reason,
+            "OutOfhugepages-2Mi",
+            "a page size the node lacks"
+        );
+    }
+
+    #[test]
+    fn sidecars_add_to_the_pod_and_to_later_init_containers() {
+        let c = |name: &str, mem: &str, sidecar: bool| Container {
+            name: name.into(),
+            restart_policy: sidecar.then(|| "Always".to_string()),
+            resources: Some(ResourceRequirements {
+                requests: Some([("memory".to_string(), Quantity(mem.into()))].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let spec = PodSpec {
+            init_containers: Some(vec![
+                c("init-big", "1Gi", false),
+                c("proxy", "100Mi", true),
+                c("init-after", "500Mi", false),
+            ]),
+            containers: vec![c("app", "200Mi", false)],
+            ..Default::default()
+        };
+        // max(app + proxy = 300Mi, init-big 1Gi, init-after + proxy = 600Mi)
+        assert_eq!(pod_request(&spec, "memory"), 1 << 30);
+        let spec = PodSpec { init_containers: Some(vec![c("proxy", "100Mi", true)]), ..spec };
+        assert_eq!(pod_request(&spec, "memory"), 300 << 20);
+    }
+
+    #[test]
+    fn overhead_counts_in_admission() {
+        let mut p = pod("", "600Mi");
+        p.spec.as_mut().unwrap().overhead = Some([("memory".to_string(), Quantity("300Mi".into()))].into());
+        let cap = Capacity { pods: 10, cpu_milli: 1000, memory: 800 << 20, hugepages: vec![] };
+        let r = admit(&p, &[], &cap).unwrap_err();
+        assert_eq!(r.reason, "OutOfmemory", "600Mi + 300Mi of RuntimeClass overhead exceed 800Mi");
+        p.spec.as_mut().unwrap().overhead = None;
+        assert!(admit(&p, &[], &cap).is_ok());
     }
 }

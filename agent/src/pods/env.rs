@@ -2,8 +2,9 @@
 //! and Secrets, with their prefix), then `env` in order, with `$(VAR)`
 //! references to earlier variables expanded, values from the downward API
 //! (`fieldRef`, `resourceFieldRef`) and from ConfigMap and Secret keys, and
-//! the same expansion applied to command and args. The objects come
-//! prefetched ([`EnvObjects`]), so building stays pure.
+//! the same expansion applied to command and args, and the service
+//! variables (`service_env`) after them. The objects come prefetched
+//! ([`EnvObjects`]), so building stays pure.
 
 use std::collections::BTreeMap;
 
@@ -124,7 +125,13 @@ pub fn build(
     cx: &DownwardContext,
     objects: &EnvObjects,
 ) -> Result<Vec<(String, String)>, EnvError> {
-    let mut vars: BTreeMap<String, String> = BTreeMap::new();
+    if let Some(e) = &objects.services_error {
+        return Err(EnvError(format!("failed to list services when setting up env vars: {e}")));
+    }
+    // Service variables are there for `$(VAR)` and come last, unless the
+    // container defines the same name.
+    let services = super::service_env::service_env(pod, &objects.services);
+    let mut vars: BTreeMap<String, String> = services.iter().cloned().collect();
     let mut ordered: Vec<(String, String)> = env_from(pod, c, objects)?;
     vars.extend(ordered.iter().cloned());
     for e in c.env.iter().flatten() {
@@ -135,6 +142,11 @@ pub fn build(
             ordered.push((e.name.clone(), value.clone()));
         }
         vars.insert(e.name.clone(), value);
+    }
+    for (k, v) in services {
+        if !ordered.iter().any(|(name, _)| *name == k) {
+            ordered.push((k, v));
+        }
     }
     Ok(ordered)
 }

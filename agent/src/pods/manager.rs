@@ -82,6 +82,8 @@ struct Inner {
     tombstones: Mutex<HashMap<String, Instant>>,
     /// Set while the node shuts down: new pods are refused with it.
     refuse_new: Mutex<Option<admission::Rejection>>,
+    /// What the host offers pods (sysctls, AppArmor, runtime features).
+    host: RwLock<admission::HostSupport>,
     this: Weak<Inner>,
 }
 
@@ -93,6 +95,10 @@ pub struct PodManager {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|p| p.into_inner())
 }
 
 fn uid(pod: &Pod) -> String {
@@ -123,6 +129,7 @@ impl PodManager {
             last_relist: Mutex::new(None),
             tombstones: Mutex::new(HashMap::new()),
             refuse_new: Mutex::new(None),
+            host: RwLock::new(admission::HostSupport::default()),
             this: this.clone(),
         });
         PodManager { inner }
@@ -217,6 +224,11 @@ impl PodManager {
         })
     }
 
+    /// What the host offers pods, for admission (before pods arrive).
+    pub fn set_host_support(&self, host: admission::HostSupport) {
+        *self.inner.host.write().unwrap_or_else(|p| p.into_inner()) = host;
+    }
+
     /// Refuses every new pod with `rejection` from now on (None: admit again).
     pub fn refuse_new_pods(&self, rejection: Option<admission::Rejection>) {
         *lock(&self.inner.refuse_new) = rejection;
@@ -291,7 +303,8 @@ impl Inner {
             pending.remove(id);
             let verdict = match lock(&self.refuse_new).clone() {
                 Some(r) => Err(r),
-                None => admission::admit(&pod, &active, self.capacity),
+                None => admission::admit_host(&pod, &read(&self.host))
+                    .and_then(|()| admission::admit(&pod, &active, &self.capacity)),
             };
             // The device manager's admit handler: devices for every
             // container, or UnexpectedAdmissionError. Devices of pods no
@@ -424,6 +437,19 @@ fn same_spec(a: &Pod, b: &Pod) -> bool {
         && a.metadata.deletion_grace_period_seconds == b.metadata.deletion_grace_period_seconds
         && a.metadata.labels == b.metadata.labels
         && a.metadata.name == b.metadata.name
+        && gate_conditions(a) == gate_conditions(b)
+}
+
+/// The status of each readiness gate's condition (set through the API by
+/// others): a change makes the worker compute Ready again.
+fn gate_conditions(p: &Pod) -> Vec<(String, String)> {
+    let gates: Vec<&str> =
+        p.spec.iter().flat_map(|s| s.readiness_gates.iter().flatten()).map(|g| g.condition_type.as_str()).collect();
+    super::conditions::foreign(p)
+        .into_iter()
+        .filter(|c| gates.contains(&c.type_.as_str()))
+        .map(|c| (c.type_, c.status))
+        .collect()
 }
 
 impl Entry {

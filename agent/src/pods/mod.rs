@@ -5,17 +5,20 @@
 //! changes (the kubelet's config "SET" operation): simple to reason about,
 //! and a re-list after a watch gap needs no special case.
 //!
-//! Pure decisions: `admission`, `backoff`, `defaults`, `env`, `manifest`,
-//! `plan`, `spec`, `status`, `validation`. At the edges: `file` (the static
+//! Pure decisions: `admission`, `backoff`, `defaults`, `env`, `hosts`,
+//! `manifest`, `plan`, `security`, `service_env`, `spec`, `status`,
+//! `sysctl`, `validation`. At the edges: `file` (the static
 //! pod source), `observed` (reading the runtime), `probe` (running probes
 //! and hooks), `worker` (one per pod) and `manager` (all of them).
 
 pub mod admission;
 pub mod backoff;
+pub mod conditions;
 pub mod defaults;
 pub mod env;
 pub mod ephemeral;
 pub mod file;
+pub mod hosts;
 pub mod manager;
 pub mod manifest;
 pub mod metrics;
@@ -23,10 +26,16 @@ pub mod observed;
 pub mod plan;
 pub mod probe;
 pub mod pull;
+pub mod runtime_class;
+pub mod security;
+pub mod service_env;
+pub mod sidecars;
 pub mod source;
 pub mod spec;
 pub mod status;
+pub mod sysctl;
 pub mod validation;
+pub mod validation_extra;
 pub mod worker;
 
 #[cfg(test)]

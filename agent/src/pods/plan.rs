@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::{
     observed::{ContainerRunState, ContainerState, ObservedPod},
+    sidecars,
     spec::container_hash,
 };
 
@@ -37,6 +38,10 @@ pub struct PodActions {
     pub sandbox_id: Option<String>,
     /// The next init container to start.
     pub next_init: Option<String>,
+    /// Init containers to start, in spec order, for a pod with sidecars
+    /// (init containers with restartPolicy Always): the next one to run and
+    /// any sidecar that has stopped (the kubelet's InitContainersToStart).
+    pub init_start: Vec<String>,
     /// Regular containers to start, in spec order.
     pub start: Vec<String>,
     /// Containers to kill (they may be in `start` too: a restart).
@@ -48,6 +53,9 @@ pub struct PodActions {
 pub enum ProbeVerdict {
     LivenessFailed,
     StartupFailed,
+    /// Its startup probe has not succeeded yet (a sidecar that is not
+    /// started holds back the next init container).
+    NotStarted,
 }
 
 fn restart_policy(pod: &Pod) -> &str {
@@ -66,6 +74,11 @@ fn init_failed(s: &ContainerState) -> bool {
     s.reason == "OOMKilled"
         || (s.state == ContainerRunState::Exited && s.exit_code != 0)
         || s.state == ContainerRunState::Unknown
+}
+
+/// Whether the restart policy restarts failed containers (not Never).
+pub(super) fn restarts_on_failure_of(pod: &Pod) -> bool {
+    restarts_on_failure(pod)
 }
 
 /// ShouldContainerBeRestarted.
@@ -146,7 +159,15 @@ pub fn compute(pod: &Pod, observed: &ObservedPod, probes: &HashMap<String, Probe
             .filter(|c| !(restart_policy(pod) == "OnFailure" && succeeded(observed.latest(&c.name))))
             .map(|c| c.name.clone())
             .collect();
-        if start.is_empty() && next_init_container(pod, observed).2 {
+        // Initialization done (for a pod with sidecars: a regular
+        // container was created, hasAnyRegularContainerCreated) and nothing
+        // to start: no new sandbox.
+        let initialized = if sidecars::has_sidecars(pod) {
+            spec.containers.iter().any(|c| observed.latest(&c.name).is_some())
+        } else {
+            next_init_container(pod, observed).2
+        };
+        if start.is_empty() && initialized {
             // Everything already completed: nothing to create a sandbox for.
             return a;
         }
@@ -159,7 +180,36 @@ pub fn compute(pod: &Pod, observed: &ObservedPod, probes: &HashMap<String, Probe
     }
     a.sandbox_id = sandbox_id;
 
-    let (last_init, next, done) = next_init_container(pod, observed);
+    if sidecars::has_sidecars(pod) {
+        let init = sidecars::init_actions(pod, observed, probes);
+        a.init_start = init.start;
+        a.kill.extend(init.kill);
+        if init.kill_pod {
+            a.kill_pod = true;
+            return a;
+        }
+        if !init.initialized {
+            return a;
+        }
+    } else {
+        let (last_init, next, done) = next_init_container(pod, observed);
+        if let Some(stop) = regular_init_actions(pod, &mut a, last_init, next, done) {
+            return stop;
+        }
+    }
+    regular_container_actions(pod, spec, observed, probes, &mut a);
+    a
+}
+
+/// Init containers of a pod without sidecars; Some(actions) when the pod
+/// is not initialized yet (or failed).
+fn regular_init_actions(
+    pod: &Pod,
+    a: &mut PodActions,
+    last_init: Option<&ContainerState>,
+    next: Option<&Container>,
+    done: bool,
+) -> Option<PodActions> {
     if !done {
         if let Some(next) = next {
             let failed = last_init.is_some_and(init_failed);
@@ -177,9 +227,19 @@ pub fn compute(pod: &Pod, observed: &ObservedPod, probes: &HashMap<String, Probe
                 a.next_init = Some(next.name.clone());
             }
         }
-        return a;
+        return Some(a.clone());
     }
+    None
+}
 
+/// The regular containers of an initialized pod.
+fn regular_container_actions(
+    pod: &Pod,
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    observed: &ObservedPod,
+    probes: &HashMap<String, ProbeVerdict>,
+    a: &mut PodActions,
+) {
     let mut keep = 0;
     for c in &spec.containers {
         let latest = observed.latest(&c.name);
@@ -189,7 +249,7 @@ pub fn compute(pod: &Pod, observed: &ObservedPod, probes: &HashMap<String, Probe
                     // A changed spec restarts the container whatever the policy.
                     (format!("Container {} definition changed, will be restarted", c.name), None, true)
                 } else {
-                    match probes.get(&s.id) {
+                    match probes.get(&s.id).filter(|v| **v != ProbeVerdict::NotStarted) {
                         Some(ProbeVerdict::LivenessFailed) => (
                             format!("Container {} failed liveness probe, will be restarted", c.name),
                             Some("Liveness"),
@@ -200,7 +260,7 @@ pub fn compute(pod: &Pod, observed: &ObservedPod, probes: &HashMap<String, Probe
                             Some("Startup"),
                             restarts_on_failure(pod),
                         ),
-                        None => {
+                        Some(ProbeVerdict::NotStarted) | None => {
                             keep += 1;
                             continue;
                         }
@@ -228,8 +288,9 @@ pub fn compute(pod: &Pod, observed: &ObservedPod, probes: &HashMap<String, Probe
     }
     if keep == 0 && a.start.is_empty() {
         a.kill_pod = true;
+        // Sidecars do not keep a pod whose containers are done alive.
+        a.init_start.clear();
     }
-    a
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
+use super::security::ImageUser;
 use crate::cri::api;
 
 /// Why a container's image is not available: the kubelet's waiting reason
@@ -16,14 +17,22 @@ pub struct ImageFailure {
     pub message: String,
 }
 
+/// A present image: the reference to create the container with and the
+/// user it runs as (for runAsNonRoot).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnsuredImage {
+    pub image_ref: String,
+    pub user: ImageUser,
+}
+
 #[async_trait]
 pub trait ImageEnsurer: Send + Sync {
-    /// Makes the container's image present according to its pull policy;
-    /// returns the image reference to create the container with.
+    /// Makes the container's image present according to its pull policy
+    /// (with the pod's pull credentials).
     async fn ensure(
         &self,
         pod: &Pod,
         container: &Container,
         sandbox: &api::PodSandboxConfig,
-    ) -> Result<String, ImageFailure>;
+    ) -> Result<EnsuredImage, ImageFailure>;
 }

@@ -5,12 +5,17 @@
 
 use std::{collections::HashMap, path::PathBuf, time::Duration};
 
-use k8s_openapi::api::core::v1::{Container, Pod, SecurityContext};
+use k8s_openapi::api::core::v1::{Container, Pod};
 use sha2::{Digest, Sha256};
 
-use super::env::{self, DownwardContext, EnvError};
+use super::{
+    env::{self, DownwardContext, EnvError},
+    hosts,
+    security::{self, ImageUser, SecuritySettings},
+};
 use crate::{
     cm::{
+        hugepages,
         naming::{CgroupNaming, milli_cpu_to_quota, milli_cpu_to_shares},
         qos::{container_resources, oom_score_adj, qos_class},
     },
@@ -40,6 +45,32 @@ pub struct NodeSettings {
     pub allocatable_cpu_milli: i64,
     pub allocatable_memory: i64,
     pub allocatable_ephemeral_storage: i64,
+    /// Security profiles, OOM kill scope and huge pages.
+    pub features: NodeFeatures,
+}
+
+/// What the node contributes to containers beyond names and sizes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeFeatures {
+    pub security: SecuritySettings,
+    /// memory.oom.group=1 for containers (cgroup v2 without
+    /// singleProcessOOMKill): an OOM kill ends the whole container.
+    pub oom_kills_whole_container: bool,
+    /// The host's huge page sizes in bytes, when its hugetlb controller can
+    /// limit them (every container then gets a limit per size).
+    pub hugepage_sizes: Vec<u64>,
+}
+
+/// Why a container's config cannot be made: the kubelet reports it as
+/// CreateContainerConfigError.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ContainerConfigError(pub String);
+
+impl From<EnvError> for ContainerConfigError {
+    fn from(e: EnvError) -> Self {
+        ContainerConfigError(e.0)
+    }
 }
 
 pub fn identity(pod: &Pod) -> PodIdentity {
@@ -154,8 +185,10 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, settings: &NodeSettings) -> api::
     let hostname = if host_network(pod) {
         String::new()
     } else {
-        let h = spec.and_then(|s| s.hostname.clone()).unwrap_or_else(|| id.name.clone());
-        h.chars().take(63).collect::<String>().trim_end_matches(['-', '.']).to_owned()
+        // A FQDN too long for the kernel falls back to the short name here;
+        // the pod's validation reports it.
+        hosts::kernel_hostname(pod, settings.cluster_domain.as_deref())
+            .unwrap_or_else(|_| hosts::hostname_and_domain(pod, settings.cluster_domain.as_deref()).0)
     };
     let mut port_mappings = vec![];
     for c in spec.map(|s| &s.containers[..]).unwrap_or(&[]) {
@@ -177,12 +210,6 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, settings: &NodeSettings) -> api::
         }
     }
     let psc = spec.and_then(|s| s.security_context.as_ref());
-    let privileged = spec.is_some_and(|s| {
-        s.containers
-            .iter()
-            .chain(s.init_containers.iter().flatten())
-            .any(|c| c.security_context.as_ref().and_then(|sc| sc.privileged).unwrap_or(false))
-    });
     let qos = spec.map(qos_class).unwrap_or(crate::cm::qos::QosClass::BestEffort);
     let pod_labels = pod.metadata.labels.clone().unwrap_or_default();
     api::PodSandboxConfig {
@@ -200,14 +227,7 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, settings: &NodeSettings) -> api::
         annotations: pod.metadata.annotations.clone().unwrap_or_default().into_iter().collect(),
         linux: Some(api::LinuxPodSandboxConfig {
             cgroup_parent: settings.naming.cri_parent(qos, &id.uid),
-            security_context: Some(api::LinuxSandboxSecurityContext {
-                namespace_options: Some(namespace_options(pod)),
-                run_as_user: psc.and_then(|s| s.run_as_user).map(|value| api::Int64Value { value }),
-                run_as_group: psc.and_then(|s| s.run_as_group).map(|value| api::Int64Value { value }),
-                supplemental_groups: psc.and_then(|s| s.supplemental_groups.clone()).unwrap_or_default(),
-                privileged,
-                ..Default::default()
-            }),
+            security_context: Some(security::sandbox_context(pod, namespace_options(pod))),
             sysctls: psc
                 .and_then(|s| s.sysctls.as_ref())
                 .into_iter()
@@ -228,56 +248,6 @@ pub fn container_hash(c: &Container) -> String {
     h.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// /proc paths masked and made read-only in unprivileged containers (the
-/// kubelet's defaults for procMount Default).
-const MASKED_PATHS: &[&str] = &[
-    "/proc/asound",
-    "/proc/acpi",
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/latency_stats",
-    "/proc/timer_list",
-    "/proc/timer_stats",
-    "/proc/sched_debug",
-    "/proc/scsi",
-    "/sys/firmware",
-    "/sys/devices/virtual/powercap",
-];
-const READONLY_PATHS: &[&str] = &["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
-
-fn security_context(pod: &Pod, c: &Container) -> api::LinuxContainerSecurityContext {
-    let psc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
-    let sc: SecurityContext = c.security_context.clone().unwrap_or_default();
-    let privileged = sc.privileged.unwrap_or(false);
-    let caps = sc.capabilities.as_ref();
-    let unmasked = sc.proc_mount.as_deref() == Some("Unmasked");
-    api::LinuxContainerSecurityContext {
-        capabilities: Some(api::Capability {
-            add_capabilities: caps.and_then(|c| c.add.clone()).unwrap_or_default(),
-            drop_capabilities: caps.and_then(|c| c.drop.clone()).unwrap_or_default(),
-            ..Default::default()
-        }),
-        privileged,
-        namespace_options: Some(namespace_options(pod)),
-        run_as_user: sc.run_as_user.or(psc.and_then(|p| p.run_as_user)).map(|value| api::Int64Value { value }),
-        run_as_group: sc.run_as_group.or(psc.and_then(|p| p.run_as_group)).map(|value| api::Int64Value { value }),
-        readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
-        supplemental_groups: psc.and_then(|p| p.supplemental_groups.clone()).unwrap_or_default(),
-        no_new_privs: sc.allow_privilege_escalation == Some(false),
-        masked_paths: if privileged || unmasked {
-            vec![]
-        } else {
-            MASKED_PATHS.iter().map(|s| s.to_string()).collect()
-        },
-        readonly_paths: if privileged || unmasked {
-            vec![]
-        } else {
-            READONLY_PATHS.iter().map(|s| s.to_string()).collect()
-        },
-        ..Default::default()
-    }
-}
-
 fn resources(pod: &Pod, c: &Container, settings: &NodeSettings) -> api::LinuxContainerResources {
     let r = container_resources(c);
     let period_us = settings.cpu_cfs_quota_period.as_micros().clamp(1_000, 1_000_000) as i64;
@@ -292,6 +262,12 @@ fn resources(pod: &Pod, c: &Container, settings: &NodeSettings) -> api::LinuxCon
         cpu_shares: milli_cpu_to_shares(r.cpu_request.map_or(0, |q| q.milli_value())) as i64,
         memory_limit_in_bytes: r.memory_limit.map_or(0, |q| q.value().max(0)),
         oom_score_adj: i64::from(oom_score_adj(pod, c, settings.memory_capacity)),
+        hugepage_limits: hugepages::container_limits(c, &settings.features.hugepage_sizes),
+        unified: if settings.features.oom_kills_whole_container {
+            HashMap::from([("memory.oom.group".to_owned(), "1".to_owned())])
+        } else {
+            HashMap::new()
+        },
         ..Default::default()
     }
 }
@@ -307,8 +283,11 @@ pub struct ContainerStart<'a> {
     pub pod_ips: Vec<String>,
     /// The ConfigMaps and Secrets the environment refers to.
     pub env_objects: &'a EnvObjects,
-    /// The container's volume mounts, made by the volume manager.
+    /// The container's volume mounts, made by the volume manager (and the
+    /// managed /etc/hosts).
     pub mounts: &'a [api::Mount],
+    /// The user the image runs as (ImageStatus), for runAsNonRoot.
+    pub image_user: &'a ImageUser,
 }
 
 /// What the downward API reads beyond the pod object.
@@ -327,9 +306,15 @@ pub fn container_env(s: &ContainerStart<'_>, settings: &NodeSettings) -> Result<
     env::build(s.pod, s.container, &downward_context(settings, &s.pod_ips), s.env_objects)
 }
 
-pub fn container_config(s: &ContainerStart<'_>, settings: &NodeSettings) -> Result<api::ContainerConfig, EnvError> {
+pub fn container_config(
+    s: &ContainerStart<'_>,
+    settings: &NodeSettings,
+) -> Result<api::ContainerConfig, ContainerConfigError> {
     let (pod, c) = (s.pod, s.container);
     let id = identity(pod);
+    let security =
+        security::container_context(pod, c, &settings.features.security, s.image_user, namespace_options(pod))
+            .map_err(ContainerConfigError)?;
     let envs = container_env(s, settings)?;
     // Volume mounts first, the termination message file last, as the kubelet.
     let mut mounts = s.mounts.to_vec();
@@ -384,7 +369,7 @@ pub fn container_config(s: &ContainerStart<'_>, settings: &NodeSettings) -> Resu
         tty: c.tty.unwrap_or(false),
         linux: Some(api::LinuxContainerConfig {
             resources: Some(resources(pod, c, settings)),
-            security_context: Some(security_context(pod, c)),
+            security_context: Some(security),
         }),
         ..Default::default()
     })
@@ -393,7 +378,7 @@ pub fn container_config(s: &ContainerStart<'_>, settings: &NodeSettings) -> Resu
 #[cfg(test)]
 mod tests {
     use k8s_openapi::{
-        api::core::v1::{Capabilities, ContainerPort, PodDNSConfig, PodSpec, ResourceRequirements},
+        api::core::v1::{Capabilities, ContainerPort, PodDNSConfig, PodSpec, ResourceRequirements, SecurityContext},
         apimachinery::pkg::api::resource::Quantity as Q,
     };
 
@@ -416,6 +401,7 @@ mod tests {
             allocatable_cpu_milli: 2000,
             allocatable_memory: 4 << 30,
             allocatable_ephemeral_storage: 10 << 30,
+            features: NodeFeatures::default(),
         }
     }
 
@@ -520,6 +506,7 @@ mod tests {
             pod_ips: vec!["10.0.0.1".into()],
             env_objects: &EnvObjects::default(),
             mounts: &[],
+            image_user: &ImageUser::default(),
         };
         let cfg = container_config(&start, &settings()).unwrap();
         assert_eq!(cfg.metadata.as_ref().unwrap().attempt, 3);
@@ -563,6 +550,7 @@ mod tests {
             pod_ips: vec![],
             env_objects: &EnvObjects::default(),
             mounts: std::slice::from_ref(&data),
+            image_user: &ImageUser::default(),
         };
         let cfg = container_config(&start, &settings()).unwrap();
         assert_eq!(cfg.mounts.len(), 2);

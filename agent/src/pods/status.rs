@@ -15,7 +15,11 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 
-use super::observed::{self, ContainerRunState, ObservedPod};
+use super::{
+    conditions,
+    observed::{self, ContainerRunState, ObservedPod},
+    sidecars,
+};
 use crate::{cm::qos::qos_class, cri::error::reason};
 
 /// A status the kubelet imposes on the pod (eviction, admission failure,
@@ -166,13 +170,51 @@ pub(super) fn container_status(input: &StatusInput<'_>, c: &Container, default_w
     s
 }
 
-/// getPhase.
+/// HasAnyRegularContainerStarted.
+fn any_regular_started(pod: &Pod, statuses: &[ContainerStatus]) -> bool {
+    let spec = pod.spec.as_ref();
+    statuses.iter().any(|s| {
+        spec.is_some_and(|sp| sp.containers.iter().any(|c| c.name == s.name))
+            && s.state.as_ref().is_some_and(|x| x.running.is_some() || x.terminated.is_some())
+    })
+}
+
+fn last_terminated(s: &ContainerStatus) -> Option<&k8s_openapi::api::core::v1::ContainerStateTerminated> {
+    s.last_state.as_ref().and_then(|l| l.terminated.as_ref())
+}
+
+/// getPhase, with sidecars: a sidecar that has not started is pending
+/// initialization; terminated sidecars do not count.
 pub fn phase(pod: &Pod, init: &[ContainerStatus], regular: &[ContainerStatus], terminal: bool) -> &'static str {
     let spec = pod.spec.as_ref();
     let policy = spec.and_then(|s| s.restart_policy.as_deref()).unwrap_or("Always");
+    let is_sidecar = |name: &str| {
+        spec.into_iter()
+            .flat_map(|s| s.init_containers.iter().flatten())
+            .any(|c| c.name == name && sidecars::is_sidecar(c))
+    };
     let (mut pending_init, mut failed_init) = (0, 0);
+    let (mut unknown, mut running, mut waiting_n, mut stopped, mut succeeded) = (0, 0, 0, 0, 0);
     for s in init {
         let st = s.state.as_ref();
+        if is_sidecar(&s.name) {
+            if st.and_then(|x| x.running.as_ref()).is_some() {
+                if s.started != Some(true) {
+                    pending_init += 1;
+                }
+                running += 1;
+            } else if st.and_then(|x| x.terminated.as_ref()).is_some() {
+            } else if st.and_then(|x| x.waiting.as_ref()).is_some() {
+                if last_terminated(s).is_none() {
+                    pending_init += 1;
+                    waiting_n += 1;
+                }
+            } else {
+                pending_init += 1;
+                unknown += 1;
+            }
+            continue;
+        }
         if st.and_then(|x| x.running.as_ref()).is_some() {
             pending_init += 1;
         } else if let Some(t) = st.and_then(|x| x.terminated.as_ref()) {
@@ -180,18 +222,15 @@ pub fn phase(pod: &Pod, init: &[ContainerStatus], regular: &[ContainerStatus], t
                 failed_init += 1;
             }
         } else if st.and_then(|x| x.waiting.as_ref()).is_some() {
-            let last_failed =
-                s.last_state.as_ref().and_then(|l| l.terminated.as_ref()).is_some_and(|t| t.exit_code != 0);
-            if last_failed {
-                failed_init += 1;
-            } else {
-                pending_init += 1;
+            match last_terminated(s) {
+                Some(t) if t.exit_code != 0 => failed_init += 1,
+                Some(_) => {}
+                None => pending_init += 1,
             }
         } else {
             pending_init += 1;
         }
     }
-    let (mut unknown, mut running, mut waiting_n, mut stopped, mut succeeded) = (0, 0, 0, 0, 0);
     for s in regular {
         let st = s.state.as_ref();
         if st.and_then(|x| x.running.as_ref()).is_some() {
@@ -202,7 +241,7 @@ pub fn phase(pod: &Pod, init: &[ContainerStatus], regular: &[ContainerStatus], t
                 succeeded += 1;
             }
         } else if st.and_then(|x| x.waiting.as_ref()).is_some() {
-            if s.last_state.as_ref().and_then(|l| l.terminated.as_ref()).is_some() {
+            if last_terminated(s).is_some() {
                 stopped += 1;
             } else {
                 waiting_n += 1;
@@ -214,7 +253,7 @@ pub fn phase(pod: &Pod, init: &[ContainerStatus], regular: &[ContainerStatus], t
     if failed_init > 0 && policy == "Never" {
         return "Failed";
     }
-    if pending_init > 0 && !terminal || waiting_n > 0 {
+    if pending_init > 0 && !terminal && !any_regular_started(pod, regular) || waiting_n > 0 {
         return "Pending";
     }
     if running > 0 && unknown == 0 {
@@ -244,22 +283,25 @@ fn condition(type_: &str, ok: bool, reason: Option<&str>, message: Option<String
     }
 }
 
-fn names(list: &[&ContainerStatus]) -> String {
-    list.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(" ")
-}
-
 pub fn generate(input: &StatusInput<'_>) -> PodStatus {
     let pod = input.pod;
     let empty = vec![];
     let spec = pod.spec.as_ref();
     let inits = spec.and_then(|s| s.init_containers.as_ref()).unwrap_or(&empty);
     let containers = spec.map(|s| &s.containers).unwrap_or(&empty);
-    let init_statuses: Vec<ContainerStatus> =
+    let mut init_statuses: Vec<ContainerStatus> =
         inits.iter().map(|c| container_status(input, c, reason::POD_INITIALIZING)).collect();
-    let initialized_now = inits.is_empty()
-        || init_statuses
-            .iter()
-            .all(|s| s.state.as_ref().and_then(|x| x.terminated.as_ref()).is_some_and(|t| t.exit_code == 0))
+    // A regular init container that completed is ready (the prober
+    // manager's rule); sidecars are ready by their probes, like the app.
+    for (c, st) in inits.iter().zip(init_statuses.iter_mut()) {
+        if !sidecars::is_sidecar(c) {
+            st.ready = st.state.as_ref().and_then(|x| x.terminated.as_ref()).is_some_and(|t| t.exit_code == 0);
+        }
+    }
+    let initialized_now = inits
+        .iter()
+        .zip(&init_statuses)
+        .all(|(c, s)| if sidecars::is_sidecar(c) { s.started == Some(true) } else { s.ready })
         || containers.iter().any(|c| input.observed.latest(&c.name).is_some());
     let default_waiting = if initialized_now { reason::CONTAINER_CREATING } else { reason::POD_INITIALIZING };
     let statuses: Vec<ContainerStatus> =
@@ -270,45 +312,21 @@ pub fn generate(input: &StatusInput<'_>) -> PodStatus {
         phase = "Failed".into();
     }
     let sandbox_ready = input.observed.ready_sandbox().is_some();
-    let completed = phase == "Succeeded";
-    let incomplete: Vec<&ContainerStatus> = init_statuses
-        .iter()
-        .filter(|s| s.state.as_ref().and_then(|x| x.terminated.as_ref()).is_none_or(|t| t.exit_code != 0))
-        .collect();
-    let unready: Vec<&ContainerStatus> = statuses.iter().filter(|s| !s.ready).collect();
-    let mut conditions = vec![];
+    // Conditions others set (readiness gates') are kept as the API has
+    // them; the status manager merges them back.
+    let foreign = conditions::foreign(pod);
+    let mut all_conditions = vec![];
     if input.terminal_reason.is_some_and(|t| t.disruption) {
         let t = input.terminal_reason.expect("checked");
-        conditions.push(condition("DisruptionTarget", true, Some("TerminationByKubelet"), Some(t.message.clone())));
+        all_conditions.push(condition("DisruptionTarget", true, Some("TerminationByKubelet"), Some(t.message.clone())));
     }
-    conditions.push(condition("PodReadyToStartContainers", sandbox_ready, None, None));
-    conditions.push(if initialized_now || incomplete.is_empty() {
-        condition("Initialized", true, None, None)
-    } else {
-        condition(
-            "Initialized",
-            false,
-            Some("ContainersNotInitialized"),
-            Some(format!("containers with incomplete status: [{}]", names(&incomplete))),
-        )
-    });
-    let ready = |type_: &str| {
-        if completed {
-            condition(type_, false, Some("PodCompleted"), None)
-        } else if unready.is_empty() && !statuses.is_empty() {
-            condition(type_, true, None, None)
-        } else {
-            condition(
-                type_,
-                false,
-                Some("ContainersNotReady"),
-                Some(format!("containers with unready status: [{}]", names(&unready))),
-            )
-        }
-    };
-    conditions.push(ready("Ready"));
-    conditions.push(ready("ContainersReady"));
-    conditions.push(condition("PodScheduled", true, None, None));
+    all_conditions.push(condition("PodReadyToStartContainers", sandbox_ready, None, None));
+    all_conditions.push(conditions::initialized(pod, &init_statuses, &statuses, &phase));
+    let containers_ready = conditions::containers_ready(pod, &init_statuses, &statuses, &phase);
+    all_conditions.push(conditions::ready(pod, &containers_ready, &foreign));
+    all_conditions.push(containers_ready);
+    all_conditions.push(condition("PodScheduled", true, None, None));
+    let mut conditions = all_conditions;
     // A condition keeps its transition time until its status changes.
     let previous = input.previous.and_then(|p| p.conditions.as_ref());
     for c in &mut conditions {
@@ -572,5 +590,29 @@ mod tests {
         assert_eq!((s.phase.as_deref(), s.reason.as_deref()), (Some("Failed"), Some("Evicted")));
         assert_eq!(cond(&s, "DisruptionTarget").reason.as_deref(), Some("TerminationByKubelet"));
         assert_eq!(cond(&s, "PodScheduled").last_transition_time, cond(&first, "PodScheduled").last_transition_time);
+    }
+
+    #[test]
+    fn sidecars_and_phase() {
+        let mut p = pod("Never", &["proxy"], &["app"]);
+        p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].restart_policy = Some("Always".into());
+        // The sidecar runs, the app runs: Running, and both count for Ready.
+        let w = World::new(vec![obs("proxy", Running, 0, 0, 1), obs("app", Running, 0, 0, 2)]);
+        let s = w.status(&p, false);
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert_eq!(cond(&s, "Initialized").status, "True");
+        assert_eq!(cond(&s, "Ready").status, "True");
+        // Only the sidecar so far, its startup probe pending: Pending, not initialized.
+        let mut w = World::new(vec![obs("proxy", Running, 0, 0, 1)]);
+        w.not_started.insert("proxy0".into(), true);
+        let s = w.status(&p, false);
+        assert_eq!(s.phase.as_deref(), Some("Pending"));
+        assert_eq!(cond(&s, "Initialized").message.as_deref(), Some("containers with incomplete status: [proxy]"));
+        // The app completed and the sidecar was stopped with the pod: the
+        // pod succeeded, whatever the sidecar's exit code.
+        let w = World::new(vec![obs("proxy", Exited, 137, 0, 1), obs("app", Exited, 0, 0, 2)]);
+        let s = w.status(&p, true);
+        assert_eq!(s.phase.as_deref(), Some("Succeeded"));
+        assert_eq!(cond(&s, "Ready").reason.as_deref(), Some("PodCompleted"));
     }
 }

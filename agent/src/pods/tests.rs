@@ -101,6 +101,7 @@ fn harness(pods_capacity: i64) -> Harness {
             allocatable_cpu_milli: 4000,
             allocatable_memory: 8 << 30,
             allocatable_ephemeral_storage: 10 << 30,
+            features: Default::default(),
         },
         recorder: events.clone(),
         runtime_name: "containerd".into(),
@@ -122,9 +123,10 @@ fn harness(pods_capacity: i64) -> Harness {
             events.clone(),
         )),
         devices: None,
+        runtime_classes: Default::default(),
     });
     let (stop, shutdown) = watch::channel(false);
-    let capacity = Capacity { pods: pods_capacity, cpu_milli: 4000, memory: 8 << 30 };
+    let capacity = Capacity { pods: pods_capacity, cpu_milli: 4000, memory: 8 << 30, hugepages: vec![] };
     let manager = PodManager::new(deps, HashSet::from([SourceKind::Api]), capacity, PodMetrics::default(), shutdown);
     let reporter = Arc::new(Reporter::default());
     manager.set_reporter(reporter.clone());
@@ -334,6 +336,7 @@ async fn orphans_are_stopped_once_every_source_has_spoken() {
             allocatable_cpu_milli: 0,
             allocatable_memory: 0,
             allocatable_ephemeral_storage: 0,
+            features: Default::default(),
         },
     );
     config.labels.insert(labels::MANAGED_BY.into(), "true".into());

@@ -21,7 +21,7 @@ impl std::fmt::Display for FieldError {
     }
 }
 
-fn required(field: impl Into<String>) -> FieldError {
+pub(super) fn required(field: impl Into<String>) -> FieldError {
     FieldError { field: field.into(), problem: "Required value".into() }
 }
 
@@ -64,13 +64,13 @@ pub fn invalid(field: impl Into<String>, value: impl FieldValue, why: impl std::
     FieldError { field: field.into(), problem: format!("Invalid value: {}: {why}", value.shown()) }
 }
 
-fn unsupported(field: impl Into<String>, value: &str, allowed: &[&str]) -> FieldError {
+pub(super) fn unsupported(field: impl Into<String>, value: &str, allowed: &[&str]) -> FieldError {
     let allowed = allowed.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ");
     FieldError { field: field.into(), problem: format!("Unsupported value: \"{value}\": supported values: {allowed}") }
 }
 
-const DNS_LABEL_RULE: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character";
-const DNS_SUBDOMAIN_RULE: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character";
+pub(super) const DNS_LABEL_RULE: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character";
+pub(super) const DNS_SUBDOMAIN_RULE: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character";
 
 pub fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
@@ -143,6 +143,7 @@ pub fn validate(pod: &Pod) -> Vec<FieldError> {
         }
     }
     errs.extend(crate::volumes::validation::validate(spec));
+    errs.extend(super::validation_extra::validate(spec));
     errs
 }
 

@@ -30,6 +30,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     backoff::{Backoff, BackoffPolicy},
+    hosts,
     observed::{self, ContainerRunState, ObservedPod},
     plan::{self, ProbeVerdict},
     probe::{self, ProbeType, Target, Tracker},
@@ -81,6 +82,8 @@ pub struct WorkerDeps {
     /// Device plugin devices: reserved at admission, given to containers
     /// at creation (None: no device manager).
     pub devices: Option<Arc<dyn crate::deviceplugin::PodDeviceAllocator>>,
+    /// runtimeClassName → the runtime handler for RunPodSandbox.
+    pub runtime_classes: super::runtime_class::RuntimeClasses,
 }
 
 /// Where a worker reports to (the pod manager).
@@ -356,12 +359,22 @@ impl Worker {
         }
         let rt = self.deps.runtime.clone();
         let mut observed = observed::observe(rt.as_ref(), &self.uid).await?;
-        let verdicts = lock(&self.results).verdicts.clone();
+        let verdicts = {
+            let r = lock(&self.results);
+            let mut v = r.verdicts.clone();
+            // Containers still waiting for their startup probe (a sidecar
+            // not started holds the next init container back).
+            for (id, _) in r.not_started.iter().filter(|(_, waiting)| **waiting) {
+                v.entry(id.clone()).or_insert(ProbeVerdict::NotStarted);
+            }
+            v
+        };
         let actions = plan::compute(&self.pod, &observed, &verdicts);
         let acted = actions.kill_pod
             || actions.create_sandbox.is_some()
             || !actions.start.is_empty()
             || actions.next_init.is_some()
+            || !actions.init_start.is_empty()
             || !actions.kill.is_empty();
         if actions.kill_pod {
             self.kill_pod(&observed, spec_grace(&self.pod)).await?;
@@ -374,8 +387,10 @@ impl Worker {
         let mut sandbox_ip = observed.ready_sandbox().and_then(|s| s.ip.clone());
         // Volumes before the sandbox and any container (the kubelet's
         // WaitForAttachAndMount); what is already running keeps running.
-        let needs_volumes =
-            actions.create_sandbox.is_some() || actions.next_init.is_some() || !actions.start.is_empty();
+        let needs_volumes = actions.create_sandbox.is_some()
+            || actions.next_init.is_some()
+            || !actions.init_start.is_empty()
+            || !actions.start.is_empty();
         let volumes_ready = if needs_volumes {
             self.mount_volumes().await
         } else {
@@ -438,7 +453,7 @@ impl Worker {
                 sandbox_ip.clone()
             };
             let mut names: Vec<String> =
-                actions.next_init.iter().cloned().chain(actions.start.iter().cloned()).collect();
+                actions.next_init.iter().chain(&actions.init_start).chain(&actions.start).cloned().collect();
             names.extend(super::ephemeral::to_start(&self.pod, &observed));
             for name in names {
                 self.start_container(&name, &sandbox_id, &sandbox_config, &observed, pod_ip.clone()).await;
@@ -503,18 +518,41 @@ impl Worker {
                 "Pod sandbox changed, it will be killed and re-created.",
             );
         }
-        let id = match self.deps.runtime.run_pod_sandbox(config, "").await {
+        // The RuntimeClass's handler; a class that cannot be resolved fails
+        // the sandbox as the runtime would fail an unknown handler.
+        let handler = self.deps.runtime_classes.handler_for(&self.pod).await.map_err(|message| {
+            crate::cri::CriError::Status { call: "RunPodSandbox", code: tonic::Code::NotFound, message }
+        });
+        let created = match handler {
+            Ok(handler) => self.deps.runtime.run_pod_sandbox(config, &handler).await,
+            Err(e) => Err(e),
+        };
+        let id = match created {
             Ok(id) => id,
             Err(e) => {
+                let message = format!("Failed to create pod sandbox: {}", e.message());
                 self.deps.recorder.record(
                     &pod_ref(&self.pod),
                     EventType::Warning,
                     reason::FAILED_CREATE_POD_SANDBOX,
-                    &format!("Failed to create pod sandbox: {}", e.message()),
+                    &message,
                 );
+                // The containers wait on the sandbox, with the runtime's word.
+                let names: Vec<String> = self
+                    .pod
+                    .spec
+                    .iter()
+                    .flat_map(|s| s.init_containers.iter().flatten().chain(s.containers.iter()))
+                    .map(|c| c.name.clone())
+                    .collect();
+                for name in names {
+                    self.waiting.insert(name, (reason::CONTAINER_CREATING.into(), message.clone()));
+                }
                 return Err(e);
             }
         };
+        self.waiting
+            .retain(|_, (r, m)| !(r == reason::CONTAINER_CREATING && m.starts_with("Failed to create pod sandbox")));
         let ip = self
             .deps
             .runtime
@@ -580,7 +618,7 @@ impl Worker {
             self.backoff.next(&key, failed_at);
         }
         let restart_count = latest.map_or(0, |l| l.attempt + 1);
-        let image_ref = match self.deps.images.ensure(&self.pod, &c, sandbox_config).await {
+        let image = match self.deps.images.ensure(&self.pod, &c, sandbox_config).await {
             Ok(r) => r,
             Err(f) => {
                 let reason = f.reason.clone();
@@ -598,16 +636,24 @@ impl Worker {
             container: &c,
             init,
             restart_count,
-            image_ref: &image_ref,
-            pod_ips,
+            image_ref: &image.image_ref,
+            pod_ips: pod_ips.clone(),
             env_objects: &env_objects,
             mounts: &[],
+            image_user: &image.user,
         };
         // The environment first: subPathExpr expands from it.
         let mounts = match spec::container_env(&start, &self.deps.settings) {
             Ok(env) => self.deps.volumes.container_mounts(&self.pod, &c, &env).await,
             Err(e) => Err(e.to_string()),
         };
+        // Then the managed /etc/hosts, after the volumes as the kubelet.
+        let mounts = mounts.and_then(|mut m| {
+            if hosts::mounts_hosts_file(&c, &pod_ips) {
+                m.push(self.write_hosts_file(&pod_ips)?);
+            }
+            Ok(m)
+        });
         let config = match mounts {
             Ok(m) => {
                 start.mounts = &m;
@@ -688,6 +734,24 @@ impl Worker {
         }
     }
 
+    /// Writes `<pod dir>/etc-hosts` (the kubelet's managed hosts file) and
+    /// returns its mount.
+    fn write_hosts_file(&self, pod_ips: &[String]) -> Result<api::Mount, String> {
+        let node_hosts = std::fs::read_to_string(hosts::ETC_HOSTS).unwrap_or_default();
+        let text = hosts::hosts_file(&self.pod, pod_ips, self.deps.settings.cluster_domain.as_deref(), &node_hosts);
+        let path = self.deps.settings.pods_dir.join(&self.uid).join("etc-hosts");
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        crate::host::write_atomic(&path, text.as_bytes(), 0o644)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        Ok(api::Mount {
+            container_path: hosts::ETC_HOSTS.into(),
+            host_path: path.to_string_lossy().into_owned(),
+            ..Default::default()
+        })
+    }
+
     /// preStop, then StopContainer with what remains of the grace period
     /// (whole seconds, as CRI takes it).
     async fn stop_container(&self, id: &str, c: Option<&Container>, grace: Duration, pod_ip: Option<&str>) {
@@ -732,10 +796,34 @@ impl Worker {
     }
 
     /// Stops every running container (in parallel, each with its preStop
-    /// hook) and then every sandbox.
+    /// hook; sidecars after the others, one by one in reverse order, with
+    /// what is left of the grace period) and then every sandbox.
     async fn kill_pod(&self, observed: &ObservedPod, grace: Duration) -> crate::cri::Result<()> {
+        let started = Instant::now();
+        let running: Vec<&str> = observed.running().map(|c| c.name.as_str()).collect();
+        let (first, sidecars) = super::sidecars::termination_order(&self.pod, &running);
+        let in_group = |names: &[&str]| -> Vec<observed::ContainerState> {
+            observed.running().filter(|c| names.contains(&c.name.as_str())).cloned().collect()
+        };
+        self.stop_containers(observed, &in_group(&first), grace).await;
+        for name in sidecars {
+            let left = grace.saturating_sub(started.elapsed()).max(MIN_GRACE.min(grace));
+            self.stop_containers(observed, &in_group(&[name]), left).await;
+        }
+        for sb in observed.sandboxes.iter().filter(|s| s.ready) {
+            if let Err(e) = self.deps.runtime.stop_pod_sandbox(&sb.id).await
+                && !e.is_not_found()
+            {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops `containers` in parallel, each with its preStop hook.
+    async fn stop_containers(&self, observed: &ObservedPod, containers: &[observed::ContainerState], grace: Duration) {
         let ip = self.pod_ip(observed);
-        let stops = observed.running().map(|c| {
+        let stops = containers.iter().map(|c| {
             let spec = find_container(&self.pod, &c.name).map(|(s, _)| s);
             if let Some((s, init)) = find_container(&self.pod, &c.name) {
                 self.deps.recorder.record(
@@ -755,14 +843,6 @@ impl Worker {
             self.stop_container(&c.id, spec, grace, ip.as_deref())
         });
         futures::future::join_all(stops).await;
-        for sb in observed.sandboxes.iter().filter(|s| s.ready) {
-            if let Err(e) = self.deps.runtime.stop_pod_sandbox(&sb.id).await
-                && !e.is_not_found()
-            {
-                return Err(e);
-            }
-        }
-        Ok(())
     }
 
     async fn terminate(&mut self, grace: Duration) -> crate::cri::Result<()> {
@@ -969,7 +1049,9 @@ impl ProbeTask {
         tokio::time::sleep(initial).await;
         let mut tracker = Tracker::new(&self.probe);
         let target = Target { container_id: &self.id, container: &self.container, pod_ip: self.pod_ip };
-        let cref = container_ref(&self.pod, &self.container, false);
+        // Sidecars' events name them under spec.initContainers.
+        let init = find_container(&self.pod, &self.container.name).is_some_and(|(_, init)| init);
+        let cref = container_ref(&self.pod, &self.container, init);
         loop {
             let waiting_for_startup = self.kind != ProbeType::Startup
                 && lock(&self.results).not_started.get(&self.id).copied().unwrap_or(false);

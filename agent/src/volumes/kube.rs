@@ -10,19 +10,45 @@
 use async_trait::async_trait;
 use k8s_openapi::api::{
     authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
-    core::v1::{ConfigMap, Secret, ServiceAccount},
+    core::v1::{ConfigMap, Secret, Service, ServiceAccount},
 };
-use kube::{Api, api::PostParams};
+use kube::{
+    Api,
+    api::{ListParams, PostParams},
+};
 
 use super::objects::{ObjectError, ObjectKind, ObjectSource, Token, TokenSpec};
 
 pub struct KubeObjects {
     client: kube::Client,
+    /// The last services listed per namespace: what the kubelet's lister
+    /// would still hold while the API server is unreachable.
+    services: std::sync::Mutex<std::collections::HashMap<String, Vec<Service>>>,
 }
 
 impl KubeObjects {
     pub fn new(client: kube::Client) -> KubeObjects {
-        KubeObjects { client }
+        KubeObjects { client, services: Default::default() }
+    }
+
+    /// The services of `ns`, or the last ones listed when the API server
+    /// cannot be reached.
+    async fn services_in(&self, ns: &str) -> Result<Vec<Service>, ObjectError> {
+        let got = Api::<Service>::namespaced(self.client.clone(), ns).list(&ListParams::default()).await;
+        let mut cache = self.services.lock().unwrap_or_else(|p| p.into_inner());
+        match got {
+            Ok(list) => {
+                cache.insert(ns.to_owned(), list.items.clone());
+                Ok(list.items)
+            }
+            Err(kube::Error::HyperError(_) | kube::Error::Service(_)) if cache.contains_key(ns) => {
+                Ok(cache[ns].clone())
+            }
+            Err(e @ (kube::Error::HyperError(_) | kube::Error::Service(_))) => Err(ObjectError::Unavailable(format!(
+                "services have not yet been read at least once, cannot construct envvars: {e}"
+            ))),
+            Err(other) => Err(ObjectError::Failed(other.to_string())),
+        }
     }
 }
 
@@ -86,6 +112,18 @@ impl ObjectSource for KubeObjects {
         let expires_at =
             std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(exp.0.as_second().max(0) as u64);
         Ok(Token { token, expires_at })
+    }
+
+    /// A LIST per namespace at each container start (the kubelet keeps a
+    /// watch-fed lister instead); while the API server is away the last
+    /// lists stand in, as the lister's cache would.
+    async fn list_services(&self, namespace: &str) -> Result<Vec<Service>, ObjectError> {
+        let mut out = vec![];
+        let namespaces = if namespace == "default" { vec!["default"] } else { vec![namespace, "default"] };
+        for ns in namespaces {
+            out.extend(self.services_in(ns).await?);
+        }
+        Ok(out)
     }
 }
 
@@ -203,5 +241,41 @@ mod tests {
         let e = objects.get_config_map("ns", "x").await.unwrap_err();
         assert!(matches!(e, ObjectError::Unavailable(_)), "{e:?}");
         assert!(!e.is_not_found());
+    }
+
+    #[tokio::test]
+    async fn services_listed_before_an_outage_stand_in_during_it() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let down = Arc::new(AtomicBool::new(false));
+        let svc = {
+            let down = down.clone();
+            tower::service_fn(move |req: Request<Body>| {
+                let down = down.load(Ordering::SeqCst);
+                async move {
+                    if down {
+                        return Err(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused"));
+                    }
+                    let ns = req.uri().path().split('/').nth(4).unwrap_or_default().to_owned();
+                    let list = json!({"apiVersion": "v1", "kind": "ServiceList", "metadata": {},
+                        "items": [{"metadata": {"name": format!("svc-{ns}"), "namespace": ns},
+                                   "spec": {"clusterIP": "10.0.0.1", "ports": [{"port": 80}]}}]});
+                    Ok(Response::builder()
+                        .header("content-type", "application/json")
+                        .body(Body::from(serde_json::to_vec(&list).unwrap()))
+                        .unwrap())
+                }
+            })
+        };
+        let objects = KubeObjects::new(kube::Client::new(svc, "default"));
+        down.store(true, Ordering::SeqCst);
+        let e = objects.list_services("ns").await.unwrap_err();
+        assert!(matches!(e, ObjectError::Unavailable(_)), "{e:?}");
+        assert!(e.to_string().contains("services have not yet been read at least once"), "{e}");
+        down.store(false, Ordering::SeqCst);
+        let names = |v: Vec<Service>| v.into_iter().map(|s| s.metadata.name.unwrap()).collect::<Vec<_>>();
+        assert_eq!(names(objects.list_services("ns").await.unwrap()), ["svc-ns", "svc-default"]);
+        down.store(true, Ordering::SeqCst);
+        assert_eq!(names(objects.list_services("ns").await.unwrap()), ["svc-ns", "svc-default"]);
+        assert!(objects.list_services("other").await.is_err(), "nothing cached for a namespace never listed");
     }
 }

@@ -427,6 +427,7 @@ impl VolumeManager {
             }
             m.last_error = None;
         }
+        apply_fs_group(&st.pod, &m).await?;
         Ok(m)
     }
 
@@ -552,6 +553,11 @@ impl VolumeManager {
                     }
                 }
                 Err(e) => Err(e),
+            };
+            // New files get the pod's fsGroup too.
+            let result = match result {
+                Ok(true) => apply_fs_group(&st.pod, &m).await.map(|()| true),
+                other => other,
             };
             let entry = st.volumes.get_mut(&v.name).expect("listed above");
             match result {
@@ -813,6 +819,24 @@ impl VolumeManager {
 }
 
 /// Whether a volume shows `key`'s object.
+/// Gives a volume to the pod's fsGroup (not hostPath volumes, as the
+/// kubelet); API-backed volumes are read-only in containers.
+async fn apply_fs_group(pod: &Pod, m: &MountedVolume) -> Result<(), String> {
+    let Some(gid) = pod.spec.as_ref().and_then(|s| s.security_context.as_ref()).and_then(|s| s.fs_group) else {
+        return Ok(());
+    };
+    if m.kind == VolumeKind::HostPath {
+        return Ok(());
+    }
+    let (dir, read_only) = (m.path.clone(), m.kind.refreshed());
+    let gid = u32::try_from(gid).map_err(|_| format!("fsGroup {gid} is not a group id"))?;
+    tokio::task::spawn_blocking(move || super::ownership::set_ownership(&dir, gid, read_only, None))
+        .await
+        .map_err(|e| e.to_string())?
+        .map(drop)
+        .map_err(|e| format!("setting the volume's group to fsGroup {gid}: {e}"))
+}
+
 fn shows(v: &Volume, key: &ObjectKey) -> bool {
     let cm = |n: &str| key.kind == ObjectKind::ConfigMap && key.name == n;
     let secret = |n: &str| key.kind == ObjectKind::Secret && key.name == n;

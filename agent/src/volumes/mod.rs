@@ -13,7 +13,7 @@
 //!   storage).
 //! - I/O helpers: `atomic` (the `..data` swap), `mount` (mount(2) and
 //!   mountinfo), `subpath` (safe bind mounts), `storage` (disk usage and
-//!   the monitor that evicts).
+//!   the monitor that evicts), `ownership` (fsGroup).
 
 pub mod atomic;
 pub mod hostpath;
@@ -22,6 +22,7 @@ pub mod manager;
 pub mod mount;
 pub mod mounts;
 pub mod objects;
+pub mod ownership;
 pub mod payload;
 pub mod storage;
 pub mod subpath;

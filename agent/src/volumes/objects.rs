@@ -21,7 +21,7 @@ use std::{
 };
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, Service};
 use tokio::sync::broadcast;
 
 /// The kinds of object volumes and environments read.
@@ -95,6 +95,13 @@ pub trait ObjectSource: Send + Sync {
     async fn get_secret(&self, namespace: &str, name: &str) -> Result<Secret, ObjectError>;
     async fn request_token(&self, spec: &TokenSpec) -> Result<Token, ObjectError>;
 
+    /// The services of `namespace` and of `default` (service environment
+    /// variables). Without an API server there are none, as the kubelet's
+    /// "kubelets without masters" set no service variables.
+    async fn list_services(&self, _namespace: &str) -> Result<Vec<Service>, ObjectError> {
+        Ok(vec![])
+    }
+
     /// Changed objects, when the source can tell (the volume manager then
     /// updates the volumes that show them at once instead of at its next
     /// periodic refresh).
@@ -131,6 +138,7 @@ pub struct MemoryObjects {
     secrets: Mutex<HashMap<(String, String), Secret>>,
     issued: AtomicU64,
     token_requests: Mutex<Vec<TokenSpec>>,
+    services: Mutex<Vec<Service>>,
     changes: broadcast::Sender<ObjectKey>,
 }
 
@@ -141,6 +149,7 @@ impl Default for MemoryObjects {
             secrets: Mutex::default(),
             issued: AtomicU64::new(0),
             token_requests: Mutex::default(),
+            services: Mutex::default(),
             changes: broadcast::channel(256).0,
         }
     }
@@ -181,6 +190,14 @@ impl MemoryObjects {
         let _ = self.changes.send(ObjectKey { kind: ObjectKind::Secret, namespace, name });
     }
 
+    /// Creates or replaces a Service (namespace "default" when unset).
+    pub fn put_service(&self, s: Service) {
+        let key = key_of(&s.metadata);
+        let mut all = lock(&self.services);
+        all.retain(|x| key_of(&x.metadata) != key);
+        all.push(s);
+    }
+
     /// Every TokenRequest made so far.
     pub fn token_requests(&self) -> Vec<TokenSpec> {
         lock(&self.token_requests).clone()
@@ -212,6 +229,18 @@ impl ObjectSource for MemoryObjects {
         })
     }
 
+    async fn list_services(&self, namespace: &str) -> Result<Vec<Service>, ObjectError> {
+        let all = lock(&self.services);
+        Ok(all
+            .iter()
+            .filter(|s| {
+                let ns = key_of(&s.metadata).0;
+                ns == namespace || ns == "default"
+            })
+            .cloned()
+            .collect())
+    }
+
     fn subscribe(&self) -> Option<broadcast::Receiver<ObjectKey>> {
         Some(self.changes.subscribe())
     }
@@ -225,6 +254,11 @@ impl ObjectSource for MemoryObjects {
 pub struct EnvObjects {
     pub config_maps: HashMap<String, Result<ConfigMap, ObjectError>>,
     pub secrets: HashMap<String, Result<Secret, ObjectError>>,
+    /// The services of the pod's namespace and of `default`, for service
+    /// environment variables.
+    pub services: Vec<Service>,
+    /// Why the services could not be listed (the container cannot start).
+    pub services_error: Option<ObjectError>,
 }
 
 impl EnvObjects {
@@ -275,6 +309,10 @@ impl EnvObjects {
         for name in secrets {
             let got = source.get_secret(ns, &name).await;
             out.secrets.insert(name, got);
+        }
+        match source.list_services(ns).await {
+            Ok(services) => out.services = services,
+            Err(e) => out.services_error = Some(e),
         }
         out
     }

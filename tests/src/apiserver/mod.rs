@@ -15,6 +15,7 @@
 //! beyond pod defaults; no controllers (no scheduler, no garbage collector,
 //! no node lifecycle controller).
 
+pub mod admission;
 pub mod auth;
 pub mod defaults;
 mod ephemeral;

@@ -83,8 +83,28 @@ pub const SUBJECT_ACCESS_REVIEWS: ResourceType = ResourceType {
     )
 };
 
-pub const ALL: &[ResourceType] =
-    &[NAMESPACES, NODES, PODS, EVENTS, CONFIGMAPS, LEASES, CSRS, TOKEN_REVIEWS, SUBJECT_ACCESS_REVIEWS];
+pub const SECRETS: ResourceType = rt("", "v1", "secrets", "secret", "Secret", true, &[], false);
+pub const SERVICES: ResourceType = rt("", "v1", "services", "service", "Service", true, &["svc"], true);
+pub const SERVICE_ACCOUNTS: ResourceType =
+    rt("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount", true, &["sa"], false);
+pub const RUNTIME_CLASSES: ResourceType =
+    rt("node.k8s.io", "v1", "runtimeclasses", "runtimeclass", "RuntimeClass", false, &[], false);
+
+pub const ALL: &[ResourceType] = &[
+    NAMESPACES,
+    NODES,
+    PODS,
+    EVENTS,
+    CONFIGMAPS,
+    SECRETS,
+    SERVICES,
+    SERVICE_ACCOUNTS,
+    LEASES,
+    CSRS,
+    RUNTIME_CLASSES,
+    TOKEN_REVIEWS,
+    SUBJECT_ACCESS_REVIEWS,
+];
 
 pub fn find(group: &str, version: &str, plural: &str) -> Option<ResourceType> {
     ALL.iter().copied().find(|r| r.group == group && r.version == version && r.plural == plural)

@@ -268,6 +268,7 @@ async fn dispatch(state: &Arc<State>, req: Request<Incoming>, user: &UserInfo) -
                     let mut obj = parse_body()?;
                     if rt.kind == "Pod" {
                         defaults::pod(&mut obj);
+                        super::admission::pod(&state.store, &ns_str, &mut obj)?;
                     }
                     if rt.kind == "CertificateSigningRequest" {
                         obj["spec"]["username"] = user.username.clone().into();

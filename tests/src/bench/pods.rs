@@ -54,6 +54,7 @@ async fn direct_start(cri: &CriClient, pod: &Pod, settings: &NodeSettings) -> Re
         pod_ips: vec![],
         env_objects: &objects,
         mounts: &[],
+        image_user: &Default::default(),
     };
     let mut config = spec::container_config(&start, settings)?;
     config.labels.remove(labels::MANAGED_BY);
@@ -78,6 +79,7 @@ fn settings(dir: &std::path::Path) -> NodeSettings {
         allocatable_cpu_milli: 1000,
         allocatable_memory: 1 << 30,
         allocatable_ephemeral_storage: 1 << 30,
+        features: Default::default(),
     }
 }
 

@@ -112,7 +112,12 @@ impl ImageService for FakeRuntime {
     async fn image_status(&self, _i: &str) -> cri::Result<Option<api::Image>> {
         Ok(None)
     }
-    async fn pull_image(&self, _i: &str, _c: Option<api::PodSandboxConfig>) -> cri::Result<String> {
+    async fn pull_image(
+        &self,
+        _i: &str,
+        _a: Option<api::AuthConfig>,
+        _c: Option<api::PodSandboxConfig>,
+    ) -> cri::Result<String> {
         Err(unimplemented("PullImage"))
     }
     async fn remove_image(&self, _i: &str) -> cri::Result<()> {
