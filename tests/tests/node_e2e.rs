@@ -164,6 +164,8 @@ fn a_pod_with_init_and_probes_runs_in_its_slice_with_the_kubelets_limits() {
 #[test]
 #[ignore = "runs in the node VM: cargo xtask vmtest --e2e"]
 fn qos_classes_land_in_their_slices_under_node_allocatable() {
+    // Huge pages on the node before the agent reads its capacity.
+    std::fs::write("/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages", "16").expect("16 huge pages of 2 MiB");
     // Node allocatable enforced on kubepods: capacity − systemReserved −
     // kubeReserved (the eviction threshold is left to the eviction manager).
     let node = Node::start(
@@ -172,7 +174,10 @@ fn qos_classes_land_in_their_slices_under_node_allocatable() {
     );
     let g = container("g", "exec sleep 3600");
     let mut g = g;
-    g["resources"] = resources(json!({"cpu": "100m", "memory": "64Mi"}), json!({"cpu": "100m", "memory": "64Mi"}));
+    g["resources"] = resources(
+        json!({"cpu": "100m", "memory": "64Mi", "hugepages-2Mi": "4Mi"}),
+        json!({"cpu": "100m", "memory": "64Mi", "hugepages-2Mi": "4Mi"}),
+    );
     let mut b1 = container("b", "exec sleep 3600");
     b1["resources"] = json!({"requests": {"cpu": "500m"}});
     let mut b2 = container("b", "exec sleep 3600");
@@ -192,6 +197,21 @@ fn qos_classes_land_in_their_slices_under_node_allocatable() {
     let g_rel = pod_cgroup(node.driver, "guaranteed", &uids[0].2);
     assert_eq!(cgroup_file(&g_rel, "memory.max"), (64 * MIB).to_string());
     assert_eq!(cgroup_file(&g_rel, "cpu.max"), "10000 100000");
+    // The pod may take the huge pages it asked for and none of another size.
+    for size in std::fs::read_dir("/sys/kernel/mm/hugepages").expect("huge page sizes").flatten() {
+        let kb: u64 =
+            size.file_name().to_string_lossy().trim_start_matches("hugepages-").trim_end_matches("kB").parse().unwrap();
+        let (name, want) = match kb {
+            2048 => ("2MB", 4 * MIB),
+            1048576 => ("1GB", 0),
+            other => panic!("a huge page size the check does not know: {other} kB"),
+        };
+        assert_eq!(
+            cgroup_file(&g_rel, &format!("hugetlb.{name}.max")),
+            want.to_string(),
+            "hugetlb.{name}.max of {g_rel}"
+        );
+    }
 
     // kubepods: memory capacity − 768Mi; cpu shares of 2 CPUs − 200m;
     // pids.max the node's pid limit (nothing reserved).

@@ -62,7 +62,7 @@ pub enum Version {
 
 /// v1 controllers whose trees a pod cgroup is created in. cpuset is left to
 /// the runtime, which initialises cpus and mems from the parent.
-const V1_CONTROLLERS: &[&str] = &["memory", "cpu", "cpuacct", "pids", "freezer"];
+const V1_CONTROLLERS: &[&str] = &["memory", "cpu", "cpuacct", "pids", "freezer", "hugetlb"];
 
 #[derive(Clone, Debug)]
 pub struct CgroupFs {
@@ -281,7 +281,7 @@ impl CgroupFs {
             Version::V2 => {
                 let mut cur = self.root.clone();
                 for part in rel.trim_matches('/').split('/').filter(|p| !p.is_empty()) {
-                    let wanted = ["+memory", "+cpu", "+pids"];
+                    let wanted = ["+memory", "+cpu", "+pids", "+hugetlb"];
                     let available = fs::read_to_string(cur.join("cgroup.controllers")).unwrap_or_default();
                     let enable: Vec<&str> =
                         wanted.iter().copied().filter(|w| available.split_whitespace().any(|a| a == &w[1..])).collect();
@@ -337,6 +337,16 @@ impl CgroupFs {
                 self.write(&dir.join("cpu.max"), &format!("{quota} {}", cpu.period_us))
             }
         }
+    }
+
+    /// Sets the hugetlb limit of one page size, named as runc names it
+    /// (`2MB`, `1GB`).
+    pub fn set_hugetlb_limit(&self, rel: &str, page: &str, bytes: u64) -> Result<()> {
+        let file = match self.version {
+            Version::V1 => format!("hugetlb.{page}.limit_in_bytes"),
+            Version::V2 => format!("hugetlb.{page}.max"),
+        };
+        self.write(&self.controller_dir("hugetlb", rel).join(file), &bytes.to_string())
     }
 
     /// Sets `pids.max` (None = unlimited).

@@ -19,13 +19,16 @@ use crate::{
 };
 
 /// Settings of one cgroup, in the kubelet's terms (its ResourceConfig).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CgroupLimits {
     /// Bytes; None leaves the memory limit unset.
     pub memory: Option<u64>,
     pub cpu: CpuLimits,
     /// pids.max; None leaves it unlimited.
     pub pids: Option<u64>,
+    /// (page size, limit) in bytes for each huge page size the host has;
+    /// empty leaves the hugetlb controller alone.
+    pub hugetlb: Vec<(u64, u64)>,
 }
 
 /// The kubepods cgroup: memory limit, cpu shares (no CFS quota) and
@@ -40,6 +43,7 @@ pub fn kubepods_limits(limits: &ResourceList) -> CgroupLimits {
             period_us: QUOTA_PERIOD_US,
         },
         pids: limits.get(&Resource::Pid).map(|q| q.value().max(0) as u64),
+        hugetlb: vec![],
     }
 }
 
@@ -51,12 +55,13 @@ pub fn reserved_cgroup_limits(reserved: &Reservation, compressible_only: bool) -
     let shares = reserved.get(&ReservedResource::Cpu).map(|q| milli_cpu_to_shares(q.milli_value()));
     let cpu = CpuLimits { shares, quota_us: None, period_us: QUOTA_PERIOD_US };
     if compressible_only {
-        return CgroupLimits { memory: None, cpu, pids: None };
+        return CgroupLimits { memory: None, cpu, pids: None, hugetlb: vec![] };
     }
     CgroupLimits {
         memory: reserved.get(&ReservedResource::Memory).map(|q| q.value().max(0) as u64),
         cpu,
         pids: reserved.get(&ReservedResource::Pid).map(|q| q.value().max(0) as u64),
+        hugetlb: vec![],
     }
 }
 
@@ -166,7 +171,12 @@ pub fn pod_cgroup_config(spec: &PodSpec, cpu_cfs_quota: bool, period: Duration, 
     .add(over);
     let quota = if cpu_cfs_quota { milli_cpu_to_quota(limits.cpu_milli, period_us) } else { None };
     let pids = (pod_pids_limit > 0).then_some(pod_pids_limit as u64);
-    let mut cfg = CgroupLimits { memory: None, cpu: CpuLimits { shares: None, quota_us: None, period_us }, pids };
+    let mut cfg = CgroupLimits {
+        memory: None,
+        cpu: CpuLimits { shares: None, quota_us: None, period_us },
+        pids,
+        hugetlb: vec![],
+    };
     match qos_class(spec) {
         QosClass::Guaranteed => {
             cfg.cpu.shares = Some(milli_cpu_to_shares(requests.cpu_milli));
@@ -185,6 +195,31 @@ pub fn pod_cgroup_config(spec: &PodSpec, cpu_cfs_quota: bool, period: Duration, 
         QosClass::BestEffort => cfg.cpu.shares = Some(MIN_SHARES),
     }
     cfg
+}
+
+/// The pod cgroup's huge page limits (the kubelet's HugePageLimits of the
+/// pod's requests): for each of the host's page sizes, what the pod's
+/// containers ask for, summed as PodRequests sums them; 0 for a size the
+/// pod does not ask for, so it cannot take pages it did not request.
+pub fn pod_hugetlb_limits(spec: &PodSpec, host_sizes: &[u64]) -> Vec<(u64, u64)> {
+    host_sizes
+        .iter()
+        .map(|&size| {
+            let of = |c: &Container| {
+                let r = c.resources.as_ref();
+                // Huge pages are requested through limits (requests default to them).
+                let q = r
+                    .and_then(|r| r.requests.as_ref())
+                    .into_iter()
+                    .chain(r.and_then(|r| r.limits.as_ref()))
+                    .flatten()
+                    .find(|(name, _)| super::hugepages::page_bytes(name) == Some(size))
+                    .and_then(|(_, q)| q.0.parse::<Quantity>().ok());
+                CpuMem { cpu_milli: 0, memory: bytes(q) }
+            };
+            (size, pod_total(spec, of).memory.max(0) as u64)
+        })
+        .collect()
 }
 
 /// The QoS cgroups' limits: BestEffort gets the minimum cpu shares,
@@ -252,7 +287,7 @@ mod tests {
             (
                 "best effort",
                 spec(vec![c(&[], &[]), c(&[], &[])]),
-                CgroupLimits { memory: None, cpu: cpu(2, None), pids: None },
+                CgroupLimits { memory: None, cpu: cpu(2, None), pids: None, hugetlb: vec![] },
             ),
             (
                 "guaranteed: sums of limits",
@@ -260,7 +295,7 @@ mod tests {
                     c(&[], &[("cpu", "500m"), ("memory", "128Mi")]),
                     c(&[], &[("cpu", "250m"), ("memory", "64Mi")]),
                 ]),
-                CgroupLimits { memory: Some(192 * MI), cpu: cpu(768, Some(75_000)), pids: None },
+                CgroupLimits { memory: Some(192 * MI), cpu: cpu(768, Some(75_000)), pids: None, hugetlb: vec![] },
             ),
             (
                 "burstable with all limits",
@@ -268,17 +303,17 @@ mod tests {
                     c(&[("cpu", "100m"), ("memory", "64Mi")], &[("cpu", "1"), ("memory", "256Mi")]),
                     c(&[("cpu", "100m")], &[("cpu", "1"), ("memory", "256Mi")]),
                 ]),
-                CgroupLimits { memory: Some(512 * MI), cpu: cpu(204, Some(200_000)), pids: None },
+                CgroupLimits { memory: Some(512 * MI), cpu: cpu(204, Some(200_000)), pids: None, hugetlb: vec![] },
             ),
             (
                 "burstable with a container lacking limits: no quota, no memory limit",
                 spec(vec![c(&[("cpu", "500m")], &[("cpu", "1"), ("memory", "1Gi")]), c(&[("memory", "1Gi")], &[])]),
-                CgroupLimits { memory: None, cpu: cpu(512, None), pids: None },
+                CgroupLimits { memory: None, cpu: cpu(512, None), pids: None, hugetlb: vec![] },
             ),
             (
                 "burstable with memory limits only",
                 spec(vec![c(&[("cpu", "200m")], &[("memory", "100Mi")])]),
-                CgroupLimits { memory: Some(100 * MI), cpu: cpu(204, None), pids: None },
+                CgroupLimits { memory: Some(100 * MI), cpu: cpu(204, None), pids: None, hugetlb: vec![] },
             ),
             (
                 "an init container larger than the app containers",
@@ -286,7 +321,7 @@ mod tests {
                     init_containers: Some(vec![c(&[], &[("cpu", "2"), ("memory", "1Gi")])]),
                     ..spec(vec![c(&[], &[("cpu", "1"), ("memory", "512Mi")])])
                 },
-                CgroupLimits { memory: Some(1024 * MI), cpu: cpu(2048, Some(200_000)), pids: None },
+                CgroupLimits { memory: Some(1024 * MI), cpu: cpu(2048, Some(200_000)), pids: None, hugetlb: vec![] },
             ),
             (
                 "a sidecar adds to the app containers",
@@ -294,7 +329,7 @@ mod tests {
                     init_containers: Some(vec![sidecar(c(&[], &[("cpu", "500m"), ("memory", "100Mi")]))]),
                     ..spec(vec![c(&[], &[("cpu", "1"), ("memory", "200Mi")])])
                 },
-                CgroupLimits { memory: Some(300 * MI), cpu: cpu(1536, Some(150_000)), pids: None },
+                CgroupLimits { memory: Some(300 * MI), cpu: cpu(1536, Some(150_000)), pids: None, hugetlb: vec![] },
             ),
             (
                 "overhead is added",
@@ -302,7 +337,7 @@ mod tests {
                     overhead: res(&[("cpu", "250m"), ("memory", "120Mi")]),
                     ..spec(vec![c(&[], &[("cpu", "1"), ("memory", "1Gi")])])
                 },
-                CgroupLimits { memory: Some(1144 * MI), cpu: cpu(1280, Some(125_000)), pids: None },
+                CgroupLimits { memory: Some(1144 * MI), cpu: cpu(1280, Some(125_000)), pids: None, hugetlb: vec![] },
             ),
         ];
         for (name, s, want) in cases {
@@ -334,7 +369,10 @@ mod tests {
         assert_eq!(k.cpu, CpuLimits { shares: Some(14_848), quota_us: None, period_us: 100_000 });
         assert_eq!(k.pids, Some(1000));
         let nothing = CpuLimits { shares: None, quota_us: None, period_us: 100_000 };
-        assert_eq!(kubepods_limits(&ResourceList::new()), CgroupLimits { memory: None, cpu: nothing, pids: None });
+        assert_eq!(
+            kubepods_limits(&ResourceList::new()),
+            CgroupLimits { memory: None, cpu: nothing, pids: None, hugetlb: vec![] }
+        );
     }
 
     #[test]
@@ -346,9 +384,29 @@ mod tests {
         ]
         .into();
         let full = reserved_cgroup_limits(&r, false);
-        assert_eq!(full, CgroupLimits { memory: Some(1 << 30), cpu: cpu(512, None), pids: Some(1000) });
+        assert_eq!(
+            full,
+            CgroupLimits { memory: Some(1 << 30), cpu: cpu(512, None), pids: Some(1000), hugetlb: vec![] }
+        );
         let compressible = reserved_cgroup_limits(&r, true);
-        assert_eq!(compressible, CgroupLimits { memory: None, cpu: cpu(512, None), pids: None });
+        assert_eq!(compressible, CgroupLimits { memory: None, cpu: cpu(512, None), pids: None, hugetlb: vec![] });
+    }
+
+    #[test]
+    fn hugetlb_limits_cover_every_host_size() {
+        const MI2: u64 = 2 << 20;
+        const GI1: u64 = 1 << 30;
+        let one = c(&[], &[("hugepages-2Mi", "100Mi"), ("memory", "1Gi"), ("cpu", "1")]);
+        let two = c(&[("hugepages-2Mi", "20Mi")], &[("hugepages-2Mi", "20Mi")]);
+        let s = spec(vec![one, two]);
+        assert_eq!(
+            pod_hugetlb_limits(&s, &[MI2, GI1]),
+            vec![(MI2, 120 << 20), (GI1, 0)],
+            "summed; 0 for sizes not asked for"
+        );
+        assert!(pod_hugetlb_limits(&s, &[]).is_empty(), "no hugetlb controller: nothing to set");
+        let init = PodSpec { init_containers: Some(vec![c(&[], &[("hugepages-1Gi", "2Gi")])]), ..spec(vec![]) };
+        assert_eq!(pod_hugetlb_limits(&init, &[GI1]), vec![(GI1, 2 << 30)], "an init container's peak counts");
     }
 
     #[test]

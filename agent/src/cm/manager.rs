@@ -76,6 +76,15 @@ pub(crate) fn write_limits(fs: &CgroupFs, rel: &str, limits: &CgroupLimits) -> R
     if let Some(p) = limits.pids {
         fs.set_pids_max(rel, Some(p)).map_err(ctx(|| format!("pids.max of {rel}")))?;
     }
+    if !limits.hugetlb.is_empty() {
+        // Enables the hugetlb controller down to the cgroup (systemd, which
+        // has no hugetlb property, does not), as runc does.
+        fs.create(rel).map_err(ctx(|| format!("hugetlb controller for {rel}")))?;
+        for (size, limit) in &limits.hugetlb {
+            let page = super::hugepages::cri_page_size(*size);
+            fs.set_hugetlb_limit(rel, &page, *limit).map_err(ctx(|| format!("hugetlb.{page} of {rel}")))?;
+        }
+    }
     Ok(())
 }
 
@@ -176,7 +185,7 @@ impl CgroupManager for InMemoryCgroups {
     async fn apply(&self, cgroup: &str, limits: &CgroupLimits) -> Result<(), CmError> {
         let mut all = self.lock();
         let entry = all.entry(cgroup.trim_matches('/').to_owned()).or_default();
-        entry.limits = *limits;
+        entry.limits = limits.clone();
         entry.applies += 1;
         Ok(())
     }
@@ -184,7 +193,7 @@ impl CgroupManager for InMemoryCgroups {
     async fn update(&self, cgroup: &str, limits: &CgroupLimits) -> Result<(), CmError> {
         match self.lock().get_mut(cgroup.trim_matches('/')) {
             Some(entry) => {
-                entry.limits = *limits;
+                entry.limits = limits.clone();
                 entry.applies += 1;
                 Ok(())
             }

@@ -214,6 +214,7 @@ mod tests {
             memory: Some(29 << 30),
             cpu: CpuLimits { shares: Some(14_848), quota_us: None, period_us: 100_000 },
             pids: Some(1000),
+            hugetlb: vec![],
         };
         pc.ensure_hierarchy(&kubepods).await.unwrap();
         let kp = tmp.path().join("swiftlet-unit/kubepods");
@@ -241,6 +242,11 @@ mod tests {
         assert_eq!(read(&pod.join("cpu.max")), "50000 100000");
         assert_eq!(read(&pod.join("cpu.weight")), shares_to_weight(256).to_string());
         assert_eq!(read(&pod.join("pids.max")), "100");
+
+        let with_pages = CgroupLimits { hugetlb: vec![(2 << 20, 64 * MI), (1 << 30, 0)], ..cfg };
+        pc.ensure_pod_cgroup(QosClass::Burstable, "u-1", &with_pages).await.unwrap();
+        assert_eq!(read(&pod.join("hugetlb.2MB.max")), (64 * MI).to_string());
+        assert_eq!(read(&pod.join("hugetlb.1GB.max")), "0");
     }
 
     /// A fake v1 tree: one directory per controller, named as the systemd

@@ -39,7 +39,11 @@ use super::{
     status::{self, StatusInput, TerminalReason},
 };
 use crate::{
-    cm::{hierarchy::pod_cgroup_config, pod_cgroups::PodCgroups, qos::qos_class},
+    cm::{
+        hierarchy::{pod_cgroup_config, pod_hugetlb_limits},
+        pod_cgroups::PodCgroups,
+        qos::qos_class,
+    },
     cri::{RuntimeService, api, error::reason},
     events::{EventRecorder, EventType, pod_ref},
     volumes::{VolumeManager, manager::FAILED_MOUNT},
@@ -503,8 +507,9 @@ impl Worker {
 
     async fn create_sandbox(&mut self, attempt: u32) -> crate::cri::Result<(String, Option<String>)> {
         let spec = self.pod.spec.clone().unwrap_or_default();
-        let limits =
+        let mut limits =
             pod_cgroup_config(&spec, self.deps.cpu_cfs_quota, self.deps.cpu_cfs_quota_period, self.deps.pod_pids_limit);
+        limits.hugetlb = pod_hugetlb_limits(&spec, &self.deps.settings.features.hugepage_sizes);
         if let Err(e) = self.deps.cgroups.ensure_pod_cgroup(qos_class(&spec), &self.uid, &limits).await {
             warn!(pod = pod_name(&self.pod), "cannot set up the pod cgroup: {e}");
         }
