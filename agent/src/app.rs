@@ -273,6 +273,7 @@ impl Agent {
             recorder.clone(),
         ));
         volumes.start();
+        volumes.set_metrics(metrics.storage.clone());
         // ---- device plugins (issue 13) ----
         let devices = crate::deviceplugin::DeviceManager::new(&config.flags.root_dir);
         if let Some(api) = &api {
@@ -313,6 +314,7 @@ impl Agent {
             probe_results: Some(observer),
             volumes: volumes.clone(),
             devices: Some(devices.clone()),
+            metrics: pod_metrics.clone(),
         });
         let mut expected = HashSet::new();
         if k.static_pod_path.is_some() {

@@ -24,6 +24,7 @@ pub mod reload;
 pub mod server;
 pub mod shutdown;
 pub mod signals;
+pub mod version;
 pub mod volumes;
 pub mod yaml_depth;
 // ---- device plugins (issue 13) ----

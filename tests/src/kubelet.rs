@@ -151,6 +151,7 @@ impl InProcess {
                 pod_logs_dir: config.kubelet.pod_logs_dir.clone(),
                 naming: config.kubelet.cgroup_naming(),
                 interval: runtime.interval.unwrap_or(Duration::from_secs(1)),
+                sandbox_image: String::new(),
             },
             CgroupFs::detect().expect("cgroupfs"),
             pods.clone(),
@@ -177,6 +178,7 @@ impl InProcess {
             authn,
             authz,
             probes: Default::default(),
+            volumes: None,
         }));
         let (stop, rx) = watch::channel(false);
         let servers = server::start(server.clone(), rx).await.expect("start the servers");

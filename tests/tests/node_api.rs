@@ -160,7 +160,7 @@ fn node_registers_ready_with_allocatable_labels_and_lease() {
     let rows = table(&out);
     let row = rows.iter().find(|r| r[0] == name).expect("our node in kubectl get nodes");
     assert_eq!(row[1], "Ready");
-    assert_eq!(row[4], format!("v{}-swiftlet", env!("CARGO_PKG_VERSION")));
+    assert_eq!(row[4], swiftlet::version::kubelet_version());
     let wide = c.kubectl.ok(&["get", "nodes", "-o", "wide"]);
     println!("$ kubectl get nodes -o wide\n{wide}");
     assert!(

@@ -12,6 +12,7 @@
 
 pub mod bootstrap;
 pub mod client;
+pub mod instrument;
 pub mod mirror;
 pub mod pod_api;
 pub mod pod_watch;

@@ -39,9 +39,10 @@ use crate::{
     kubeapi::{recorder::node_ref, smp},
 };
 
-/// The version node status reports for swiftlet (kubectl's VERSION).
+/// The version node status reports for swiftlet (kubectl's VERSION): the
+/// Kubernetes release it stands in for, see [`crate::version`].
 pub fn kubelet_version() -> String {
-    format!("v{}-swiftlet", env!("CARGO_PKG_VERSION"))
+    crate::version::kubelet_version()
 }
 
 /// The node's settings, from the configuration.

@@ -146,15 +146,20 @@ impl PodManager {
         let mut previous: HashMap<String, Vec<(String, i32)>> = HashMap::new();
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_start: Option<Instant> = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => if *shutdown.borrow() { break } else { continue },
             }
+            let started = Instant::now();
+            let since_previous = last_start.map(|t| started.saturating_duration_since(t));
+            last_start = Some(started);
             match self.inner.relist(&mut previous).await {
                 Ok(()) => *lock(&self.inner.last_relist) = Some(Instant::now()),
                 Err(e) => debug!("relist: {e}"),
             }
+            self.inner.metrics.observe_relist(started.elapsed(), since_previous, std::time::SystemTime::now());
         }
         let workers: Vec<_> =
             lock(&self.inner.pods).values_mut().filter_map(|e| e.handle.take()).map(|h| h.task).collect();
@@ -261,6 +266,7 @@ impl Inner {
                 }
                 continue;
             }
+            let seen = Instant::now();
             let mut pod = pod.clone();
             pod.metadata
                 .annotations
@@ -303,6 +309,7 @@ impl Inner {
                         "pod added"
                     );
                     let handle = Worker::spawn(self.deps.clone(), self.sink(), pod.clone(), self.shutdown.clone());
+                    self.metrics.pod_worker_start_duration.observe(seen.elapsed().as_secs_f64());
                     pods.insert(id.clone(), Entry::new(pod, Some(handle)));
                 }
                 Err(r) => {

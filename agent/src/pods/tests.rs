@@ -122,6 +122,7 @@ fn harness(pods_capacity: i64) -> Harness {
             events.clone(),
         )),
         devices: None,
+        metrics: PodMetrics::default(),
     });
     let (stop, shutdown) = watch::channel(false);
     let capacity = Capacity { pods: pods_capacity, cpu_milli: 4000, memory: 8 << 30 };
