@@ -39,8 +39,12 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
-/// target/<profile>/swiftlet, built beside the test binaries.
+/// target/<profile>/swiftlet, built beside the test binaries, or the build
+/// `SWIFTLET_BINARY` names (to measure another build with the same test).
 pub fn swiftlet_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("SWIFTLET_BINARY") {
+        return PathBuf::from(p);
+    }
     let exe = std::env::current_exe().expect("test binary path");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let p = dir.join("swiftlet");

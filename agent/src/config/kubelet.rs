@@ -611,6 +611,11 @@ const ACCEPTED: &[(&str, Accepted, Option<&str>)] = &[
     ("userNamespaces", Accepted::Any, None),
 ];
 
+/// Accepted durations whose zero value upstream's v1beta1 defaulting
+/// replaces with the default (`if obj.X == zeroDuration`).
+const ZERO_DEFAULTED: &[&str] =
+    &["httpCheckFrequency", "streamingConnectionIdleTimeout", "volumeStatsAggPeriod", "cpuManagerReconcilePeriod"];
+
 fn accepted_defaults() -> BTreeMap<String, Json> {
     ACCEPTED.iter().filter_map(|(k, _, d)| Some(((*k).to_owned(), serde_json::from_str(d.as_ref()?).ok()?))).collect()
 }
@@ -925,9 +930,15 @@ pub fn read(cx: &Ctx, root: &Node) -> Result<KubeletConfiguration, ConfigError> 
         }
         b.finish()?;
     }
-    for (key, kind, _) in ACCEPTED {
+    for (key, kind, default) in ACCEPTED {
         if let Some(n) = o.get(key) {
-            c.other.insert((*key).to_owned(), accepted(cx, n, key, *kind)?);
+            let mut v = accepted(cx, n, key, *kind)?;
+            // v1beta1's defaulting replaces a zero duration (kubeadm writes
+            // `0s` for every duration it leaves unset) with the default.
+            if ZERO_DEFAULTED.contains(key) && v == json!("0s") {
+                v = default.and_then(|d| serde_json::from_str(d).ok()).unwrap_or(v);
+            }
+            c.other.insert((*key).to_owned(), v);
         }
     }
     o.finish()?;

@@ -309,10 +309,19 @@ pub(super) fn read_cgroups(
             let rootfs =
                 rt.writable.get(&c.id).map(|(used, inodes)| FsSample::usage_on(imagefs_base(&node), *used, *inodes));
             let logs = du(&log_dir.join(&cname)).map(|(b, i)| FsSample::usage_on(logs_fs, b, Some(i)));
+            // The image as the pod names it (the runtime lists its id).
+            let spec_image = pod
+                .spec
+                .iter()
+                .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
+                .find(|sc| sc.name == cname)
+                .and_then(|sc| sc.image.clone());
             containers.push(ContainerSample {
+                image: spec_image
+                    .or_else(|| c.image.as_ref().map(|i| i.image.clone()))
+                    .unwrap_or_else(|| c.image_ref.clone()),
                 name: cname,
                 id: c.id.clone(),
-                image: c.image.as_ref().map(|i| i.image.clone()).unwrap_or_else(|| c.image_ref.clone()),
                 start_time: from_unix_nanos(c.created_at),
                 cgroup,
                 rootfs,
