@@ -112,8 +112,9 @@ pub struct Agent {
     pub node_shutdown: Arc<NodeShutdownManager>,
     /// Device plugins: registration, extended resources, Allocate.
     pub devices: Arc<crate::deviceplugin::DeviceManager>,
-    /// The configuration in effect (the start one plus reloaded live fields).
-    running: Mutex<Config>,
+    /// The configuration in effect (the start one plus reloaded live fields),
+    /// as /configz shows it.
+    running: watch::Sender<Arc<Config>>,
     live: watch::Sender<LiveSettings>,
     log_level: Mutex<Option<LogLevelHook>>,
     eviction_loop: Mutex<Option<EvictionLoop>>,
@@ -421,7 +422,7 @@ impl Agent {
             health,
             debug_events,
             node_shutdown,
-            running: Mutex::new(config.clone()),
+            running: watch::channel(Arc::new(config.clone())).0,
             live: watch::channel(LiveSettings::of(&config)).0,
             log_level: Mutex::new(None),
             api,
@@ -583,22 +584,39 @@ impl Agent {
 
     /// The configuration in effect.
     pub fn running_config(&self) -> Config {
-        self.running.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        (**self.running.borrow()).clone()
+    }
+
+    /// The configuration in effect, as it changes (for /configz).
+    pub fn running_configs(&self) -> watch::Receiver<Arc<Config>> {
+        self.running.subscribe()
     }
 
     /// Applies a newly loaded configuration (SIGHUP): the live fields take
     /// effect, the others are reported as needing a restart. Pods are not
     /// touched.
     pub fn reload(&self, new: Config) -> ConfigDiff {
-        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        // One reload at a time: the signal handler is the only caller.
+        let running = self.running_config();
         let diff = reload::diff(&running, &new);
         if diff.is_empty() {
             info!("configuration reloaded: nothing changed");
             return diff;
         }
         let next = reload::apply_live(&running, &new);
+        let mut allocatable = self.live.borrow().allocatable.clone();
         if diff.eviction_changed() {
             self.eviction.reconfigure(eviction_config(&next.kubelet));
+            // Node allocatable subtracts the hard memory threshold: node
+            // status and pod admission follow.
+            let alloc = reload::allocatable(&self.allocatable.capacity, &next);
+            let a = &alloc.allocatable;
+            self.pods.set_capacity(Capacity {
+                pods: quantity(a, Resource::Pods).value(),
+                cpu_milli: quantity(a, Resource::Cpu).milli_value(),
+                memory: quantity(a, Resource::Memory).value(),
+            });
+            allocatable = Some(crate::node::resource_strings(a));
         }
         if next.kubelet.logging.verbosity != running.kubelet.logging.verbosity
             && let Some(hook) = self.log_level.lock().unwrap_or_else(|p| p.into_inner()).as_ref()
@@ -606,7 +624,7 @@ impl Agent {
             hook(next.kubelet.logging.verbosity);
         }
         self.live.send_if_modified(|l| {
-            let want = LiveSettings::of(&next);
+            let want = LiveSettings { allocatable: allocatable.clone(), ..LiveSettings::of(&next) };
             let changed = *l != want;
             *l = want;
             changed
@@ -617,7 +635,7 @@ impl Agent {
         if !diff.needs_restart.is_empty() {
             warn!(fields = ?diff.needs_restart, "configuration reloaded: these changes need a restart and are not applied");
         }
-        *running = next;
+        self.running.send_replace(Arc::new(next));
         diff
     }
 }

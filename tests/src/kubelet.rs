@@ -183,6 +183,7 @@ impl InProcess {
             authz,
             probes: Default::default(),
             volumes: None,
+            running: None,
         }));
         let (stop, rx) = watch::channel(false);
         let servers = server::start(server.clone(), rx).await.expect("start the servers");

@@ -357,3 +357,80 @@ fn volumes_left_by_a_killed_agent_are_cleaned_up_by_the_next_start() {
     );
     wait_until("the leftover directory removed", T, || agent.log(), || !leftover.exists());
 }
+
+/// A SIGHUP that changes evictionHard is reflected where users look for
+/// it: /configz, and the Node's allocatable memory (capacity − reserved −
+/// the hard memory.available threshold), as a restart would show them.
+#[test]
+fn a_sighup_changing_eviction_hard_updates_configz_and_node_allocatable() {
+    use swiftlet::quantity::Quantity;
+    use swiftlet_tests::{
+        apiserver::{Credentials, FakeApiServer, Options, resources::NODES},
+        node_process::NodeProcess,
+        pki::TestCa,
+    };
+    swiftlet_tests::prereq::require_root();
+    let node = format!("swl-hup-{}", std::process::id());
+    let api = FakeApiServer::start(Options { tls: true, ..Default::default() }).unwrap();
+    let kubeconfig = api.dir().join("kubelet.kubeconfig");
+    let (cert, key) = api.client_cert(&format!("system:node:{node}"), &["system:nodes"]).unwrap();
+    api.write_kubeconfig(&kubeconfig, &Credentials::ClientCert { cert, key }).unwrap();
+    let ca = TestCa::new("reload-client-ca");
+    let ca_file = api.dir().join("client-ca.crt");
+    ca.write(&ca_file);
+    let config = |threshold: &str| {
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeStatusUpdateFrequency: 1s\n\
+             evictionHard:\n  memory.available: {threshold}\n"
+        )
+    };
+    let agent = NodeProcess::start(
+        Some(&config("100Mi")),
+        &[
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--hostname-override={node}"),
+            format!("--client-ca-file={}", ca_file.display()),
+            "--authorization-mode=AlwaysAllow".into(),
+        ],
+    );
+    let port: u16 = agent.args.iter().find_map(|a| a.strip_prefix("--port=")).unwrap().parse().unwrap();
+    let https = swiftlet_tests::https::Https::new(([127, 0, 0, 1], port).into(), Some(ca.client("admin", &[])));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let configz_threshold = || {
+        let r = rt.block_on(https.get("/configz")).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        v["kubeletconfig"]["evictionHard"]["memory.available"].as_str().map(str::to_owned)
+    };
+    let allocatable_memory = || {
+        api.get(&NODES, "", &node).and_then(|n| {
+            n.pointer("/status/allocatable/memory")?.as_str()?.parse::<Quantity>().ok().map(|q| q.value())
+        })
+    };
+    let mut before = None;
+    wait_until(
+        "the Node registered with its allocatable",
+        T,
+        || agent.log_text(),
+        || {
+            before = allocatable_memory();
+            before.is_some()
+        },
+    );
+    let before = before.unwrap();
+    assert_eq!(configz_threshold().as_deref(), Some("100Mi"));
+
+    std::fs::write(agent.config_path(), config("612Mi")).unwrap();
+    agent.signal(libc::SIGHUP);
+    wait_until(
+        "/configz to show the new threshold",
+        T,
+        || agent.log_text(),
+        || configz_threshold().as_deref() == Some("612Mi"),
+    );
+    wait_until(
+        "the Node's allocatable memory to drop by 512Mi",
+        T,
+        || agent.log_text(),
+        || allocatable_memory() == Some(before - (512 << 20)),
+    );
+}

@@ -66,7 +66,7 @@ struct Entry {
 struct Inner {
     deps: Arc<WorkerDeps>,
     reporter: RwLock<Arc<dyn StatusReporter>>,
-    capacity: Capacity,
+    capacity: Mutex<Capacity>,
     metrics: PodMetrics,
     expected: HashSet<SourceKind>,
     sources: Mutex<BTreeMap<SourceKind, Vec<Pod>>>,
@@ -110,7 +110,7 @@ impl PodManager {
         let inner = Arc::new_cyclic(|this| Inner {
             deps,
             reporter: RwLock::new(Arc::new(super::source::NoStatusReporter)),
-            capacity,
+            capacity: Mutex::new(capacity),
             metrics,
             expected,
             sources: Mutex::new(BTreeMap::new()),
@@ -122,6 +122,12 @@ impl PodManager {
             this: this.clone(),
         });
         PodManager { inner }
+    }
+
+    /// What new pods are admitted against (node allocatable), when a
+    /// reload changed it.
+    pub fn set_capacity(&self, capacity: Capacity) {
+        *lock(&self.inner.capacity) = capacity;
     }
 
     /// Where status changes go (the API server's status manager).
@@ -277,7 +283,7 @@ impl Inner {
             pending.remove(id);
             let verdict = match lock(&self.refuse_new).clone() {
                 Some(r) => Err(r),
-                None => admission::admit(&pod, &active, self.capacity),
+                None => admission::admit(&pod, &active, *lock(&self.capacity)),
             };
             // The device manager's admit handler: devices for every
             // container, or UnexpectedAdmissionError. Devices of pods no

@@ -339,8 +339,9 @@ mod tests {
             (
                 "annotations over 256 KiB in total",
                 Box::new(|p| {
-                    p.metadata.annotations =
-                        Some([("a".to_string(), "x".repeat(128 << 10)), ("b".to_string(), "y".repeat(128 << 10))].into())
+                    p.metadata.annotations = Some(
+                        [("a".to_string(), "x".repeat(128 << 10)), ("b".to_string(), "y".repeat(128 << 10))].into(),
+                    )
                 }),
                 "metadata.annotations: Too long: must have at most 262144 bytes",
             ),

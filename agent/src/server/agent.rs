@@ -121,6 +121,7 @@ pub async fn serve(agent: &Agent, shutdown: watch::Receiver<bool>) -> Result<Ser
         authz,
         probes,
         volumes: Some(Arc::new(VolumeWorld { pods: agent.pods.clone(), volumes: agent.volumes.clone() })),
+        running: Some(agent.running_configs()),
     }));
     super::start(server, shutdown).await
 }

@@ -120,6 +120,8 @@ pub struct Server {
     encoded: std::sync::Mutex<EncodedBodies>,
     /// Set by the first /metrics/cadvisor request.
     cadvisor_scraped: std::sync::atomic::AtomicBool,
+    /// The configuration in effect after reloads (/configz).
+    running: Option<watch::Receiver<Arc<Config>>>,
 }
 
 /// Encoded bodies by (endpoint, variant), with the stats pass they encode.
@@ -146,6 +148,8 @@ pub struct ServerParts {
     pub probes: Registry,
     /// The desired and mounted volumes (volume_manager_total_volumes).
     pub volumes: Option<Arc<dyn VolumeStates>>,
+    /// The configuration in effect after reloads, for /configz (None: `config`).
+    pub running: Option<watch::Receiver<Arc<Config>>>,
 }
 
 impl Server {
@@ -180,6 +184,7 @@ impl Server {
             probes: p.probes,
             encoded: Default::default(),
             cadvisor_scraped: Default::default(),
+            running: p.running,
         }
     }
 
@@ -248,7 +253,13 @@ impl Server {
         let query = http::query_pairs(req.uri().query());
         match path.as_str() {
             "/pods" | "/pods/" => self.pod_list(),
-            "/configz" => http::json(StatusCode::OK, &self.config.configz()),
+            "/configz" => {
+                let configz = match &self.running {
+                    Some(r) => r.borrow().configz(),
+                    None => self.config.configz(),
+                };
+                http::json(StatusCode::OK, &configz)
+            }
             "/stats/summary" | "/stats/summary/" => self.summary(&query).await,
             "/metrics" | "/metrics/resource" | "/metrics/cadvisor" | "/metrics/probes" | "/metrics/slis" => {
                 self.metrics_route(&path).await
