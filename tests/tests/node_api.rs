@@ -619,7 +619,7 @@ fn pod_watch_keeps_pods_through_an_outage_and_relists_after_gone() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let client = kube_client(&server, &rt);
     let sink = Arc::new(Snapshots::default());
-    let mirrors = Arc::new(MirrorPods::new(&name));
+    let mirrors = Arc::new(MirrorPods::new(&name, true));
     let (stop, shutdown) = watch::channel(false);
     server.store().create(&PODS, "default", api_pod("p1", &name, &[])).unwrap();
     server.store().create(&PODS, "default", api_pod("elsewhere", "other-node", &[])).unwrap();
@@ -767,7 +767,7 @@ fn mirror_pods_follow_static_pods_and_come_back_when_deleted() {
     let node_uid = node["metadata"]["uid"].as_str().unwrap().to_owned();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let client = kube_client(&server, &rt);
-    let mirrors = Arc::new(MirrorPods::new(&name));
+    let mirrors = Arc::new(MirrorPods::new(&name, true));
     let sm = Arc::new(StatusManager::default());
     let (stop, shutdown) = watch::channel(false);
     let (_uid_tx, uid_rx) = watch::channel(Some(node_uid.clone()));

@@ -92,7 +92,7 @@ impl ApiAgent {
             recorder,
             status: Arc::new(StatusManager::default()),
             pods: Arc::new(LatchSink::default()),
-            mirrors: Arc::new(MirrorPods::new(node_name)),
+            mirrors: Arc::new(MirrorPods::new(node_name, k.static_pod_path.is_some())),
             pressure: watch::channel(None).0,
             shutdown_phase: watch::channel(None).0,
             devices: watch::channel(None).0,
