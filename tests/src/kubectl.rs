@@ -37,7 +37,62 @@ pub struct Kubectl {
     cache: tempfile::TempDir,
 }
 
+/// A current kubectl (the machine's /usr/bin/kubectl, 1.27 or later, or
+/// $SWIFTLET_TEST_KUBECTL_CURRENT): what validates through OpenAPI v3.
+pub fn current_kubectl_binary() -> PathBuf {
+    let bin: PathBuf = std::env::var_os("SWIFTLET_TEST_KUBECTL_CURRENT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/usr/bin/kubectl".into());
+    let out = Command::new(&bin).args(["version", "--client", "-o", "json"]).output();
+    let minor = out
+        .ok()
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        .and_then(|v| v["clientVersion"]["minor"].as_str().map(|m| m.trim_end_matches('+').to_owned()))
+        .and_then(|m| m.parse::<u32>().ok());
+    match minor {
+        Some(m) if m >= 27 => bin,
+        other => panic!(
+            "this test needs kubectl 1.27 or later at {} (found minor version {other:?}); set SWIFTLET_TEST_KUBECTL_CURRENT",
+            bin.display()
+        ),
+    }
+}
+
 impl Kubectl {
+    /// [`Kubectl::new`] with a current kubectl ([`current_kubectl_binary`]).
+    pub fn current(kubeconfig: &Path) -> Kubectl {
+        Kubectl { bin: current_kubectl_binary(), ..Kubectl::new_with(PathBuf::new(), kubeconfig) }
+    }
+
+    fn new_with(bin: PathBuf, kubeconfig: &Path) -> Kubectl {
+        Kubectl {
+            bin,
+            kubeconfig: kubeconfig.to_owned(),
+            cache: tempfile::Builder::new()
+                .prefix(&format!("kubectl-cache-{}-", std::process::id()))
+                .tempdir()
+                .expect("tempdir"),
+        }
+    }
+
+    /// Runs with `stdin` fed to kubectl (`-f -`).
+    pub fn run_with_input(&self, args: &[&str], stdin: &str) -> Output {
+        use std::io::Write;
+        let mut child = Command::new(&self.bin)
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .arg(format!("--cache-dir={}", self.cache.path().display()))
+            .arg("--request-timeout=20s")
+            .args(args)
+            .env("HOME", self.cache.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.bin.display()));
+        child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+        child.wait_with_output().expect("kubectl output")
+    }
+
     pub fn new(kubeconfig: &Path) -> Kubectl {
         Kubectl {
             bin: kubectl_binary(),

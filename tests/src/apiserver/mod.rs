@@ -17,6 +17,7 @@
 
 pub mod auth;
 pub mod defaults;
+pub mod openapi;
 pub mod patch;
 pub mod resources;
 pub mod selectors;
