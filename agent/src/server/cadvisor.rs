@@ -344,7 +344,7 @@ impl Collector for CadvisorCollector {
             "Maximum number of threads allowed inside the container, infinity if value is zero",
             Gauge,
             // Unlimited is 0, as cAdvisor writes it.
-            |r| r.cgroup.threads.map(|_| r.cgroup.threads_max.unwrap_or(0) as f64),
+            |r| r.cgroup.threads.map(|_| r.cgroup.spec.pids_max.unwrap_or(0) as f64),
         )?;
         per_row(
             e,
@@ -495,7 +495,6 @@ mod tests {
             },
             memory_limit: Some(64 << 20),
             threads: Some(3),
-            threads_max: None,
             io: vec![DeviceIo { device: "/dev/vda".into(), read_bytes: 4096, write_bytes: 8192, reads: 1, writes: 2 }],
             ..cg("kubepods/burstable/podu1/c1")
         };

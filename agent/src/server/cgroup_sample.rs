@@ -6,9 +6,13 @@
 //! Also the network counters of a network namespace (/proc/<pid>/net/dev)
 //! and the devices' names.
 //!
-//! Files are read through one open of each directory; the spec, which
-//! changes only when a cgroup is updated, is read again every few passes
-//! (see [`SpecCache`]). The parsers are pure and table-tested.
+//! The pass reads these for hundreds of cgroups, so it reads no more than
+//! it needs: files through one open of each directory; the spec (limits,
+//! quotas, shares), which changes only when a cgroup is updated, again
+//! every few passes only ([`SpecCache`]); CFS statistics only where a quota
+//! is set (the only cgroups cAdvisor reports them for); block I/O only
+//! when the pods' cgroup has any ([`Reads::io`]). The parsers are pure and
+//! table-tested.
 
 use std::{
     collections::HashMap,
@@ -46,6 +50,8 @@ pub struct CgroupSpec {
     pub cpu_shares: Option<u64>,
     pub memory_reservation: Option<u64>,
     pub memory_swap_limit: Option<u64>,
+    /// pids.max; None when unlimited.
+    pub pids_max: Option<u64>,
 }
 
 /// One cgroup's figures.
@@ -74,8 +80,6 @@ pub struct CgroupSample {
     pub memory_limit: Option<u64>,
     pub processes: Option<u64>,
     pub threads: Option<u64>,
-    /// pids.max; None when unlimited.
-    pub threads_max: Option<u64>,
     pub oom_kills: Option<u64>,
     pub io: Vec<DeviceIo>,
     pub spec: CgroupSpec,
@@ -188,12 +192,14 @@ pub fn read_spec(fs: &CgroupFs, rel: &str, memory: &CgroupDir) -> CgroupSpec {
         Version::V1 => {
             let cpu = CgroupDir::open(&fs.controller_dir("cpu", rel)).ok();
             let cpu_read = |f: &str| cpu.as_ref().and_then(|d| read(d, f));
+            let pids = CgroupDir::at(fs.controller_dir("pids", rel));
             CgroupSpec {
                 cpu_period_us: cpu_read("cpu.cfs_period_us").and_then(|t| t.trim().parse().ok()),
                 cpu_quota_us: cpu_read("cpu.cfs_quota_us").and_then(|t| limit(&t)),
                 cpu_shares: cpu_read("cpu.shares").and_then(|t| t.trim().parse().ok()),
                 memory_reservation: read(memory, "memory.soft_limit_in_bytes").and_then(|t| limit(&t)),
                 memory_swap_limit: read(memory, "memory.memsw.limit_in_bytes").and_then(|t| limit(&t)),
+                pids_max: read(&pids, "pids.max").and_then(|t| limit(&t)),
             }
         }
         Version::V2 => {
@@ -204,6 +210,7 @@ pub fn read_spec(fs: &CgroupFs, rel: &str, memory: &CgroupDir) -> CgroupSpec {
                 cpu_shares: read(memory, "cpu.weight").and_then(|t| t.trim().parse().ok()).map(weight_to_shares),
                 memory_reservation: read(memory, "memory.low").and_then(|t| limit(&t)),
                 memory_swap_limit: read(memory, "memory.swap.max").and_then(|t| limit(&t)),
+                pids_max: read(memory, "pids.max").and_then(|t| limit(&t)),
             }
         }
     }
@@ -235,6 +242,7 @@ impl SpecCache {
 /// and its CFS statistics; `memory` is its open memory directory, which
 /// on v2 is also its cpu directory.
 fn read_cpu(fs: &CgroupFs, rel: &str, memory: &CgroupDir, s: &mut CgroupSample) {
+    let quota = s.spec.cpu_quota_us.is_some();
     match fs.version() {
         Version::V1 => {
             let acct = CgroupDir::open(&fs.controller_dir("cpuacct", rel)).ok();
@@ -247,7 +255,7 @@ fn read_cpu(fs: &CgroupFs, rel: &str, memory: &CgroupDir, s: &mut CgroupSample) 
                 s.cpu_user_ns = keyed(&t, "user").map(|v| v * tick_ns);
                 s.cpu_system_ns = keyed(&t, "system").map(|v| v * tick_ns);
             }
-            if !rel.is_empty() {
+            if quota {
                 s.cfs = CgroupDir::at(fs.controller_dir("cpu", rel)).read("cpu.stat").ok().and_then(|t| parse_cfs(&t));
             }
         }
@@ -256,10 +264,26 @@ fn read_cpu(fs: &CgroupFs, rel: &str, memory: &CgroupDir, s: &mut CgroupSample) 
                 s.cpu_usage_ns = keyed(&t, "usage_usec").map(|us| us * 1000);
                 s.cpu_user_ns = keyed(&t, "user_usec").map(|us| us * 1000);
                 s.cpu_system_ns = keyed(&t, "system_usec").map(|us| us * 1000);
-                s.cfs = parse_cfs(&t);
+                s.cfs = parse_cfs(&t).filter(|_| quota);
             }
         }
     }
+}
+
+/// What a pass reads beyond the basics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reads {
+    /// Block I/O. On cgroup v1 since Linux 6.9 the blkio statistics are
+    /// kept only for disks with a throttle limit: when the pods' cgroup
+    /// (whose recursive statistics hold every pod's) has none, no pod's
+    /// are read.
+    pub io: bool,
+}
+
+/// Whether `rel`'s block I/O statistics (recursive) name any device.
+pub fn has_io(fs: &CgroupFs, rel: &str) -> bool {
+    let memory = CgroupDir::at(fs.memory_dir(rel));
+    !read_io(fs, rel, &memory).is_empty()
 }
 
 /// Block I/O per device of a cgroup.
@@ -287,10 +311,13 @@ pub fn oom_kills(fs: &CgroupFs, memory: &CgroupDir) -> Option<u64> {
 /// What cgroupfs says about one cgroup, its process count aside (one walk
 /// per pod counts those: [`CgroupFs::process_tree`]); None when it does not
 /// exist.
-pub fn sample_cgroup(fs: &CgroupFs, rel: &str, specs: &mut SpecCache) -> Option<CgroupSample> {
+pub fn sample_cgroup(fs: &CgroupFs, rel: &str, specs: &mut SpecCache, reads: Reads) -> Option<CgroupSample> {
     let memory = fs.open_memory_dir(rel).ok()?;
     let v1 = fs.version() == Version::V1;
     let mut s = CgroupSample { path: rel.to_owned(), ..Default::default() };
+    if !rel.is_empty() {
+        s.spec = specs.get(fs, rel, &memory);
+    }
     read_cpu(fs, rel, &memory, &mut s);
     if let Ok(text) = memory.read("memory.stat") {
         let stat = MemoryStat::parse(&text, fs.version());
@@ -319,13 +346,16 @@ pub fn sample_cgroup(fs: &CgroupFs, rel: &str, specs: &mut SpecCache) -> Option<
         if !v1 {
             s.swap = memory.read("memory.swap.current").ok().and_then(|t| t.trim().parse().ok()).or(Some(0));
         }
-        let pids = if v1 { CgroupDir::open(&fs.controller_dir("pids", rel)).ok() } else { None };
-        let pids = pids.as_ref().unwrap_or(&memory);
-        s.threads = pids.read("pids.current").ok().and_then(|t| t.trim().parse().ok());
-        s.threads_max = pids.read("pids.max").ok().and_then(|t| limit(&t));
-        s.spec = specs.get(fs, rel, &memory);
+        let current = if v1 {
+            CgroupDir::at(fs.controller_dir("pids", rel)).read("pids.current")
+        } else {
+            memory.read("pids.current")
+        };
+        s.threads = current.ok().and_then(|t| t.trim().parse().ok());
     }
-    s.io = read_io(fs, rel, &memory);
+    if reads.io {
+        s.io = read_io(fs, rel, &memory);
+    }
     Some(s)
 }
 

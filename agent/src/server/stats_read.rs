@@ -11,7 +11,9 @@ use std::{
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 
 use super::{
-    cgroup_sample::{CgroupSample, DeviceNames, SpecCache, first_process, net_dev_of, parse_net_dev, sample_cgroup},
+    cgroup_sample::{
+        CgroupSample, DeviceNames, Reads, SpecCache, first_process, has_io, net_dev_of, parse_net_dev, sample_cgroup,
+    },
     stats::{
         ContainerSample, FsSample, NodeSample, PodSample, RuntimeView, SandboxSample, StatsConfig, from_unix_nanos,
     },
@@ -221,8 +223,12 @@ pub(super) fn read_cgroups(
 ) -> (NodeSample, Vec<PodSample>, Vec<String>) {
     let mut errors = vec![];
     let memory_capacity = node::mem_total().unwrap_or(0);
+    let kubepods = cfg.naming.kubepods();
+    // One read of the pods' recursive block I/O tells whether any pod has any.
+    let reads = Reads { io: has_io(fs, &kubepods) };
     let mut sample = |rel: &str, specs: &mut SpecCache| {
-        sample_cgroup(fs, rel, specs).map(|mut s| {
+        let reads = if rel.is_empty() { Reads { io: true } } else { reads };
+        sample_cgroup(fs, rel, specs, reads).map(|mut s| {
             name_devices(&mut s, devices);
             s
         })
@@ -240,7 +246,6 @@ pub(super) fn read_cgroups(
         FsSample::usage_on(base, *used, *inodes_used)
     });
     let logs_fs = fs_sample(&cfg.pod_logs_dir).ok().or(nodefs);
-    let kubepods = cfg.naming.kubepods();
     let system = sample(&kubepods, specs).map(|s| vec![(SYSTEM_CONTAINER_PODS.to_owned(), s)]).unwrap_or_default();
     let qos = [QosClass::Burstable, QosClass::BestEffort]
         .into_iter()
