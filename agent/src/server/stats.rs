@@ -255,7 +255,7 @@ impl StatsProvider {
         let (specs, devices, machine) = (self.specs.clone(), self.devices.clone(), self.machine.clone());
         let read = tokio::task::spawn_blocking(move || {
             let mut specs = specs.lock().unwrap_or_else(|p| p.into_inner());
-            specs.refresh = pass % SPEC_REFRESH_PASSES == 0;
+            specs.refresh = pass.is_multiple_of(SPEC_REFRESH_PASSES);
             let mut devices = devices.lock().unwrap_or_else(|p| p.into_inner());
             read_cgroups(&cgroupfs, &cfg, &pods, &runtime, &mut specs, &mut devices, machine)
         });
