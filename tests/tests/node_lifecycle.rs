@@ -277,9 +277,32 @@ fn a_reload_with_a_new_eviction_threshold_changes_the_next_decision_without_rest
     assert_eq!(a.agent.running_config().kubelet.max_pods, 110, "maxPods needs a restart");
 }
 
+/// GET `path` on the read-only port as Prometheus asks (OpenMetrics first):
+/// (content type, body).
+fn scrape_as_prometheus(port: u16, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: localhost\r\nAccept: application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let content_type = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-type:").map(|v| v.trim().to_owned()))
+        .unwrap_or_default();
+    (content_type, body.to_owned())
+}
+
 #[test]
 fn sighup_reloads_the_binarys_configuration() {
-    let setup = AgentSetup::new("", &["--signal-source=cgroupfs", "--kernel-eviction=false"]);
+    let mut setup = AgentSetup::new("", &["--signal-source=cgroupfs", "--kernel-eviction=false"]);
+    let read_only = swiftlet_tests::node_process::free_port();
+    setup.args.push(format!("--read-only-port={read_only}"));
     setup.add_manifest("keeper.yaml", &memory_pod("keeper", Some("system-node-critical")));
     setup.add_manifest("victim.yaml", &memory_pod("victim", None));
     let uid = |f: &str, s: &AgentSetup| {
@@ -309,6 +332,13 @@ fn sighup_reloads_the_binarys_configuration() {
     assert!(log.contains("SIGHUP: configuration reloaded"), "{log}");
     assert!(log.contains("need a restart") && log.contains("maxPods"), "{log}");
     assert_eq!(process_state(&agent, &keeper), keeper_before, "the critical pod was not touched");
+    // The eviction is counted under the kubelet's name, in the text format,
+    // though Prometheus asks for OpenMetrics first (kube-prometheus's
+    // KubeNodeEviction queries `kubelet_evictions`).
+    let (content_type, metrics) = scrape_as_prometheus(read_only, "/metrics");
+    assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
+    assert!(metrics.lines().any(|l| l == "kubelet_evictions{eviction_signal=\"memory.available\"} 1"), "{metrics}");
+    assert!(!metrics.contains("kubelet_evictions_total"), "{metrics}");
 }
 
 #[test]

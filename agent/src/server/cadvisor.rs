@@ -407,7 +407,7 @@ impl CadvisorCollector {
         })
     }
 
-    /// machine_* and cadvisor_version_info.
+    /// machine_*.
     fn encode_machine(&self, e: &mut DescriptorEncoder) -> fmt::Result {
         use MetricType::Gauge;
         let m = &self.0.node.machine;
@@ -427,28 +427,15 @@ impl CadvisorCollector {
         ] {
             family(e, name, help, Gauge, [(labels(), v as f64)])?;
         }
+        // cadvisor_version_info is left out: its camelCase label names
+        // (kernelVersion, ...) fail `promtool check metrics`;
+        // kubernetes_build_info and node status carry the versions.
         family(
             e,
             "machine_scrape_error",
             "1 if there was an error while getting machine metrics, 0 otherwise.",
             Gauge,
             [(vec![], 0.0)],
-        )?;
-        family(
-            e,
-            "cadvisor_version_info",
-            "A metric with a constant '1' value labeled by kernel version, OS version, docker version, cadvisor version & cadvisor revision.",
-            Gauge,
-            [(
-                vec![
-                    ("cadvisorRevision", ""),
-                    ("cadvisorVersion", ""),
-                    ("dockerVersion", ""),
-                    ("kernelVersion", m.kernel_version.as_str()),
-                    ("osVersion", m.os_version.as_str()),
-                ],
-                1.0,
-            )],
         )
     }
 }

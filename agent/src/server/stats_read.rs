@@ -41,8 +41,6 @@ pub struct MachineSample {
     pub cpu_sockets: u64,
     pub memory_bytes: u64,
     pub swap_bytes: u64,
-    pub kernel_version: String,
-    pub os_version: String,
 }
 
 impl MachineSample {
@@ -63,8 +61,6 @@ impl MachineSample {
             cpu_sockets: sockets,
             memory_bytes: meminfo_kib(&meminfo, "MemTotal").unwrap_or(0) * 1024,
             swap_bytes: meminfo_kib(&meminfo, "SwapTotal").unwrap_or(0) * 1024,
-            kernel_version: info.kernel_version,
-            os_version: info.os_image,
         }
     }
 }
