@@ -142,7 +142,7 @@ mod tests {
         let m = Metrics::new();
         m.kubelet.observe_runtime_call("ListContainers", 0.002, false);
         m.kubelet.observe_runtime_call("ListContainers", 0.5, true);
-        let text = m.encode();
+        let text = m.encode_text();
         assert!(text.contains("kubelet_runtime_operations_total{operation_type=\"list_containers\"} 2"), "{text}");
         assert!(
             text.contains("kubelet_runtime_operations_errors_total{operation_type=\"list_containers\"} 1"),

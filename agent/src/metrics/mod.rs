@@ -239,8 +239,18 @@ impl Metrics {
         self.oom_kills.get_or_create(&OomScopeLabels { scope: oom_kill_scope(cgroup).into() }).inc();
     }
 
-    /// The registry in the text exposition format, as /metrics serves it.
+    /// The registry as prometheus-client writes it (OpenMetrics: every
+    /// counter's samples end in `_total`), for tests that read figures.
     pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// The registry as /metrics serves it: the text format with the
+    /// kubelet's names (`kubelet_evictions`).
+    pub fn encode_text(&self) -> String {
         crate::server::exposition::encode(&[&self.registry])
     }
 }
@@ -296,14 +306,14 @@ mod tests {
         m.record_oom_kill(None);
         m.record_oom_kill(None);
         m.record_oom_kill(Some("kubepods/burstable/podabc/0123"));
-        let text = m.encode();
+        let text = m.encode_text();
         assert!(text.lines().any(|l| l == "swiftlet_kernel_oom_kills_total{scope=\"host\"} 2"), "{text}");
         assert!(text.lines().any(|l| l == "swiftlet_kernel_oom_kills_total{scope=\"pod\"} 1"), "{text}");
     }
 
     #[test]
     fn build_info_carries_the_kubelet_version() {
-        let text = Metrics::new().encode();
+        let text = Metrics::new().encode_text();
         let line = text.lines().find(|l| l.starts_with("kubernetes_build_info{")).expect("kubernetes_build_info");
         assert!(line.contains(&format!("git_version=\"{}\"", crate::version::kubelet_version())), "{line}");
         assert!(line.contains("major=\"1\",minor=\"33\""), "{line}");
