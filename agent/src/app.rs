@@ -118,8 +118,9 @@ pub struct Agent {
     pub node_shutdown: Arc<NodeShutdownManager>,
     /// Device plugins: registration, extended resources, Allocate.
     pub devices: Arc<crate::deviceplugin::DeviceManager>,
-    /// The configuration in effect (the start one plus reloaded live fields).
-    running: Mutex<Config>,
+    /// The configuration in effect (the start one plus reloaded live fields),
+    /// as /configz shows it.
+    running: watch::Sender<Arc<Config>>,
     live: watch::Sender<LiveSettings>,
     log_level: Mutex<Option<LogLevelHook>>,
     eviction_loop: Mutex<Option<EvictionLoop>>,
@@ -157,6 +158,22 @@ pub fn eviction_config(k: &crate::config::KubeletConfiguration) -> EvictionConfi
 
 fn quantity(list: &crate::cm::allocatable::ResourceList, r: Resource) -> crate::quantity::Quantity {
     list.get(&r).copied().unwrap_or_default()
+}
+
+/// What new pods are admitted against: node allocatable.
+fn admission_capacity(alloc: &crate::cm::allocatable::ResourceList) -> Capacity {
+    Capacity {
+        pods: quantity(alloc, Resource::Pods).value(),
+        cpu_milli: quantity(alloc, Resource::Cpu).milli_value(),
+        memory: quantity(alloc, Resource::Memory).value(),
+        hugepages: alloc
+            .iter()
+            .filter_map(|(r, q)| match r {
+                Resource::Hugepages(size) => Some((*size, q.value())),
+                _ => None,
+            })
+            .collect(),
+    }
 }
 
 /// What the host offers pods, for admission: sysctls for this kernel and
@@ -334,6 +351,7 @@ impl Agent {
             recorder.clone(),
         ));
         volumes.start();
+        volumes.set_metrics(metrics.storage.clone());
         // ---- device plugins (issue 13) ----
         let devices = crate::deviceplugin::DeviceManager::new(&config.flags.root_dir);
         if let Some(api) = &api {
@@ -394,6 +412,7 @@ impl Agent {
             volumes: volumes.clone(),
             devices: Some(devices.clone()),
             runtime_classes: runtime_classes.clone(),
+            metrics: pod_metrics.clone(),
         });
         let mut expected = HashSet::new();
         if k.static_pod_path.is_some() {
@@ -402,18 +421,7 @@ impl Agent {
         if !config.standalone() {
             expected.insert(SourceKind::Api);
         }
-        let admit = Capacity {
-            pods: quantity(alloc, Resource::Pods).value(),
-            cpu_milli: quantity(alloc, Resource::Cpu).milli_value(),
-            memory: quantity(alloc, Resource::Memory).value(),
-            hugepages: alloc
-                .iter()
-                .filter_map(|(r, q)| match r {
-                    Resource::Hugepages(size) => Some((*size, q.value())),
-                    _ => None,
-                })
-                .collect(),
-        };
+        let admit = admission_capacity(alloc);
         let pods = PodManager::new(deps, expected, admit, pod_metrics.clone(), shutdown.clone());
         // ---- pod fields ----
         pods.set_host_support(host_support(&config, cri.as_ref()).await?);
@@ -511,7 +519,7 @@ impl Agent {
             health,
             debug_events,
             node_shutdown,
-            running: Mutex::new(config.clone()),
+            running: watch::channel(Arc::new(config.clone())).0,
             live: watch::channel(LiveSettings::of(&config)).0,
             log_level: Mutex::new(None),
             api,
@@ -689,22 +697,35 @@ impl Agent {
 
     /// The configuration in effect.
     pub fn running_config(&self) -> Config {
-        self.running.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        (**self.running.borrow()).clone()
+    }
+
+    /// The configuration in effect, as it changes (for /configz).
+    pub fn running_configs(&self) -> watch::Receiver<Arc<Config>> {
+        self.running.subscribe()
     }
 
     /// Applies a newly loaded configuration (SIGHUP): the live fields take
     /// effect, the others are reported as needing a restart. Pods are not
     /// touched.
     pub fn reload(&self, new: Config) -> ConfigDiff {
-        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        // One reload at a time: the signal handler is the only caller.
+        let running = self.running_config();
         let diff = reload::diff(&running, &new);
         if diff.is_empty() {
             info!("configuration reloaded: nothing changed");
             return diff;
         }
         let next = reload::apply_live(&running, &new);
+        let mut allocatable = self.live.borrow().allocatable.clone();
         if diff.eviction_changed() {
             self.eviction.reconfigure(eviction_config(&next.kubelet));
+            // Node allocatable subtracts the hard memory threshold: node
+            // status and pod admission follow.
+            let alloc = reload::allocatable(&self.allocatable.capacity, &next);
+            let a = &alloc.allocatable;
+            self.pods.set_capacity(admission_capacity(a));
+            allocatable = Some(crate::node::resource_strings(a));
         }
         if next.kubelet.logging.verbosity != running.kubelet.logging.verbosity
             && let Some(hook) = self.log_level.lock().unwrap_or_else(|p| p.into_inner()).as_ref()
@@ -712,7 +733,7 @@ impl Agent {
             hook(next.kubelet.logging.verbosity);
         }
         self.live.send_if_modified(|l| {
-            let want = LiveSettings::of(&next);
+            let want = LiveSettings { allocatable: allocatable.clone(), ..LiveSettings::of(&next) };
             let changed = *l != want;
             *l = want;
             changed
@@ -723,7 +744,7 @@ impl Agent {
         if !diff.needs_restart.is_empty() {
             warn!(fields = ?diff.needs_restart, "configuration reloaded: these changes need a restart and are not applied");
         }
-        *running = next;
+        self.running.send_replace(Arc::new(next));
         diff
     }
 }

@@ -26,6 +26,7 @@ pub mod shutdown;
 pub mod signals;
 pub mod startup;
 pub mod systemd;
+pub mod version;
 pub mod volumes;
 pub mod yaml_depth;
 // ---- device plugins (issue 13) ----

@@ -6,16 +6,19 @@
 //! reported and changes nothing. Running pods are never touched.
 //!
 //! Live fields: the eviction thresholds and periods (the eviction manager
-//! is reconfigured; node allocatable, which also depends on evictionHard,
-//! follows at the next restart), `logging.verbosity`, and the node status
-//! update and report frequencies (for the API side, through
-//! [`LiveSettings`]).
+//! is reconfigured; node allocatable, which depends on evictionHard, is
+//! computed again for node status and pod admission), `logging.verbosity`,
+//! and the node status update and report frequencies (for the API side,
+//! through [`LiveSettings`]). /configz shows the configuration in effect.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use serde_json::{Map, Value};
 
-use crate::config::Config;
+use crate::{
+    cm::allocatable::{NodeAllocatable, ResourceList},
+    config::Config,
+};
 
 /// The KubeletConfiguration fields a reload applies (their /configz names).
 pub const LIVE_FIELDS: &[&str] = &[
@@ -37,6 +40,9 @@ pub struct LiveSettings {
     pub node_status_update_frequency: Duration,
     pub node_status_report_frequency: Duration,
     pub verbosity: u32,
+    /// Node allocatable as node status prints it, when a reload changed
+    /// what it is computed from (None: as computed at start).
+    pub allocatable: Option<BTreeMap<String, String>>,
 }
 
 impl LiveSettings {
@@ -45,8 +51,15 @@ impl LiveSettings {
             node_status_update_frequency: c.kubelet.node_status_update_frequency,
             node_status_report_frequency: c.kubelet.node_status_report_frequency,
             verbosity: c.kubelet.logging.verbosity,
+            allocatable: None,
         }
     }
+}
+
+/// Node allocatable for `config` on a machine of `capacity` (evictionHard,
+/// kubeReserved and systemReserved taken from `config`).
+pub fn allocatable(capacity: &ResourceList, config: &Config) -> NodeAllocatable {
+    NodeAllocatable::new(capacity.clone(), &config.kubelet)
 }
 
 /// What changed between the running configuration and the new one.
@@ -186,5 +199,16 @@ mod tests {
         assert!(again.applied.is_empty());
         assert_eq!(again.needs_restart, vec!["maxPods", "staticPodPath"]);
         assert_eq!(LiveSettings::of(&after).node_status_report_frequency, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn allocatable_follows_the_hard_memory_threshold() {
+        use crate::cm::allocatable::Resource;
+        let capacity: ResourceList =
+            [(Resource::Memory, "8Gi".parse().unwrap()), (Resource::Cpu, "4".parse().unwrap())].into();
+        let memory = |c: &Config| allocatable(&capacity, c).allocatable[&Resource::Memory].value();
+        let old = config("evictionHard:\n  memory.available: 100Mi\n");
+        let new = config("evictionHard:\n  memory.available: 612Mi\n");
+        assert_eq!(memory(&old) - memory(&new), 512 << 20);
     }
 }

@@ -31,21 +31,32 @@ pub fn kubectl_binary() -> PathBuf {
     )
 }
 
-/// The machine's current kubectl (v1.32 here, WebSocket first): the
-/// versioned binary behind Google Cloud SDK's dispatcher when present (the
-/// dispatcher would pick another version to match the server's), else
+/// The machine's current kubectl (v1.32 here, WebSocket first, 1.27 or
+/// later so that it validates through OpenAPI v3): the versioned binary
+/// behind Google Cloud SDK's dispatcher when present (the dispatcher would
+/// pick another version to match the server's), else
 /// $SWIFTLET_TEST_KUBECTL_CURRENT, else /usr/bin/kubectl.
 pub fn current_kubectl_binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("SWIFTLET_TEST_KUBECTL_CURRENT") {
-        return p.into();
+    let bin = match std::env::var_os("SWIFTLET_TEST_KUBECTL_CURRENT") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let versioned = PathBuf::from("/usr/lib/google-cloud-sdk/bin/kubectl.1.32");
+            if versioned.exists() { versioned } else { PathBuf::from("/usr/bin/kubectl") }
+        }
+    };
+    let out = Command::new(&bin).args(["version", "--client", "-o", "json"]).output();
+    let minor = out
+        .ok()
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        .and_then(|v| v["clientVersion"]["minor"].as_str().map(|m| m.trim_end_matches('+').to_owned()))
+        .and_then(|m| m.parse::<u32>().ok());
+    match minor {
+        Some(m) if m >= 27 => bin,
+        other => panic!(
+            "this test needs kubectl 1.27 or later at {} (found minor version {other:?}); set SWIFTLET_TEST_KUBECTL_CURRENT",
+            bin.display()
+        ),
     }
-    let versioned = PathBuf::from("/usr/lib/google-cloud-sdk/bin/kubectl.1.32");
-    if versioned.exists() {
-        return versioned;
-    }
-    let system = PathBuf::from("/usr/bin/kubectl");
-    assert!(system.exists(), "no current kubectl: /usr/bin/kubectl is missing (or set SWIFTLET_TEST_KUBECTL_CURRENT)");
-    system
 }
 
 pub struct Kubectl {
@@ -55,6 +66,40 @@ pub struct Kubectl {
 }
 
 impl Kubectl {
+    /// [`Kubectl::new`] with a current kubectl ([`current_kubectl_binary`]).
+    pub fn current(kubeconfig: &Path) -> Kubectl {
+        Kubectl { bin: current_kubectl_binary(), ..Kubectl::new_with(PathBuf::new(), kubeconfig) }
+    }
+
+    fn new_with(bin: PathBuf, kubeconfig: &Path) -> Kubectl {
+        Kubectl {
+            bin,
+            kubeconfig: kubeconfig.to_owned(),
+            cache: tempfile::Builder::new()
+                .prefix(&format!("kubectl-cache-{}-", std::process::id()))
+                .tempdir()
+                .expect("tempdir"),
+        }
+    }
+
+    /// Runs with `stdin` fed to kubectl (`-f -`).
+    pub fn run_with_input(&self, args: &[&str], stdin: &str) -> Output {
+        use std::io::Write;
+        let mut child = Command::new(&self.bin)
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .arg(format!("--cache-dir={}", self.cache.path().display()))
+            .arg("--request-timeout=20s")
+            .args(args)
+            .env("HOME", self.cache.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.bin.display()));
+        child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+        child.wait_with_output().expect("kubectl output")
+    }
+
     pub fn new(kubeconfig: &Path) -> Kubectl {
         Kubectl::with_binary(kubectl_binary(), kubeconfig)
     }

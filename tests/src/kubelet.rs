@@ -39,8 +39,12 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
-/// target/<profile>/swiftlet, built beside the test binaries.
+/// target/<profile>/swiftlet, built beside the test binaries, or the build
+/// `SWIFTLET_BINARY` names (to measure another build with the same test).
 pub fn swiftlet_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("SWIFTLET_BINARY") {
+        return PathBuf::from(p);
+    }
     let exe = std::env::current_exe().expect("test binary path");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let p = dir.join("swiftlet");
@@ -151,6 +155,7 @@ impl InProcess {
                 pod_logs_dir: config.kubelet.pod_logs_dir.clone(),
                 naming: config.kubelet.cgroup_naming(),
                 interval: runtime.interval.unwrap_or(Duration::from_secs(1)),
+                sandbox_image: String::new(),
             },
             CgroupFs::detect().expect("cgroupfs"),
             pods.clone(),
@@ -177,6 +182,8 @@ impl InProcess {
             authn,
             authz,
             probes: Default::default(),
+            volumes: None,
+            running: None,
         }));
         let (stop, rx) = watch::channel(false);
         let servers = server::start(server.clone(), rx).await.expect("start the servers");

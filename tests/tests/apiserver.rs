@@ -1,8 +1,10 @@
 //! The fake API server against real clients: kube-rs (CRUD, the three
 //! patch types, watches with bookmarks, 410 Gone and re-list through
-//! kube-runtime's watcher, TokenReview/SubjectAccessReview) and Debian's
+//! kube-runtime's watcher, TokenReview/SubjectAccessReview), Debian's
 //! kubectl (get, -o wide, describe, delete, with TLS and a client
-//! certificate).
+//! certificate), a current kubectl (apply with its default validation,
+//! through the fake's OpenAPI v3 and field validation), and the binary's
+//! default authorization.
 
 use std::time::Duration;
 
@@ -287,4 +289,99 @@ fn kubectl_gets_describes_and_deletes() {
     let out = k.ok(&["delete", "pod", "loose"]);
     assert!(out.contains("deleted"), "{out}");
     assert!(k.ok(&["get", "pods"]).trim().is_empty());
+}
+
+const POD_YAML: &str = "apiVersion: v1
+kind: Pod
+metadata:
+  name: validated
+  namespace: default
+spec:
+  containers:
+  - name: c
+    image: swiftlet.local/busybox:1.35
+";
+
+/// kubectl 1.32 applies manifests with its default `--validate=strict`
+/// (no `--validate=false`): the fake's OpenAPI v3 says it validates fields
+/// itself, and it refuses a field a Pod does not have, as the API server
+/// does.
+#[test]
+fn current_kubectl_applies_with_validation_and_unknown_fields_are_refused() {
+    let server = FakeApiServer::start(Options { tls: true, ..Default::default() }).unwrap();
+    let path = server.dir().join("admin.kubeconfig");
+    let (cert, key) = server.client_cert("admin", &["system:masters"]).unwrap();
+    server.write_kubeconfig(&path, &Credentials::ClientCert { cert, key }).unwrap();
+    let kubectl = Kubectl::current(&path);
+    let apply = |yaml: &str| kubectl.run_with_input(&["apply", "-f", "-"], yaml);
+
+    let out = apply(POD_YAML);
+    let text = |o: &std::process::Output| {
+        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    };
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("pod/validated created"), "{}", text(&out));
+    // A second apply patches (the last-applied configuration diff).
+    let out = apply(&POD_YAML.replace("busybox:1.35", "busybox:1.36"));
+    assert!(out.status.success() && text(&out).contains("pod/validated configured"), "{}", text(&out));
+    assert_eq!(
+        server.get(&PODS, "default", "validated").unwrap()["spec"]["containers"][0]["image"],
+        "swiftlet.local/busybox:1.36"
+    );
+    // A typo is an error, as from a real API server.
+    let out = apply(&POD_YAML.replace("    image:", "    imagee: typo\n    image:"));
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains(r#"strict decoding error: unknown field "spec.containers[0].imagee""#),
+        "{}",
+        text(&out)
+    );
+    let out = kubectl.run_with_input(
+        &["create", "-f", "-"],
+        &POD_YAML.replace("validated", "other").replace("  containers:", "  nodeSelectorr: {}\n  containers:"),
+    );
+    assert!(text(&out).contains(r#"unknown field "spec.nodeSelectorr""#), "{}", text(&out));
+}
+
+/// The binary by hand, as the README's recipe runs it: its kubeconfig's
+/// admin (group system:masters) is allowed through SubjectAccessReviews
+/// (kubectl logs and proxy requests to the kubelet), anyone else is not
+/// unless a --rule says so.
+#[test]
+fn the_fake_apiserver_binary_allows_its_admin_and_no_one_else_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("fake.kubeconfig");
+    let mut child = std::process::Command::new(swiftlet_tests::workload::sibling_binary("fake-apiserver"))
+        .args(["--tls", "--port", "0", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            // SAFETY: signalling the fake API server this test started, by its PID.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+            let _ = self.0.wait();
+        }
+    }
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let _stop = Stop(child);
+    let banner: Vec<String> = lines.by_ref().take(4).map(|l| l.unwrap()).collect();
+    assert!(banner.iter().any(|l| l.contains("then allow group system:masters")), "{banner:?}");
+    let kubectl = Kubectl::current(&kubeconfig);
+    let review = |user: &str, group: &str| {
+        let sar = json!({
+            "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": user, "groups": [group],
+                     "resourceAttributes": {"verb": "get", "resource": "nodes", "subresource": "proxy", "name": "n1"}},
+        });
+        let out = kubectl.run_with_input(&["create", "-f", "-", "-o", "json"], &sar.to_string());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["status"]["allowed"].as_bool().unwrap_or(false)
+    };
+    assert!(review("kubernetes-admin", "system:masters"));
+    assert!(!review("someone", "system:authenticated"));
 }

@@ -160,7 +160,7 @@ fn node_registers_ready_with_allocatable_labels_and_lease() {
     let rows = table(&out);
     let row = rows.iter().find(|r| r[0] == name).expect("our node in kubectl get nodes");
     assert_eq!(row[1], "Ready");
-    assert_eq!(row[4], format!("v{}-swiftlet", env!("CARGO_PKG_VERSION")));
+    assert_eq!(row[4], swiftlet::version::kubelet_version());
     let wide = c.kubectl.ok(&["get", "nodes", "-o", "wide"]);
     println!("$ kubectl get nodes -o wide\n{wide}");
     assert!(
@@ -619,7 +619,7 @@ fn pod_watch_keeps_pods_through_an_outage_and_relists_after_gone() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let client = kube_client(&server, &rt);
     let sink = Arc::new(Snapshots::default());
-    let mirrors = Arc::new(MirrorPods::new(&name));
+    let mirrors = Arc::new(MirrorPods::new(&name, true));
     let (stop, shutdown) = watch::channel(false);
     server.store().create(&PODS, "default", api_pod("p1", &name, &[])).unwrap();
     server.store().create(&PODS, "default", api_pod("elsewhere", "other-node", &[])).unwrap();
@@ -767,7 +767,7 @@ fn mirror_pods_follow_static_pods_and_come_back_when_deleted() {
     let node_uid = node["metadata"]["uid"].as_str().unwrap().to_owned();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let client = kube_client(&server, &rt);
-    let mirrors = Arc::new(MirrorPods::new(&name));
+    let mirrors = Arc::new(MirrorPods::new(&name, true));
     let sm = Arc::new(StatusManager::default());
     let (stop, shutdown) = watch::channel(false);
     let (_uid_tx, uid_rx) = watch::channel(Some(node_uid.clone()));

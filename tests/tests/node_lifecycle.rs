@@ -277,9 +277,32 @@ fn a_reload_with_a_new_eviction_threshold_changes_the_next_decision_without_rest
     assert_eq!(a.agent.running_config().kubelet.max_pods, 110, "maxPods needs a restart");
 }
 
+/// GET `path` on the read-only port as Prometheus asks (OpenMetrics first):
+/// (content type, body).
+fn scrape_as_prometheus(port: u16, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: localhost\r\nAccept: application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let content_type = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-type:").map(|v| v.trim().to_owned()))
+        .unwrap_or_default();
+    (content_type, body.to_owned())
+}
+
 #[test]
 fn sighup_reloads_the_binarys_configuration() {
-    let setup = AgentSetup::new("", &["--signal-source=cgroupfs", "--kernel-eviction=false"]);
+    let mut setup = AgentSetup::new("", &["--signal-source=cgroupfs", "--kernel-eviction=false"]);
+    let read_only = swiftlet_tests::node_process::free_port();
+    setup.args.push(format!("--read-only-port={read_only}"));
     setup.add_manifest("keeper.yaml", &memory_pod("keeper", Some("system-node-critical")));
     setup.add_manifest("victim.yaml", &memory_pod("victim", None));
     let uid = |f: &str, s: &AgentSetup| {
@@ -309,6 +332,13 @@ fn sighup_reloads_the_binarys_configuration() {
     assert!(log.contains("SIGHUP: configuration reloaded"), "{log}");
     assert!(log.contains("need a restart") && log.contains("maxPods"), "{log}");
     assert_eq!(process_state(&agent, &keeper), keeper_before, "the critical pod was not touched");
+    // The eviction is counted under the kubelet's name, in the text format,
+    // though Prometheus asks for OpenMetrics first (kube-prometheus's
+    // KubeNodeEviction queries `kubelet_evictions`).
+    let (content_type, metrics) = scrape_as_prometheus(read_only, "/metrics");
+    assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
+    assert!(metrics.lines().any(|l| l == "kubelet_evictions{eviction_signal=\"memory.available\"} 1"), "{metrics}");
+    assert!(!metrics.contains("kubelet_evictions_total"), "{metrics}");
 }
 
 #[test]
@@ -356,4 +386,81 @@ fn volumes_left_by_a_killed_agent_are_cleaned_up_by_the_next_start() {
         },
     );
     wait_until("the leftover directory removed", T, || agent.log(), || !leftover.exists());
+}
+
+/// A SIGHUP that changes evictionHard is reflected where users look for
+/// it: /configz, and the Node's allocatable memory (capacity − reserved −
+/// the hard memory.available threshold), as a restart would show them.
+#[test]
+fn a_sighup_changing_eviction_hard_updates_configz_and_node_allocatable() {
+    use swiftlet::quantity::Quantity;
+    use swiftlet_tests::{
+        apiserver::{Credentials, FakeApiServer, Options, resources::NODES},
+        node_process::NodeProcess,
+        pki::TestCa,
+    };
+    swiftlet_tests::prereq::require_root();
+    let node = format!("swl-hup-{}", std::process::id());
+    let api = FakeApiServer::start(Options { tls: true, ..Default::default() }).unwrap();
+    let kubeconfig = api.dir().join("kubelet.kubeconfig");
+    let (cert, key) = api.client_cert(&format!("system:node:{node}"), &["system:nodes"]).unwrap();
+    api.write_kubeconfig(&kubeconfig, &Credentials::ClientCert { cert, key }).unwrap();
+    let ca = TestCa::new("reload-client-ca");
+    let ca_file = api.dir().join("client-ca.crt");
+    ca.write(&ca_file);
+    let config = |threshold: &str| {
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeStatusUpdateFrequency: 1s\n\
+             evictionHard:\n  memory.available: {threshold}\n"
+        )
+    };
+    let agent = NodeProcess::start(
+        Some(&config("100Mi")),
+        &[
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--hostname-override={node}"),
+            format!("--client-ca-file={}", ca_file.display()),
+            "--authorization-mode=AlwaysAllow".into(),
+        ],
+    );
+    let port: u16 = agent.args.iter().find_map(|a| a.strip_prefix("--port=")).unwrap().parse().unwrap();
+    let https = swiftlet_tests::https::Https::new(([127, 0, 0, 1], port).into(), Some(ca.client("admin", &[])));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let configz_threshold = || {
+        let r = rt.block_on(https.get("/configz")).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        v["kubeletconfig"]["evictionHard"]["memory.available"].as_str().map(str::to_owned)
+    };
+    let allocatable_memory = || {
+        api.get(&NODES, "", &node).and_then(|n| {
+            n.pointer("/status/allocatable/memory")?.as_str()?.parse::<Quantity>().ok().map(|q| q.value())
+        })
+    };
+    let mut before = None;
+    wait_until(
+        "the Node registered with its allocatable",
+        T,
+        || agent.log_text(),
+        || {
+            before = allocatable_memory();
+            before.is_some()
+        },
+    );
+    let before = before.unwrap();
+    assert_eq!(configz_threshold().as_deref(), Some("100Mi"));
+
+    std::fs::write(agent.config_path(), config("612Mi")).unwrap();
+    agent.signal(libc::SIGHUP);
+    wait_until(
+        "/configz to show the new threshold",
+        T,
+        || agent.log_text(),
+        || configz_threshold().as_deref() == Some("612Mi"),
+    );
+    wait_until(
+        "the Node's allocatable memory to drop by 512Mi",
+        T,
+        || agent.log_text(),
+        || allocatable_memory() == Some(before - (512 << 20)),
+    );
 }

@@ -1,7 +1,8 @@
 //! Kernel-level observability end to end: /debug/events streaming a real
 //! threshold crossing from the eBPF programs with its pod, `swiftlet events`
 //! reading the agent's stream and attaching by itself to report a real OOM
-//! kill, and `swiftlet top` drawing real pods under tmux.
+//! kill, and `swiftlet top` drawing real pods under tmux, and finding the
+//! running agent's pods without its flags.
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -310,4 +311,49 @@ fn swiftlet_top_shows_pods_live_under_tmux() {
     tmux.run(&["send-keys", "-t", "top", "q"]);
     drop(quiet);
     drop(hog);
+}
+
+/// `swiftlet top` looks where the running agent looks: given only the
+/// agent's pid (several agents run on this shared machine; with one,
+/// nothing at all is needed), it reads the agent's command line (config
+/// file, root dir, cgroup root, runtime endpoint) and lists its pods.
+#[test]
+fn swiftlet_top_finds_the_running_agents_pods_without_its_flags() {
+    prereq::require_root();
+    let _ = cri::endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::write(
+        manifests.join("watched.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: watched\nspec:\n  hostNetwork: true\n  containers:\n  - name: sleeper\n    image: {}\n    command: [\"sleep\", \"3600\"]\n",
+            cri::BUSYBOX_IMAGE
+        ),
+    )
+    .unwrap();
+    let agent = swiftlet_tests::kubelet::RunningAgent::start(&[
+        format!("--pod-manifest-path={}", manifests.display()),
+        "--authorization-mode=AlwaysAllow".into(),
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = Command::new(swiftlet_binary())
+            .args(["top", "--once", "--agent-pid", &agent.pid().to_string()])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "swiftlet top failed: {stderr}");
+        assert!(stderr.contains(&format!("the agent's (pid {})", agent.pid())), "{stderr}");
+        if stdout.lines().any(|l| l.contains("watched-test-node")) && stdout.contains("└ sleeper") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "top never listed the agent's pod:\n{stdout}\n{stderr}\nagent log:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }

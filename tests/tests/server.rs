@@ -10,9 +10,13 @@
 //!   bearer tokens by TokenReview, anonymous only when allowed: 401
 //!   otherwise) and authorizes (AlwaysAllow, or SubjectAccessReview: 403
 //!   when denied).
-//! - every metrics endpoint passes `promtool check metrics`; a real
-//!   Prometheus scrapes /metrics/resource; /stats/summary parses into
-//!   metrics-server's types; /containerLogs follows a container's output.
+//! - every metrics endpoint passes `promtool check metrics` and answers
+//!   in the text format with the kubelet's names whatever the client asks
+//!   (Prometheus asks for OpenMetrics first); a real Prometheus scrapes
+//!   /metrics/resource (kube-prometheus's view is `mixin.rs`);
+//!   /stats/summary parses into metrics-server's types, with the node's
+//!   fs.usedBytes as cAdvisor reports it; /containerLogs follows a
+//!   container's output.
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
@@ -248,6 +252,16 @@ fn webhook_authentication_and_authorization() {
     });
 }
 
+/// (fragment size, blocks, free blocks, available blocks) of `path`.
+fn statvfs(path: &Path) -> (u64, u64, u64, u64) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a zeroed statvfs is a valid out-parameter; c is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0, "statvfs {}", path.display());
+    (st.f_frsize as u64, st.f_blocks as u64, st.f_bfree as u64, st.f_bavail as u64)
+}
+
 /// promtool, from Debian's prometheus package.
 fn promtool() -> &'static str {
     if Command::new("promtool").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
@@ -348,8 +362,11 @@ fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
     })
 }
 
+/// What Prometheus 2.x sends: OpenMetrics first.
+const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
 #[test]
-fn metrics_endpoints_pass_promtool_and_negotiate_openmetrics() {
+fn metrics_endpoints_pass_promtool_in_the_text_format_whatever_is_asked() {
     let (agent, _dir, ca) = agent_with_static_pod("metrics-pod");
     let c = agent.https(Some(ca.client("admin", &[])));
     rt().block_on(async {
@@ -390,16 +407,33 @@ fn metrics_endpoints_pass_promtool_and_negotiate_openmetrics() {
         for name in [
             "container_memory_working_set_bytes",
             "container_memory_rss",
+            "container_memory_cache",
             "container_cpu_usage_seconds_total",
             "container_fs_usage_bytes",
             "container_processes",
+            "container_threads",
             "container_oom_events_total",
+            "container_spec_memory_limit_bytes",
+            "container_last_seen",
         ] {
             assert!(
                 sample(&cadvisor, name, &["container=\"app\"", pod_label.as_str(), ns_label.as_str(), "id=\"/"])
                     .is_some(),
                 "{name} for the container missing:\n{cadvisor}"
             );
+        }
+        // The pod's own cgroup, with cAdvisor's empty container and image.
+        assert!(
+            sample(
+                &cadvisor,
+                "container_memory_working_set_bytes",
+                &["container=\"\"", "image=\"\"", pod_label.as_str()]
+            )
+            .is_some(),
+            "the pod-level series missing:\n{cadvisor}"
+        );
+        for name in ["machine_cpu_cores", "machine_memory_bytes"] {
+            assert!(sample(&cadvisor, name, &["boot_id=\""]).unwrap_or(0.0) > 0.0, "{name} missing:\n{cadvisor}");
         }
         promtool_check("/metrics/cadvisor", &cadvisor);
 
@@ -410,7 +444,12 @@ fn metrics_endpoints_pass_promtool_and_negotiate_openmetrics() {
             "kubelet_runtime_operations_total",
             "kubelet_runtime_operations_duration_seconds_bucket",
             "kubelet_pod_start_duration_seconds_count",
+            "kubelet_pod_worker_duration_seconds_count",
+            "kubelet_pleg_relist_duration_seconds_bucket",
+            "kubelet_pleg_relist_interval_seconds_bucket",
+            "kubelet_cgroup_manager_duration_seconds_count",
             "kubelet_node_name",
+            "kubernetes_build_info",
             "process_resident_memory_bytes",
             "swiftlet_signal_source",
         ] {
@@ -419,18 +458,27 @@ fn metrics_endpoints_pass_promtool_and_negotiate_openmetrics() {
         assert!(sample(&metrics, "kubelet_running_pods", &[]).unwrap() >= 1.0);
         promtool_check("/metrics", &metrics);
         promtool_check("/metrics/probes", &c.get("/metrics/probes").await.unwrap().text());
+        // /metrics/slis, after a health check ran.
+        let _ = c.get("/healthz").await.unwrap();
+        let slis = c.get("/metrics/slis").await.unwrap();
+        assert_eq!(slis.status, 200);
+        assert!(
+            sample(&slis.text(), "kubernetes_healthcheck", &["name=\"ping\"", "type=\"healthz\""]) == Some(1.0),
+            "{}",
+            slis.text()
+        );
+        promtool_check("/metrics/slis", &slis.text());
 
-        // OpenMetrics for clients that ask, as Prometheus does.
-        let om = c
-            .get_with(
-                "/metrics/resource",
-                &[("accept", "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5")],
-            )
-            .await
-            .unwrap();
-        assert_eq!(om.header("content-type"), "application/openmetrics-text; version=1.0.0; charset=utf-8");
-        assert!(om.text().ends_with("# EOF\n"));
-        assert!(om.text().contains("# TYPE container_cpu_usage_seconds counter"));
+        // Prometheus asks for OpenMetrics first; the kubelet answers in the
+        // text format with its own names (kubelet_evictions, not
+        // kubelet_evictions_total, which KubeNodeEviction would miss: that
+        // series exists once a pod is evicted, see node_lifecycle.rs).
+        for path in ["/metrics", "/metrics/resource", "/metrics/cadvisor", "/metrics/probes", "/metrics/slis"] {
+            let r = c.get_with(path, &[("accept", PROMETHEUS_ACCEPT)]).await.unwrap();
+            assert_eq!(r.header("content-type"), "text/plain; version=0.0.4; charset=utf-8", "{path}");
+            assert!(!r.text().contains("# EOF"), "{path}: {}", r.text());
+            promtool_check(path, &r.text());
+        }
     });
 }
 
@@ -523,7 +571,23 @@ fn stats_summary_parses_into_the_metrics_server_types() {
         let n = &ours.node;
         assert!(n.rlimit.as_ref().and_then(|r| r.maxpid).unwrap() > 0);
         assert!(n.rlimit.as_ref().and_then(|r| r.curproc).unwrap() > 0);
-        assert!(n.fs.as_ref().and_then(|f| f.capacity_bytes).unwrap() > 0);
+        let fs = n.fs.as_ref().expect("node fs");
+        assert!(fs.capacity_bytes.unwrap() > 0);
+        // usedBytes is capacity − free, as cAdvisor reports it (blocks
+        // reserved for root count as used), not capacity − available.
+        let st = statvfs(agent.dir.path());
+        let (capacity, free, available) = (st.0 * st.1, st.0 * st.2, st.0 * st.3);
+        assert_eq!(fs.capacity_bytes, Some(capacity));
+        let used = fs.used_bytes.unwrap() as i128;
+        let slack = 256 << 20; // other work on this shared disk moves it a little
+        assert!(
+            (used - (capacity - free) as i128).abs() < slack,
+            "usedBytes {used} vs capacity − free {}",
+            capacity - free
+        );
+        if free - available > 2 * slack as u64 {
+            assert!((used - (capacity - available) as i128).abs() > slack, "usedBytes is capacity − available");
+        }
         let p = ours.pods.iter().find(|p| p.pod_ref.name == pod).unwrap();
         assert!(!p.pod_ref.uid.is_empty());
         assert!(p.process_stats.as_ref().and_then(|s| s.process_count).unwrap() >= 1);

@@ -2,8 +2,14 @@
 //! CRI plugin with the cgroupfs driver and overlayfs, and our pause image as
 //! the sandbox image. Nothing system-wide is touched.
 //!
-//! On drop it stops containerd (by the PID it started), the shims that
-//! containerd started for it, and unmounts what is left under its root.
+//! On drop it stops the containers first, through containerd (`ctr`: every
+//! task killed and deleted, so runc removes their cgroups, then every
+//! container deleted), then containerd itself (by the PID it started) and
+//! the shims it started, and unmounts what is left under its root.
+//! For the commands that wait for Ctrl-C (`containerd`, `run`), containerd
+//! runs in a process group of its own ([`Containerd::start_interruptible`]),
+//! so a Ctrl-C at the terminal reaches only xtask, which then stops it in
+//! that order; elsewhere it shares xtask's group and a Ctrl-C ends both.
 
 use std::{
     fs,
@@ -39,6 +45,17 @@ impl Containerd {
 
     /// Starts containerd, waits for its socket, imports the images.
     pub fn start(workspace: &Path, purpose: &str) -> Result<Containerd> {
+        Containerd::start_in(workspace, purpose, false)
+    }
+
+    /// [`Containerd::start`] for a caller that handles SIGINT itself and
+    /// drops this on it: containerd is kept out of the terminal's process
+    /// group, so it is still up to stop its containers.
+    pub fn start_interruptible(workspace: &Path, purpose: &str) -> Result<Containerd> {
+        Containerd::start_in(workspace, purpose, true)
+    }
+
+    fn start_in(workspace: &Path, purpose: &str, own_group: bool) -> Result<Containerd> {
         let images = images::ensure(workspace)?;
         let id = format!("{purpose}-{}", std::process::id());
         let disk_dir = workspace.join("target").join("containerd").join(&id);
@@ -99,14 +116,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         fs::write(&config_path, config)?;
         let log = disk_dir.join("containerd.log");
         step(format!("starting containerd ({snapshotter}) on {}", socket.display()));
-        let child = Command::new("containerd")
+        let mut command = Command::new("containerd");
+        command
             .arg("--config")
             .arg(&config_path)
             .stdin(Stdio::null())
             .stdout(fs::File::create(&log)?)
-            .stderr(fs::File::create(&log)?.try_clone()?)
-            .spawn()
-            .context("cannot start containerd (package containerd; `cargo xtask setup` installs it)")?;
+            .stderr(fs::File::create(&log)?.try_clone()?);
+        if own_group {
+            // Not in the terminal's foreground group: a Ctrl-C must leave it
+            // up until its containers are stopped (see Drop).
+            std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        }
+        let child =
+            command.spawn().context("cannot start containerd (package containerd; `cargo xtask setup` installs it)")?;
         let mut c = Containerd { child: Some(child), disk_dir, run_dir, socket, log, bridge };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !c.socket.exists() {
@@ -199,8 +222,76 @@ fn mounts_under(dir: &Path) -> Vec<String> {
     m
 }
 
+/// `ctr` against this containerd, in the CRI's namespace; its stdout.
+fn ctr(socket: &Path, args: &[&str]) -> Option<String> {
+    let out = Command::new("ctr")
+        .arg("--address")
+        .arg(socket)
+        .args(["--namespace", "k8s.io"])
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Kills every container's processes and deletes the tasks and containers,
+/// through containerd: runc removes each container's cgroup as its task is
+/// deleted. Returns how many tasks were left.
+fn stop_containers(socket: &Path) -> usize {
+    let Some(list) = ctr(socket, &["tasks", "list", "--quiet"]) else { return usize::MAX };
+    let tasks: Vec<String> = list.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned).collect();
+    for t in &tasks {
+        let _ = ctr(socket, &["tasks", "kill", "--all", "--signal", "SIGKILL", t]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut left = tasks.clone();
+    while !left.is_empty() && Instant::now() < deadline {
+        // A killed task is deleted once it has stopped (runc delete, which
+        // removes its cgroup); `--force` would race the kill.
+        left.retain(|t| ctr(socket, &["tasks", "delete", t]).is_none());
+        if !left.is_empty() {
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+    for t in &left {
+        let _ = ctr(socket, &["tasks", "delete", "--force", t]);
+    }
+    if let Some(list) = ctr(socket, &["containers", "list", "--quiet"]) {
+        for c in list.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let _ = ctr(socket, &["containers", "delete", c]);
+        }
+    }
+    ctr(socket, &["tasks", "list", "--quiet"])
+        .map_or(usize::MAX, |l| l.lines().filter(|l| !l.trim().is_empty()).count())
+}
+
+/// The processes whose parent is `pid` (a shim's containers).
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut out = vec![];
+    if let Ok(rd) = fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Ok(child) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+            let Ok(stat) = fs::read_to_string(e.path().join("stat")) else { continue };
+            // The parent pid is the second field after the command's ')'.
+            let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok());
+            if ppid == Some(pid) {
+                out.push(child);
+            }
+        }
+    }
+    out
+}
+
 impl Drop for Containerd {
     fn drop(&mut self) {
+        let alive = self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none());
+        if alive {
+            let left = stop_containers(&self.socket);
+            if left > 0 {
+                eprintln!("warning: containerd left {left} tasks running; stopping their processes by hand");
+            }
+        }
         let shims = our_shims(&self.socket);
         if let Some(mut child) = self.child.take() {
             // SAFETY: signalling the process we started, by its PID.
@@ -212,9 +303,14 @@ impl Drop for Containerd {
             let _ = child.kill();
             let _ = child.wait();
         }
-        // Shims outlive containerd by design; they (and the containers they
-        // hold) are ours to stop.
+        // Shims outlive containerd by design; they, and any container a
+        // shim still holds (containerd was gone before its tasks could be
+        // deleted), are ours to stop.
         for pid in shims.iter().chain(our_shims(&self.socket).iter()) {
+            for c in children_of(*pid) {
+                // SAFETY: a container process of a shim of our containerd.
+                unsafe { libc::kill(c, libc::SIGKILL) };
+            }
             // SAFETY: a shim started by our containerd, found by our socket.
             unsafe { libc::kill(*pid, libc::SIGKILL) };
         }

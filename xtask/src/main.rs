@@ -67,7 +67,9 @@ fn run(task: Task) -> Result<()> {
         Task::Vmtest(args) => vm::run(args),
         Task::Containerd => {
             setup::all()?;
-            let c = containerd::Containerd::start(cmd::workspace_root(), "manual")?;
+            // Ctrl-C from here on stops the containers, then containerd.
+            run::install_handlers();
+            let c = containerd::Containerd::start_interruptible(cmd::workspace_root(), "manual")?;
             cmd::step(format!("containerd is running: CONTAINER_RUNTIME_ENDPOINT={}", c.endpoint()));
             cmd::note("press Ctrl-C to stop it");
             run::wait_for_interrupt();

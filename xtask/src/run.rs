@@ -30,7 +30,7 @@ extern "C" fn on_signal(_: libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
-fn install_handlers() {
+pub fn install_handlers() {
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
@@ -61,7 +61,7 @@ pub fn run(args: Args) -> Result<()> {
         "--bins",
     ]))?;
     install_handlers();
-    let ctd = Containerd::start(root, "run")?;
+    let ctd = Containerd::start_interruptible(root, "run")?;
     let run_root = root.join("target").join("run");
     std::fs::create_dir_all(&run_root)?;
     let cgroup_root = format!("swiftlet-demo-{}", std::process::id());
@@ -85,6 +85,11 @@ pub fn run(args: Args) -> Result<()> {
     // Its own process group: Ctrl-C reaches us, and we stop it in order.
     std::os::unix::process::CommandExt::process_group(&mut swiftlet, 0);
     let mut child = swiftlet.spawn().context("cannot start target/debug/swiftlet")?;
+    note(format!(
+        "watch the pods' memory live from another terminal: sudo target/debug/swiftlet top --agent-pid {}",
+        child.id()
+    ));
+    note("(with one agent on the machine, `sudo target/debug/swiftlet top` alone finds it)");
     let status = loop {
         if let Some(s) = child.try_wait()? {
             break Some(s);

@@ -27,7 +27,7 @@ use super::{
 };
 use crate::{
     cm::allocatable::{Resource, enforced_allocatable, machine_capacity},
-    config::{self, Config},
+    config::Config,
     eviction::observe::{NodeInfo, kernel_lines},
     server::{
         debug_socket_path,
@@ -37,7 +37,7 @@ use crate::{
 };
 
 const USAGE: &str = "\
-Usage: swiftlet events [--attach] [--socket PATH] [kubelet flags]
+Usage: swiftlet events [--attach] [--socket PATH] [--agent-pid PID] [kubelet flags]
 
 Streams kernel events as JSON lines: threshold crossings, OOM kills,
 in-kernel kills and evictions, each with its kernel timestamp and pod.
@@ -45,18 +45,24 @@ in-kernel kills and evictions, each with its kernel timestamp and pod.
   --attach        load the kernel programs here even if the agent runs
   --socket PATH   the agent's debug socket (default <root-dir>/swiftlet/debug.sock)
 
-Kubelet flags (--config, --root-dir, --cgroup-root, --eviction-hard,
---container-runtime-endpoint, ...) say where to look and which lines to watch.
+It looks where the running agent looks (its command line, read from /proc;
+--agent-pid picks one when several run). Kubelet flags (--config, --root-dir,
+--cgroup-root, --eviction-hard, --container-runtime-endpoint, ...) say where
+to look and which lines to watch instead.
 ";
 
 pub fn run(args: &[String]) -> Result<(), CliError> {
-    let (own, rest) = split_args(args, &["socket"], &["attach", "help"])?;
+    let (own, rest) = split_args(args, &["socket", "agent-pid"], &["attach", "help"])?;
     let opt = |k: &str| own.iter().rev().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     if opt("help").is_some() {
         print!("{USAGE}");
         return Ok(());
     }
-    let config = config::load(rest)?;
+    let agent_pid = match opt("agent-pid") {
+        Some(p) => Some(p.parse::<u32>().map_err(|_| CliError::Usage(format!("--agent-pid {p:?}: expected a pid")))?),
+        None => None,
+    };
+    let (config, _) = super::running::subcommand_config(rest, agent_pid)?;
     let attach = opt("attach").is_some_and(|v| v != "false");
     if !attach {
         let socket = opt("socket").map(Into::into).unwrap_or_else(|| debug_socket_path(&config.flags.root_dir));

@@ -5,13 +5,16 @@
 //! - `swiftlet events`: kernel events as JSON lines, from the running
 //!   agent's /debug/events, or from the kernel directly.
 //!
-//! Both accept the kubelet's flags (`--config`, `--cgroup-root`,
-//! `--container-runtime-endpoint`, `--root-dir`, `--eviction-hard`, ...) so
-//! they look where the agent looks, and work without the agent running by
-//! loading their own instance of the kernel programs ("attaching").
+//! Both look where the running agent looks (its command line, read from
+//! /proc: `running`), or where the kubelet flags they are given say
+//! (`--config`, `--cgroup-root`, `--container-runtime-endpoint`,
+//! `--root-dir`, `--eviction-hard`, ...), and work without the agent
+//! running by loading their own instance of the kernel programs
+//! ("attaching").
 
 pub mod attach;
 pub mod events;
+pub mod running;
 pub mod top;
 
 use std::process::ExitCode;

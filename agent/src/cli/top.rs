@@ -16,17 +16,21 @@ use super::{
     split_args,
 };
 use crate::{
-    config::{self, Config},
+    config::Config,
     eviction::signal::EvictionSignal,
     signals::{CgroupKind, Snapshot, node},
 };
 
 const USAGE: &str = "\
 Usage: swiftlet top [--sort memory|headroom|processes|inodes|name] [--filter TEXT]
-                    [--interval SECONDS] [--once] [kubelet flags]
+                    [--interval SECONDS] [--once] [--agent-pid PID] [kubelet flags]
 
 A live view of each pod and container: working set, memory limit, headroom
 (limit − working set), processes and inodes, from the kernel's counters.
+
+It looks where the running agent looks (its command line, read from /proc):
+--agent-pid picks one when several run; kubelet flags (--config, --root-dir,
+--cgroup-root, --container-runtime-endpoint, ...) say where to look instead.
 
 Keys: q quit · s next sort · m/h/p/i/n sort by memory/headroom/processes/
 inodes/name · / filter (Enter to keep, Esc to clear)
@@ -425,7 +429,7 @@ fn node_line(config: &Config, name: String, s: &Snapshot) -> NodeLine {
 }
 
 pub fn run(args: &[String]) -> Result<(), CliError> {
-    let (own, rest) = split_args(args, &["sort", "filter", "interval"], &["once", "help"])?;
+    let (own, rest) = split_args(args, &["sort", "filter", "interval", "agent-pid"], &["once", "help"])?;
     let opt = |k: &str| own.iter().rev().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     if opt("help").is_some() {
         print!("{USAGE}");
@@ -447,7 +451,14 @@ pub fn run(args: &[String]) -> Result<(), CliError> {
         None => Duration::from_secs(1),
     };
     let once = opt("once").is_some_and(|v| v != "false");
-    let config = config::load(rest)?;
+    let agent_pid = match opt("agent-pid") {
+        Some(p) => Some(p.parse::<u32>().map_err(|_| CliError::Usage(format!("--agent-pid {p:?}: expected a pid")))?),
+        None => None,
+    };
+    let (config, from) = super::running::subcommand_config(rest, agent_pid)?;
+    if !io::stdout().is_terminal() || once {
+        eprintln!("swiftlet top: looking where {from} say");
+    }
     let node_name = config.node_name().unwrap_or_default();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     // The runtime client connects lazily on the runtime's reactor.

@@ -390,6 +390,14 @@ volumeStatsAggPeriod: 0s
     assert_eq!(k.authentication.client_ca_file, Some("/etc/kubernetes/pki/ca.crt".into()));
     assert!(c.warnings.iter().any(|w| w.contains("rotateCertificates: true is not implemented")), "{:?}", c.warnings);
     assert_eq!(k.eviction_hard, d.eviction_hard);
+    // Durations swiftlet accepts without acting on are defaulted as
+    // upstream's v1beta1 defaults them when kubeadm writes 0s.
+    let z = c.configz();
+    let z = &z["kubeletconfig"];
+    assert_eq!(z["streamingConnectionIdleTimeout"], "4h0m0s");
+    assert_eq!(z["volumeStatsAggPeriod"], "1m0s");
+    assert_eq!(z["cpuManagerReconcilePeriod"], "10s");
+    assert_eq!(z["httpCheckFrequency"], "20s");
 }
 
 #[test]

@@ -412,7 +412,7 @@ impl EventSink for Sink {
                 }
             }
             SignalEvent::OomKill { cgroup, pid, .. } => {
-                inner.metrics.oom_kills.inc();
+                inner.metrics.record_oom_kill(cgroup.as_deref());
                 warn!(pid, cgroup = cgroup.as_deref().unwrap_or("-"), "the kernel OOM killer chose a victim");
                 let _ = inner.wake.send(Wake::Other);
             }

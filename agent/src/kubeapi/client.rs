@@ -12,9 +12,10 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use super::{
     ApiError, bootstrap,
+    instrument::RestClientLayer,
     ratelimit::{RateLimitLayer, RateLimiter},
 };
-use crate::config::Config;
+use crate::{config::Config, metrics::rest_client::RestClientMetrics};
 
 /// Where the client comes from.
 #[derive(Clone, Debug, PartialEq)]
@@ -51,11 +52,15 @@ pub async fn load_kubeconfig(path: &Path) -> Result<kube::Config, ApiError> {
     Ok(cfg)
 }
 
-/// A client from a kube Config, paced by `qps`/`burst` (0 qps: unlimited).
+/// A client from a kube Config, paced by `qps`/`burst` (0 qps: unlimited),
+/// every request counted in the REST client metrics.
 pub fn client_from(cfg: kube::Config, qps: u32, burst: u32) -> Result<kube::Client, ApiError> {
     let limiter = Arc::new(RateLimiter::new(f64::from(qps), burst));
+    let host = cfg.cluster_url.authority().map(|a| a.to_string()).unwrap_or_default();
     let builder = kube::client::ClientBuilder::try_from(cfg).map_err(|e| ApiError::Client(e.to_string()))?;
-    Ok(builder.with_layer(&RateLimitLayer(limiter)).build())
+    // Inside the rate limiter: the latency is the request's, not its wait.
+    let instrumented = builder.with_layer(&RestClientLayer { metrics: RestClientMetrics::global().clone(), host });
+    Ok(instrumented.with_layer(&RateLimitLayer(limiter)).build())
 }
 
 /// The client the kubelet would have: the kubeconfig, bootstrapped first

@@ -6,7 +6,10 @@
 //! - deleted (grace 0, uid precondition) and created again when it
 //!   mirrors another version of the static pod, or when someone deletes
 //!   it (deletionTimestamp) while the static pod is still there;
-//! - deleted when its static pod is gone (an orphan).
+//! - deleted when its static pod is gone (an orphan), but only once the
+//!   file source has reported its pods (the kubelet waits for every pod
+//!   source): at a restart whose first manifest scan is slow, every mirror
+//!   pod would otherwise be deleted and created again with a new uid.
 //!
 //! The file source's snapshots come in through `PodSink`; the mirror pods
 //! the API has come from the pod watch. [`reconcile`] decides, pure.
@@ -105,16 +108,19 @@ pub fn reconcile(static_pods: &[Pod], mirrors: &[Pod], node_name: &str, node_uid
 /// Keeps the mirror pods; takes the file source's snapshots.
 pub struct MirrorPods {
     node_name: String,
-    static_pods: Mutex<Vec<Pod>>,
+    /// None until the file source's first snapshot.
+    static_pods: Mutex<Option<Vec<Pod>>>,
     mirrors: Mutex<Option<Vec<Pod>>>,
     notify: Notify,
 }
 
 impl MirrorPods {
-    pub fn new(node_name: &str) -> MirrorPods {
+    /// `file_source`: a static pod path is configured, whose first
+    /// snapshot is waited for.
+    pub fn new(node_name: &str, file_source: bool) -> MirrorPods {
         MirrorPods {
             node_name: node_name.into(),
-            static_pods: Mutex::new(vec![]),
+            static_pods: Mutex::new((!file_source).then(Vec::new)),
             mirrors: Mutex::new(None),
             notify: Notify::new(),
         }
@@ -133,12 +139,16 @@ impl MirrorPods {
     }
 
     /// One round: decide and act. Nothing before the pod watch has listed
-    /// the API's pods once (it would recreate mirror pods that exist).
+    /// the API's pods once (it would recreate mirror pods that exist), nor
+    /// before the file source has reported (every mirror would look like an
+    /// orphan).
     pub async fn sync(&self, api: &dyn PodApi, node_uid: Option<&str>) {
         let Some(mirrors) = self.mirrors.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
             return;
         };
-        let statics = self.static_pods.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(statics) = self.static_pods.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
+            return;
+        };
         for action in reconcile(&statics, &mirrors, &self.node_name, node_uid) {
             match action {
                 MirrorAction::Create(pod) => {
@@ -186,7 +196,7 @@ impl PodSink for MirrorPods {
             return;
         }
         let statics: Vec<Pod> = snapshot.pods.into_iter().filter(is_static).collect();
-        *self.static_pods.lock().unwrap_or_else(|p| p.into_inner()) = statics;
+        *self.static_pods.lock().unwrap_or_else(|p| p.into_inner()) = Some(statics);
         self.notify.notify_one();
     }
 }
@@ -287,12 +297,60 @@ mod tests {
         }
     }
 
+    /// Records what the mirror manager asks of the API.
+    #[derive(Default)]
+    struct Calls(Mutex<Vec<String>>);
+
+    #[async_trait::async_trait]
+    impl PodApi for Calls {
+        async fn get(&self, _: &str, _: &str) -> Result<Pod, CallError> {
+            Err(CallError::NotFound)
+        }
+        async fn patch_status(&self, _: &str, _: &str, _: &serde_json::Value) -> Result<Pod, CallError> {
+            Err(CallError::NotFound)
+        }
+        async fn create(&self, _: &str, pod: &Pod) -> Result<Pod, CallError> {
+            self.0.lock().unwrap().push(format!("create {}", pod.metadata.name.as_deref().unwrap_or("")));
+            Ok(pod.clone())
+        }
+        async fn delete(&self, _: &str, name: &str, uid: &str, _: i64) -> Result<(), CallError> {
+            self.0.lock().unwrap().push(format!("delete {name} {uid}"));
+            Ok(())
+        }
+    }
+
+    /// At a restart the API's mirror pods are listed before a slow first
+    /// scan of the manifests: none may be taken for an orphan (deleted and
+    /// created again with a new uid) until the file source has spoken.
+    #[tokio::test]
+    async fn no_mirror_pod_is_an_orphan_before_the_file_source_has_reported() {
+        let m = MirrorPods::new("n1", true);
+        let api = Calls::default();
+        m.set_mirrors(vec![mirror("etcd", "h1", "m1")]);
+        m.sync(&api, Some("node-uid")).await;
+        assert!(api.0.lock().unwrap().is_empty(), "{:?}", api.0.lock().unwrap());
+        // The first scan: etcd is still there, old is gone.
+        m.set(PodSnapshot { source: SourceKind::File, pods: vec![static_pod("etcd", "h1")] });
+        m.sync(&api, Some("node-uid")).await;
+        assert!(api.0.lock().unwrap().is_empty(), "the mirror is up to date: {:?}", api.0.lock().unwrap());
+        m.set(PodSnapshot { source: SourceKind::File, pods: vec![] });
+        m.sync(&api, Some("node-uid")).await;
+        assert_eq!(*api.0.lock().unwrap(), vec!["delete etcd-n1 m1"]);
+
+        // Without a static pod path there is no file source to wait for.
+        let m = MirrorPods::new("n1", false);
+        let api = Calls::default();
+        m.set_mirrors(vec![mirror("etcd", "h1", "m1")]);
+        m.sync(&api, Some("node-uid")).await;
+        assert_eq!(*api.0.lock().unwrap(), vec!["delete etcd-n1 m1"]);
+    }
+
     #[test]
     fn only_the_file_source_counts() {
-        let m = MirrorPods::new("n1");
+        let m = MirrorPods::new("n1", true);
         m.set(PodSnapshot { source: SourceKind::Api, pods: vec![static_pod("x", "h")] });
-        assert!(m.static_pods.lock().unwrap().is_empty());
+        assert!(m.static_pods.lock().unwrap().is_none());
         m.set(PodSnapshot { source: SourceKind::File, pods: vec![static_pod("x", "h")] });
-        assert_eq!(m.static_pods.lock().unwrap().len(), 1);
+        assert_eq!(m.static_pods.lock().unwrap().as_ref().map(Vec::len), Some(1));
     }
 }

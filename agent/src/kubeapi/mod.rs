@@ -12,6 +12,7 @@
 
 pub mod bootstrap;
 pub mod client;
+pub mod instrument;
 pub mod mirror;
 pub mod pod_api;
 pub mod pod_watch;
@@ -92,7 +93,7 @@ impl ApiAgent {
             recorder,
             status: Arc::new(StatusManager::default()),
             pods: Arc::new(LatchSink::default()),
-            mirrors: Arc::new(MirrorPods::new(node_name)),
+            mirrors: Arc::new(MirrorPods::new(node_name, k.static_pod_path.is_some())),
             pressure: watch::channel(None).0,
             shutdown_phase: watch::channel(None).0,
             devices: watch::channel(None).0,

@@ -39,9 +39,10 @@ use crate::{
     kubeapi::{recorder::node_ref, smp},
 };
 
-/// The version node status reports for swiftlet (kubectl's VERSION).
+/// The version node status reports for swiftlet (kubectl's VERSION): the
+/// Kubernetes release it stands in for, see [`crate::version`].
 pub fn kubelet_version() -> String {
-    format!("v{}-swiftlet", env!("CARGO_PKG_VERSION"))
+    crate::version::kubelet_version()
 }
 
 /// The node's settings, from the configuration.
@@ -165,9 +166,12 @@ impl NodeAgent {
         if let Ok(Ok(images)) = tokio::time::timeout(RUNTIME_TIMEOUT, inputs.images.list_images()).await {
             kept.images = status::images_for_status(&images, s.max_images);
         }
+        // A reload that changed evictionHard (or what else allocatable is
+        // computed from) replaces the start-time figures.
+        let allocatable = inputs.frequencies.borrow().allocatable.clone().unwrap_or_else(|| s.allocatable.clone());
         NodeFacts {
             capacity: s.capacity.clone(),
-            allocatable: s.allocatable.clone(),
+            allocatable,
             pressure,
             runtime_version: kept.version.clone(),
             runtime_errors: {

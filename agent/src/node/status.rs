@@ -338,7 +338,7 @@ mod tests {
                 .map(|(k, v)| ((*k).into(), (*v).into()))
                 .collect(),
             runtime_version: "containerd://1.6.20".into(),
-            kubelet_version: "v0.1.0-swiftlet".into(),
+            kubelet_version: "v1.33.0-swiftlet.0.1.0".into(),
             kubelet_port: 10250,
             addresses: vec![NodeAddress { type_: "InternalIP".into(), address: "10.0.0.5".into() }],
             ..Default::default()

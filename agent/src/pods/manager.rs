@@ -70,7 +70,7 @@ struct Entry {
 struct Inner {
     deps: Arc<WorkerDeps>,
     reporter: RwLock<Arc<dyn StatusReporter>>,
-    capacity: Capacity,
+    capacity: Mutex<Capacity>,
     metrics: PodMetrics,
     expected: HashSet<SourceKind>,
     sources: Mutex<BTreeMap<SourceKind, Vec<Pod>>>,
@@ -120,7 +120,7 @@ impl PodManager {
         let inner = Arc::new_cyclic(|this| Inner {
             deps,
             reporter: RwLock::new(Arc::new(super::source::NoStatusReporter)),
-            capacity,
+            capacity: Mutex::new(capacity),
             metrics,
             expected,
             sources: Mutex::new(BTreeMap::new()),
@@ -133,6 +133,12 @@ impl PodManager {
             this: this.clone(),
         });
         PodManager { inner }
+    }
+
+    /// What new pods are admitted against (node allocatable), when a
+    /// reload changed it.
+    pub fn set_capacity(&self, capacity: Capacity) {
+        *lock(&self.inner.capacity) = capacity;
     }
 
     /// Where status changes go (the API server's status manager).
@@ -157,16 +163,21 @@ impl PodManager {
         let mut previous: HashMap<String, Vec<(String, i32)>> = HashMap::new();
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_start: Option<Instant> = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => if *shutdown.borrow() { break } else { continue },
             }
+            let started = Instant::now();
+            let since_previous = last_start.map(|t| started.saturating_duration_since(t));
+            last_start = Some(started);
             match self.inner.relist(&mut previous).await {
                 Ok(()) => *lock(&self.inner.last_relist) = Some(Instant::now()),
                 Err(e) => debug!("relist: {e}"),
             }
             self.inner.update_qos_cgroups().await;
+            self.inner.metrics.observe_relist(started.elapsed(), since_previous, std::time::SystemTime::now());
         }
         let workers: Vec<_> =
             lock(&self.inner.pods).values_mut().filter_map(|e| e.handle.take()).map(|h| h.task).collect();
@@ -293,6 +304,7 @@ impl Inner {
                 }
                 continue;
             }
+            let seen = Instant::now();
             let mut pod = pod.clone();
             pod.metadata
                 .annotations
@@ -304,7 +316,7 @@ impl Inner {
             let verdict = match lock(&self.refuse_new).clone() {
                 Some(r) => Err(r),
                 None => admission::admit_host(&pod, &read(&self.host))
-                    .and_then(|()| admission::admit(&pod, &active, &self.capacity)),
+                    .and_then(|()| admission::admit(&pod, &active, &lock(&self.capacity))),
             };
             // The device manager's admit handler: devices for every
             // container, or UnexpectedAdmissionError. Devices of pods no
@@ -336,6 +348,7 @@ impl Inner {
                         "pod added"
                     );
                     let handle = Worker::spawn(self.deps.clone(), self.sink(), pod.clone(), self.shutdown.clone());
+                    self.metrics.pod_worker_start_duration.observe(seen.elapsed().as_secs_f64());
                     pods.insert(id.clone(), Entry::new(pod, Some(handle)));
                 }
                 Err(r) => {

@@ -124,6 +124,7 @@ fn harness(pods_capacity: i64) -> Harness {
         )),
         devices: None,
         runtime_classes: Default::default(),
+        metrics: PodMetrics::default(),
     });
     let (stop, shutdown) = watch::channel(false);
     let capacity = Capacity { pods: pods_capacity, cpu_milli: 4000, memory: 8 << 30, hugepages: vec![] };

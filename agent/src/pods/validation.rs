@@ -69,6 +69,10 @@ pub(super) fn unsupported(field: impl Into<String>, value: &str, allowed: &[&str
     FieldError { field: field.into(), problem: format!("Unsupported value: \"{value}\": supported values: {allowed}") }
 }
 
+/// The API server's limit on a pod's annotations, keys and values
+/// together: a larger mirror pod would be refused.
+pub const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 << 10;
+
 pub(super) const DNS_LABEL_RULE: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character";
 pub(super) const DNS_SUBDOMAIN_RULE: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character";
 
@@ -102,6 +106,14 @@ pub fn validate(pod: &Pod) -> Vec<FieldError> {
         && !is_dns_label(ns)
     {
         errs.push(invalid("metadata.namespace", ns, DNS_LABEL_RULE));
+    }
+    // apimachinery's ValidateAnnotationsSize: keys and values together.
+    let annotations: usize = pod.metadata.annotations.iter().flatten().map(|(k, v)| k.len() + v.len()).sum();
+    if annotations > TOTAL_ANNOTATION_SIZE_LIMIT {
+        errs.push(FieldError {
+            field: "metadata.annotations".into(),
+            problem: format!("Too long: must have at most {TOTAL_ANNOTATION_SIZE_LIMIT} bytes"),
+        });
     }
     let Some(spec) = pod.spec.as_ref() else {
         errs.push(required("spec"));
@@ -325,6 +337,20 @@ mod tests {
                 "metadata.namespace: Invalid value: \"a.b\"",
             ),
             ("no spec", Box::new(|p| p.spec = None), "spec: Required value"),
+            (
+                "annotations over 256 KiB in total",
+                Box::new(|p| {
+                    p.metadata.annotations = Some(
+                        [("a".to_string(), "x".repeat(128 << 10)), ("b".to_string(), "y".repeat(128 << 10))].into(),
+                    )
+                }),
+                "metadata.annotations: Too long: must have at most 262144 bytes",
+            ),
+            (
+                "annotations of exactly 256 KiB",
+                Box::new(|p| p.metadata.annotations = Some([("a".to_string(), "x".repeat((256 << 10) - 1))].into())),
+                "",
+            ),
             (
                 "no containers",
                 Box::new(|p| p.spec.as_mut().unwrap().containers.clear()),

@@ -31,6 +31,7 @@ use tracing::{debug, info, warn};
 use super::{
     backoff::{Backoff, BackoffPolicy},
     hosts,
+    metrics::{CgroupOperation, SyncKind},
     observed::{self, ContainerRunState, ObservedPod},
     plan::{self, ProbeVerdict},
     probe::{self, ProbeType, Target, Tracker},
@@ -88,6 +89,8 @@ pub struct WorkerDeps {
     pub devices: Option<Arc<dyn crate::deviceplugin::PodDeviceAllocator>>,
     /// runtimeClassName → the runtime handler for RunPodSandbox.
     pub runtime_classes: super::runtime_class::RuntimeClasses,
+    /// Pod worker rounds and pod cgroup operations are timed here.
+    pub metrics: super::metrics::PodMetrics,
 }
 
 /// Where a worker reports to (the pod manager).
@@ -185,6 +188,14 @@ fn instant_of(ns: i64) -> Instant {
     Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)
 }
 
+/// A spec update makes the next round an update (unless it stops the pod).
+fn update_kind(m: &Msg, kind: SyncKind) -> SyncKind {
+    match m {
+        Msg::Update(_) if kind == SyncKind::Sync => SyncKind::Update,
+        _ => kind,
+    }
+}
+
 fn find_container<'a>(pod: &'a Pod, name: &str) -> Option<(&'a Container, bool)> {
     let spec = pod.spec.as_ref()?;
     spec.containers
@@ -245,11 +256,21 @@ impl Worker {
         if self.pod.metadata.deletion_timestamp.is_some() {
             self.lifecycle = Lifecycle::Terminating { grace: spec_grace(&self.pod), remove: false };
         }
+        // What the next round is for (kubelet_pod_worker_duration_seconds).
+        let mut kind = SyncKind::Create;
         loop {
             if *shutdown.borrow() {
                 break;
             }
+            if matches!(self.lifecycle, Lifecycle::Terminating { .. }) {
+                kind = SyncKind::Kill;
+            }
+            let started = Instant::now();
             let done = self.step().await;
+            if kind != SyncKind::Sync || self.lifecycle == Lifecycle::Running {
+                self.deps.metrics.observe_sync(kind, started.elapsed());
+            }
+            kind = SyncKind::Sync;
             last_sync = if done { last_sync } else { Instant::now() };
             if done {
                 break;
@@ -258,7 +279,10 @@ impl Worker {
             let until = self.next_wake.map_or(resync_at, |w| w.min(resync_at));
             tokio::select! {
                 m = rx.recv() => match m {
-                    Some(m) => self.handle(m),
+                    Some(m) => {
+                        kind = update_kind(&m, kind);
+                        self.handle(m);
+                    }
                     None => break,
                 },
                 _ = self.wake.notified() => {}
@@ -266,6 +290,7 @@ impl Worker {
                 _ = shutdown.changed() => {}
             }
             while let Ok(m) = rx.try_recv() {
+                kind = update_kind(&m, kind);
                 self.handle(m);
             }
         }
@@ -510,9 +535,17 @@ impl Worker {
         let mut limits =
             pod_cgroup_config(&spec, self.deps.cpu_cfs_quota, self.deps.cpu_cfs_quota_period, self.deps.pod_pids_limit);
         limits.hugetlb = pod_hugetlb_limits(&spec, &self.deps.settings.features.hugepage_sizes);
-        if let Err(e) = self.deps.cgroups.ensure_pod_cgroup(qos_class(&spec), &self.uid, &limits).await {
+        let qos = qos_class(&spec);
+        let op = if self.deps.cgroups.fs().exists(&self.deps.cgroups.pod_cgroup(qos, &self.uid)) {
+            CgroupOperation::Update
+        } else {
+            CgroupOperation::Create
+        };
+        let started = Instant::now();
+        if let Err(e) = self.deps.cgroups.ensure_pod_cgroup(qos, &self.uid, &limits).await {
             warn!(pod = pod_name(&self.pod), "cannot set up the pod cgroup: {e}");
         }
+        self.deps.metrics.observe_cgroup_operation(op, started.elapsed());
         let config = spec::sandbox_config(&self.pod, attempt, &self.deps.settings);
         let _ = std::fs::create_dir_all(&config.log_directory);
         if attempt > 0 {
@@ -871,10 +904,12 @@ impl Worker {
             }
         }
         let spec = self.pod.spec.clone().unwrap_or_default();
+        let started = Instant::now();
         if let Err(e) = self.deps.cgroups.remove_pod_cgroup(qos_class(&spec), &self.uid, Duration::from_secs(10)).await
         {
             debug!(pod = pod_name(&self.pod), "removing the pod cgroup: {e}");
         }
+        self.deps.metrics.observe_cgroup_operation(CgroupOperation::Destroy, started.elapsed());
         // Unmounts the pod's volumes first; a directory with something
         // still mounted is left for the orphan sweep.
         if let Err(e) = self.deps.volumes.remove_pod_dir(&self.uid).await {

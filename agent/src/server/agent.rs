@@ -9,7 +9,46 @@ use super::{
     health::{RUNTIME_UNREACHABLE_BOUND, RuntimeCheck},
     stats::{StatsConfig, StatsProvider, StatsRuntime},
 };
-use crate::{app::Agent, cri::RuntimeService, pods::source::PodView};
+use crate::{
+    app::Agent,
+    cri::RuntimeService,
+    metrics::storage::{VolumeCount, VolumeStates},
+    pods::{manager::PodManager, source::PodView},
+    volumes::{VolumeManager, manager::kind_of},
+};
+
+/// volume_manager_total_volumes: the desired state is every volume of the
+/// pods that run or may run, the actual state what the volume manager has
+/// set up.
+struct VolumeWorld {
+    pods: PodManager,
+    volumes: Arc<VolumeManager>,
+}
+
+impl VolumeStates for VolumeWorld {
+    fn volume_counts(&self) -> Vec<VolumeCount> {
+        let desired = self.pods.running_pods().into_iter().flat_map(|(_, pod)| {
+            pod.spec.into_iter().flat_map(|s| s.volumes.into_iter().flatten()).filter_map(|v| kind_of(&v).ok())
+        });
+        let desired: Vec<&'static str> = desired.map(|k| k.plugin_name()).collect();
+        let actual = self.volumes.mounted_plugins();
+        volume_counts(&desired, &actual)
+    }
+}
+
+/// Counts per plugin and state, sorted.
+fn volume_counts(desired: &[&'static str], actual: &[&'static str]) -> Vec<VolumeCount> {
+    let mut counts: std::collections::BTreeMap<(&'static str, &'static str), u64> = Default::default();
+    for (state, plugins) in [("desired_state_of_world", desired), ("actual_state_of_world", actual)] {
+        for p in plugins {
+            *counts.entry((*p, state)).or_default() += 1;
+        }
+    }
+    counts
+        .into_iter()
+        .map(|((plugin, state), count)| VolumeCount { plugin_name: plugin.into(), state, count })
+        .collect()
+}
 
 /// The API server client for the webhooks, from `--kubeconfig` (None in
 /// standalone mode).
@@ -32,7 +71,8 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client, ServerE
     let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
         .await
         .map_err(|e| err(&e))?;
-    kube::Client::try_from(cfg).map_err(|e| err(&e))
+    // Unpaced, but counted in the REST client metrics as every client.
+    crate::kubeapi::client::client_from(cfg, 0, 0).map_err(|e| err(&e))
 }
 
 /// Builds the servers' state from the agent and starts them.
@@ -58,6 +98,7 @@ pub async fn serve(agent: &Agent, shutdown: watch::Receiver<bool>) -> Result<Ser
             pod_logs_dir: k.pod_logs_dir.clone(),
             naming: k.cgroup_naming(),
             interval: config.swiftlet.housekeeping_interval,
+            sandbox_image: agent.cri.sandbox_image().await.unwrap_or_default(),
         },
         agent.cgroupfs.clone(),
         pods.clone(),
@@ -79,7 +120,31 @@ pub async fn serve(agent: &Agent, shutdown: watch::Receiver<bool>) -> Result<Ser
         authn,
         authz,
         probes,
+        volumes: Some(Arc::new(VolumeWorld { pods: agent.pods.clone(), volumes: agent.volumes.clone() })),
+        running: Some(agent.running_configs()),
     }));
     server.streaming.set_runtime(agent.cri.clone());
     super::start(server, shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_counts_per_plugin_and_state() {
+        let c = volume_counts(
+            &["kubernetes.io/empty-dir", "kubernetes.io/configmap", "kubernetes.io/empty-dir"],
+            &["kubernetes.io/empty-dir"],
+        );
+        let rows: Vec<(&str, &str, u64)> = c.iter().map(|c| (c.plugin_name.as_str(), c.state, c.count)).collect();
+        assert_eq!(
+            rows,
+            vec![
+                ("kubernetes.io/configmap", "desired_state_of_world", 1),
+                ("kubernetes.io/empty-dir", "actual_state_of_world", 1),
+                ("kubernetes.io/empty-dir", "desired_state_of_world", 2),
+            ]
+        );
+    }
 }

@@ -1,74 +1,44 @@
-//! The exposition formats: OpenMetrics 1.0 when the scraper asks for it
-//! (`Accept: application/openmetrics-text`, as Prometheus does), and the
-//! Prometheus text format 0.0.4 otherwise (curl, metrics-server, promtool).
+//! The exposition format: the Prometheus text format 0.0.4, whatever the
+//! scraper asks for, as the kubelet serves it (component-base's handler
+//! does not offer OpenMetrics). Under OpenMetrics a counter's samples must
+//! end in `_total`, which would rename the kubelet's `kubelet_evictions`
+//! and break the alerts that query it (KubeNodeEviction).
 //!
 //! prometheus-client writes OpenMetrics only; the text format is derived
 //! from it line by line: counter families are named as their samples
-//! (`x_total`), `_created` samples, `# UNIT`, exemplars and `# EOF` go, info
-//! metrics become gauges. A few kubelet counters predate the `_total`
-//! convention (`kubelet_evictions`): in the text format they keep the
-//! kubelet's sample name, typed `untyped` so linters accept the name.
+//! (`x_total`), `_created` samples, `# UNIT`, exemplars and `# EOF` go,
+//! info metrics become gauges, and numbers (sample values and `le`
+//! bounds) are written as Go writes them (`1`, `2.5`, `1e-06`), so bucket
+//! labels match the kubelet's. A few kubelet counters predate the `_total`
+//! convention ([`LEGACY_COUNTERS`]): they keep the kubelet's sample name,
+//! typed `untyped` so linters (`promtool check metrics`) accept the name.
+
+use std::fmt::Write as _;
 
 use prometheus_client::registry::Registry;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Format {
-    /// text/plain; version=0.0.4
-    Text,
-    /// application/openmetrics-text; version=1.0.0
-    OpenMetrics,
-}
-
-impl Format {
-    pub fn content_type(self) -> &'static str {
-        match self {
-            Format::Text => "text/plain; version=0.0.4; charset=utf-8",
-            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        }
-    }
-}
-
-/// The format for an `Accept` header: OpenMetrics when it is listed with a
-/// non-zero quality.
-pub fn negotiate(accept: Option<&str>) -> Format {
-    let Some(accept) = accept else { return Format::Text };
-    for part in accept.split(',') {
-        let mut params = part.split(';').map(str::trim);
-        let media = params.next().unwrap_or_default();
-        if media.eq_ignore_ascii_case("application/openmetrics-text") {
-            let q = params.find_map(|p| p.strip_prefix("q=")).and_then(|q| q.parse::<f64>().ok()).unwrap_or(1.0);
-            if q > 0.0 {
-                return Format::OpenMetrics;
-            }
-        }
-    }
-    Format::Text
-}
+/// `Content-Type` of every metrics response.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Counters the kubelet exposes without the `_total` suffix.
-pub const LEGACY_COUNTERS: &[&str] = &["kubelet_evictions"];
+pub const LEGACY_COUNTERS: &[&str] = &["kubelet_evictions", "kubelet_pleg_discard_events"];
 
-/// Encodes the registries (their families must not overlap) in `format`.
-pub fn encode(registries: &[&Registry], format: Format) -> String {
+/// Encodes the registries (their families must not overlap) in the text
+/// format.
+pub fn encode(registries: &[&Registry]) -> String {
     let mut om = String::with_capacity(16 * 1024);
     for r in registries {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode_registry(&mut om, r);
     }
-    match format {
-        Format::OpenMetrics => {
-            om.push_str("# EOF\n");
-            om
-        }
-        Format::Text => openmetrics_to_text(&om, LEGACY_COUNTERS),
-    }
+    openmetrics_to_text(&om, LEGACY_COUNTERS)
 }
 
 /// How one family's names change.
 struct Family {
     /// The OpenMetrics family name.
     name: String,
-    kind: String,
+    legacy: bool,
 }
 
 /// The end of a sample's name and labels (the index after `}` or the name).
@@ -92,6 +62,68 @@ fn series_end(line: &str) -> usize {
     b.len()
 }
 
+/// A number as Go's `strconv.FormatFloat(v, 'g', -1, 64)` writes it (what
+/// client_golang writes for values and bucket bounds); text that is not a
+/// number is returned as it is.
+pub fn go_float(text: &str) -> String {
+    let v: f64 = match text.parse() {
+        Ok(v) => v,
+        Err(_) => return text.to_owned(),
+    };
+    if v.is_nan() {
+        return "NaN".into();
+    }
+    if v.is_infinite() {
+        return if v > 0.0 { "+Inf".into() } else { "-Inf".into() };
+    }
+    if v == 0.0 {
+        return if v.is_sign_negative() { "-0".into() } else { "0".into() };
+    }
+    // Shortest round-trip digits and exponent, from Rust's `{:e}`.
+    let sci = format!("{v:e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let (sign, mantissa) = mantissa.strip_prefix('-').map_or(("", mantissa), |m| ("-", m));
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    // Go's %g with the shortest precision switches to an exponent below
+    // 1e-4 and from 1e21 on.
+    if !(-4..21).contains(&exp) {
+        let (first, rest) = digits.split_at(1);
+        let frac = if rest.is_empty() { String::new() } else { format!(".{rest}") };
+        let esign = if exp < 0 { '-' } else { '+' };
+        return format!("{sign}{first}{frac}e{esign}{:02}", exp.abs());
+    }
+    let point = exp + 1;
+    if point <= 0 {
+        return format!("{sign}0.{}{digits}", "0".repeat((-point) as usize));
+    }
+    let point = point as usize;
+    if digits.len() <= point {
+        format!("{sign}{digits}{}", "0".repeat(point - digits.len()))
+    } else {
+        format!("{sign}{}.{}", &digits[..point], &digits[point..])
+    }
+}
+
+/// `labels` (`{le="1.0",a="b"}`, as prometheus-client writes a bucket)
+/// with the `le` bound written as Go writes it and put last, as
+/// client_golang puts it (`{a="b",le="1"}`).
+fn normalise_le(labels: &str) -> String {
+    let Some(at) = labels.find("le=\"") else { return labels.to_owned() };
+    // Only a label named exactly `le` (the first, or after a comma).
+    if at != 1 && labels.as_bytes().get(at - 1) != Some(&b',') {
+        return labels.to_owned();
+    }
+    let start = at + 4;
+    let Some(len) = labels[start..].find('"') else { return labels.to_owned() };
+    let bound = go_float(&labels[start..start + len]);
+    // The other labels, without `le="…"` and its comma.
+    let before = labels[1..at].trim_end_matches(',');
+    let after = labels[start + len + 1..].trim_start_matches(',').trim_end_matches('}');
+    let others: Vec<&str> = [before, after].into_iter().filter(|x| !x.is_empty()).collect();
+    if others.is_empty() { format!("{{le=\"{bound}\"}}") } else { format!("{{{},le=\"{bound}\"}}", others.join(",")) }
+}
+
 /// Converts an OpenMetrics text exposition (as prometheus-client writes
 /// it) into the Prometheus text format 0.0.4.
 pub fn openmetrics_to_text(om: &str, legacy_counters: &[&str]) -> String {
@@ -105,7 +137,7 @@ pub fn openmetrics_to_text(om: &str, legacy_counters: &[&str]) -> String {
         }
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             let (name, kind) = rest.split_once(' ').unwrap_or((rest, "unknown"));
-            let legacy = legacy_counters.contains(&name);
+            let legacy = kind == "counter" && legacy_counters.contains(&name);
             let (text_name, text_kind) = match kind {
                 "counter" if legacy => (name.to_owned(), "untyped"),
                 "counter" => (format!("{name}_total"), "counter"),
@@ -117,11 +149,13 @@ pub fn openmetrics_to_text(om: &str, legacy_counters: &[&str]) -> String {
             };
             if let Some(h) = help.take() {
                 let text = h.split_once(' ').map(|(_, t)| t).unwrap_or("");
-                out.push_str(&format!("# HELP {text_name} {text}\n"));
+                // client_golang writes the help as given, without the
+                // period prometheus-client adds.
+                let text = text.strip_suffix('.').unwrap_or(text);
+                let _ = writeln!(out, "# HELP {text_name} {text}");
             }
-            out.push_str(&format!("# TYPE {text_name} {text_kind}\n"));
-            family =
-                Some(Family { name: name.to_owned(), kind: if legacy { "legacy".into() } else { kind.to_owned() } });
+            let _ = writeln!(out, "# TYPE {text_name} {text_kind}");
+            family = Some(Family { name: name.to_owned(), legacy });
             continue;
         }
         if line.starts_with('#') || line.is_empty() {
@@ -132,20 +166,24 @@ pub fn openmetrics_to_text(om: &str, legacy_counters: &[&str]) -> String {
         let series = &line[..end];
         // The value is the first field after the series; timestamps and
         // exemplars are dropped.
-        let value = line[end..].split_whitespace().next().unwrap_or("");
+        let value = go_float(line[end..].split_whitespace().next().unwrap_or(""));
         let name_end = series.find('{').unwrap_or(series.len());
         let name = &series[..name_end];
-        let labels = &series[name_end..];
+        let labels = match &series[name_end..] {
+            // An empty label set (a collector's `[]`) is written without braces.
+            "{}" => String::new(),
+            l => normalise_le(l),
+        };
         if let Some(f) = &family {
-            if name == format!("{}_created", f.name) {
+            if name.len() == f.name.len() + 8 && name.starts_with(&f.name) && name.ends_with("_created") {
                 continue;
             }
-            if f.kind == "legacy" && name == format!("{}_total", f.name) {
-                out.push_str(&format!("{}{labels} {value}\n", f.name));
+            if f.legacy && name.len() == f.name.len() + 6 && name.starts_with(&f.name) && name.ends_with("_total") {
+                let _ = writeln!(out, "{}{labels} {value}", f.name);
                 continue;
             }
         }
-        out.push_str(&format!("{series} {value}\n"));
+        let _ = writeln!(out, "{name}{labels} {value}");
     }
     out
 }
@@ -165,18 +203,33 @@ mod tests {
     }
 
     #[test]
-    fn negotiation() {
-        assert_eq!(negotiate(None), Format::Text);
-        assert_eq!(negotiate(Some("*/*")), Format::Text);
-        assert_eq!(negotiate(Some("text/plain;version=0.0.4")), Format::Text);
-        // What Prometheus 2.x sends.
-        assert_eq!(
-            negotiate(Some(
-                "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
-            )),
-            Format::OpenMetrics
-        );
-        assert_eq!(negotiate(Some("application/openmetrics-text; q=0, text/plain")), Format::Text);
+    fn numbers_as_go_writes_them() {
+        for (input, want) in [
+            ("1.0", "1"),
+            ("2.5", "2.5"),
+            ("0.005", "0.005"),
+            ("0.0001", "0.0001"),
+            ("0.00001", "1e-05"),
+            ("0.000001", "1e-06"),
+            ("3600.0", "3600"),
+            ("1000000.0", "1000000"),
+            ("1e21", "1e+21"),
+            ("123456789012.0", "123456789012"),
+            ("-2.0", "-2"),
+            ("0.0", "0"),
+            ("+Inf", "+Inf"),
+            ("-Inf", "-Inf"),
+            ("NaN", "NaN"),
+            ("1700000000.25", "1700000000.25"),
+            ("0.078125", "0.078125"),
+            ("x", "x"),
+        ] {
+            assert_eq!(go_float(input), want, "{input}");
+        }
+        assert_eq!(normalise_le("{le=\"1.0\"}"), "{le=\"1\"}");
+        assert_eq!(normalise_le("{a=\"x\",le=\"0.25\"}"), "{a=\"x\",le=\"0.25\"}");
+        assert_eq!(normalise_le("{le=\"5.0\",a=\"x\",b=\"y\"}"), "{a=\"x\",b=\"y\",le=\"5\"}");
+        assert_eq!(normalise_le("{handle=\"1.0\"}"), "{handle=\"1.0\"}");
     }
 
     #[test]
@@ -195,28 +248,25 @@ mod tests {
         r.register("kubelet_pod_start_duration_seconds", "Pod start", h.clone());
         h.observe(0.7);
         r.register("kubelet_build", "Build", Info::new(vec![("version".to_owned(), "1".to_owned())]));
-        let om = encode(&[&r], Format::OpenMetrics);
-        assert!(om.ends_with("# EOF\n"));
-        assert!(om.contains("kubelet_evictions_total{eviction_signal=\"memory.available\"} 1"), "{om}");
-        let text = encode(&[&r], Format::Text);
+        let text = encode(&[&r]);
         let want = "\
-# HELP kubelet_evictions Cumulative number of pod evictions by eviction signal.
+# HELP kubelet_evictions Cumulative number of pod evictions by eviction signal
 # TYPE kubelet_evictions untyped
 kubelet_evictions{eviction_signal=\"memory.available\"} 1
-# HELP kubelet_runtime_operations_total Cumulative number of runtime operations.
+# HELP kubelet_runtime_operations_total Cumulative number of runtime operations
 # TYPE kubelet_runtime_operations_total counter
 kubelet_runtime_operations_total 3
-# HELP kubelet_running_pods Number of pods that have a running pod sandbox.
+# HELP kubelet_running_pods Number of pods that have a running pod sandbox
 # TYPE kubelet_running_pods gauge
 kubelet_running_pods 2
-# HELP kubelet_pod_start_duration_seconds Pod start.
+# HELP kubelet_pod_start_duration_seconds Pod start
 # TYPE kubelet_pod_start_duration_seconds histogram
 kubelet_pod_start_duration_seconds_sum 0.7
 kubelet_pod_start_duration_seconds_count 1
 kubelet_pod_start_duration_seconds_bucket{le=\"0.5\"} 0
-kubelet_pod_start_duration_seconds_bucket{le=\"1.0\"} 1
+kubelet_pod_start_duration_seconds_bucket{le=\"1\"} 1
 kubelet_pod_start_duration_seconds_bucket{le=\"+Inf\"} 1
-# HELP kubelet_build_info Build.
+# HELP kubelet_build_info Build
 # TYPE kubelet_build_info gauge
 kubelet_build_info{version=\"1\"} 1
 ";
@@ -229,7 +279,7 @@ kubelet_build_info{version=\"1\"} 1
                   x_events_total{a=\"} # {\"} 5 # {trace_id=\"1\"} 1.0\nx_events_created 1.7e9\n# EOF\n";
         assert_eq!(
             openmetrics_to_text(om, &[]),
-            "# HELP x_events_total Events.\n# TYPE x_events_total counter\nx_events_total{a=\"} # {\"} 5\n"
+            "# HELP x_events_total Events\n# TYPE x_events_total counter\nx_events_total{a=\"} # {\"} 5\n"
         );
     }
 }

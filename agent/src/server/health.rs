@@ -6,6 +6,11 @@
 //! The agent registers `ping` and `runtime` (the container runtime
 //! unreachable for longer than a bound); the pod manager registers
 //! `syncloop` (a [`Heartbeat`] its loop beats).
+//!
+//! Each evaluation of `/healthz` records every check it ran in the SLI
+//! metrics served on /metrics/slis (component-base's `slis`):
+//! `kubernetes_healthcheck{name,type}` (1 healthy, 0 not) and
+//! `kubernetes_healthchecks_total{name,type,status}`, with type `healthz`.
 
 use std::{
     fmt::Write as _,
@@ -14,6 +19,11 @@ use std::{
 };
 
 use hyper::StatusCode;
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
 
 use crate::cri::CriClient;
 
@@ -28,6 +38,52 @@ pub trait HealthCheck: Send + Sync {
 /// The registered checks, in registration order.
 pub struct HealthChecks {
     checks: RwLock<Vec<Arc<dyn HealthCheck>>>,
+    slis: SliMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckLabels {
+    name: String,
+    r#type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    name: String,
+    r#type: String,
+    status: String,
+}
+
+/// The health checks' SLI metrics (/metrics/slis).
+#[derive(Clone, Default)]
+pub struct SliMetrics {
+    healthcheck: Family<CheckLabels, Gauge>,
+    healthchecks: Family<ResultLabels, Counter>,
+}
+
+impl SliMetrics {
+    /// A registry with the two families, as /metrics/slis serves them.
+    pub fn registry(&self) -> Registry {
+        let mut r = Registry::default();
+        r.register(
+            "kubernetes_healthcheck",
+            "[BETA] This metric records the result of a single healthcheck",
+            self.healthcheck.clone(),
+        );
+        r.register(
+            "kubernetes_healthchecks",
+            "[BETA] This metric records the results of all healthcheck",
+            self.healthchecks.clone(),
+        );
+        r
+    }
+
+    fn observe(&self, name: &str, ok: bool) {
+        let kind = "healthz".to_owned();
+        self.healthcheck.get_or_create(&CheckLabels { name: name.into(), r#type: kind.clone() }).set(i64::from(ok));
+        let status = if ok { "success" } else { "error" };
+        self.healthchecks.get_or_create(&ResultLabels { name: name.into(), r#type: kind, status: status.into() }).inc();
+    }
 }
 
 struct Ping;
@@ -51,7 +107,12 @@ impl Default for HealthChecks {
 impl HealthChecks {
     /// The set with `ping`.
     pub fn new() -> HealthChecks {
-        HealthChecks { checks: RwLock::new(vec![Arc::new(Ping)]) }
+        HealthChecks { checks: RwLock::new(vec![Arc::new(Ping)]), slis: SliMetrics::default() }
+    }
+
+    /// The SLI metrics every `/healthz` evaluation records.
+    pub fn slis(&self) -> &SliMetrics {
+        &self.slis
     }
 
     /// Adds a check (replacing one of the same name).
@@ -94,7 +155,9 @@ impl HealthChecks {
                 let _ = writeln!(out, "[+]{} excluded: ok", c.name());
                 continue;
             }
-            match c.check() {
+            let verdict = c.check();
+            self.slis.observe(c.name(), verdict.is_ok());
+            match verdict {
                 Ok(()) => {
                     let _ = writeln!(out, "[+]{} ok", c.name());
                 }
@@ -249,6 +312,17 @@ mod tests {
             (StatusCode::INTERNAL_SERVER_ERROR, "internal server error: stuck\n".into())
         );
         assert_eq!(h.answer("/healthz/none", &[]).0, StatusCode::NOT_FOUND);
+        // Every evaluated check was recorded for /metrics/slis.
+        let text = crate::server::exposition::encode(&[&h.slis().registry()]);
+        for want in [
+            "kubernetes_healthcheck{name=\"ping\",type=\"healthz\"} 1",
+            "kubernetes_healthcheck{name=\"syncloop\",type=\"healthz\"} 0",
+            "kubernetes_healthchecks_total{name=\"syncloop\",type=\"healthz\",status=\"success\"} 1",
+            "kubernetes_healthchecks_total{name=\"syncloop\",type=\"healthz\",status=\"error\"} 1",
+            "# TYPE kubernetes_healthchecks_total counter",
+        ] {
+            assert!(text.lines().any(|l| l == want), "{want:?} missing:\n{text}");
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ use k8s_openapi::{
     jiff::{SignedDuration, Timestamp},
 };
 
-use super::stats::pod_log_dir;
+use super::stats_read::pod_log_dir;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LogOptions {

@@ -6,21 +6,26 @@
 //!   `--tls-cert-file` or self-signed in `--cert-dir`), every request
 //!   authenticated and authorized (`auth`, `webhook`), serving /pods,
 //!   /healthz, /configz, /stats/summary, /metrics, /metrics/resource,
-//!   /metrics/cadvisor, /metrics/probes, /containerLogs and /debug/events.
+//!   /metrics/cadvisor, /metrics/probes, /metrics/slis, /containerLogs and
+//!   /debug/events (the metrics routes are in `metrics_routes`).
 //! - a unix socket in the root dir (`swiftlet/debug.sock`, root only) for
 //!   the node's own tools (`swiftlet events`): /debug/events and /healthz,
 //!   trusted by file permission as the eBPF programs are.
 
 pub mod agent;
 pub mod auth;
+pub mod cadvisor;
+pub mod cgroup_sample;
 pub mod collectors;
 pub mod events;
 pub mod exposition;
 pub mod health;
 pub mod http;
 pub mod logs;
+mod metrics_routes;
 pub mod spdy;
 pub mod stats;
+pub mod stats_read;
 pub mod streaming;
 pub mod summary;
 pub mod tls;
@@ -37,7 +42,7 @@ use bytes::Bytes;
 use hyper::{
     Method, Request, Response, StatusCode,
     body::Incoming,
-    header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue},
+    header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue},
 };
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -52,7 +57,6 @@ use tracing::{info, warn};
 use self::{
     auth::{Authenticator, Authorizer, Credentials, Outcome},
     events::DebugEvents,
-    exposition::Format,
     health::HealthChecks,
     http::{Body, ConnInfo},
     stats::StatsProvider,
@@ -60,7 +64,7 @@ use self::{
 use crate::{
     config::{AuthorizationMode, Config},
     cri::RuntimeService,
-    metrics::{Metrics, NameLabels},
+    metrics::{Metrics, storage::VolumeStates},
     pods::source::PodView,
     signals::SignalSource,
 };
@@ -119,6 +123,10 @@ pub struct Server {
     /// exec, attach, port-forward (the runtime's streaming calls are set
     /// with [`streaming::Streaming::set_runtime`]).
     pub streaming: streaming::Streaming,
+    /// Set by the first /metrics/cadvisor request.
+    cadvisor_scraped: std::sync::atomic::AtomicBool,
+    /// The configuration in effect after reloads (/configz).
+    running: Option<watch::Receiver<Arc<Config>>>,
 }
 
 /// Encoded bodies by (endpoint, variant), with the stats pass they encode.
@@ -143,6 +151,10 @@ pub struct ServerParts {
     pub authz: Arc<dyn Authorizer>,
     /// The prober's registry for /metrics/probes.
     pub probes: Registry,
+    /// The desired and mounted volumes (volume_manager_total_volumes).
+    pub volumes: Option<Arc<dyn VolumeStates>>,
+    /// The configuration in effect after reloads, for /configz (None: `config`).
+    pub running: Option<watch::Receiver<Arc<Config>>>,
 }
 
 impl Server {
@@ -152,9 +164,12 @@ impl Server {
         if let Some(e) = p.ebpf {
             extra.register_collector(Box::new(collectors::EbpfProgramCollector(e)));
         }
+        if let Some(v) = p.volumes {
+            extra.register_collector(Box::new(crate::metrics::storage::VolumeManagerCollector(v)));
+        }
         let node: Family<NodeLabels, Gauge> = Family::default();
         node.get_or_create(&NodeLabels { node: p.node_name.clone() }).set(1);
-        extra.register("kubelet_node_name", "[ALPHA] The node's name. The count is always 1", node);
+        extra.register("kubelet_node_name", "[ALPHA] The node's name. The count is always 1.", node);
         let k = &p.config.kubelet;
         Server {
             fine_grained_authz: k.feature_gates.get("KubeletFineGrainedAuthz").copied().unwrap_or(true),
@@ -174,6 +189,8 @@ impl Server {
             probes: p.probes,
             encoded: Default::default(),
             streaming: Default::default(),
+            cadvisor_scraped: Default::default(),
+            running: p.running,
         }
     }
 
@@ -250,27 +267,19 @@ impl Server {
             return method_not_allowed();
         }
         let query = http::query_pairs(req.uri().query());
-        let accept = req.headers().get(ACCEPT).and_then(|v| v.to_str().ok()).map(str::to_owned);
         match path.as_str() {
             "/pods" | "/pods/" => self.pod_list(),
-            "/configz" => http::json(StatusCode::OK, &self.config.configz()),
-            "/stats/summary" | "/stats/summary/" => self.summary(&query).await,
-            "/metrics" => self.metrics_page(accept.as_deref()),
-            "/metrics/resource" | "/metrics/cadvisor" => {
-                let snap = self.stats.latest().await;
-                let format = exposition::negotiate(accept.as_deref());
-                let key = if path == "/metrics/resource" { "resource" } else { "cadvisor" };
-                let body = self.encoded(key, format as u8, &snap, || {
-                    let r = if key == "resource" {
-                        collectors::registry_with(collectors::ResourceCollector(snap.clone()))
-                    } else {
-                        collectors::registry_with(collectors::CadvisorCollector(snap.clone()))
-                    };
-                    exposition::encode(&[&r], format).into_bytes()
-                });
-                http::respond(StatusCode::OK, format.content_type(), body)
+            "/configz" => {
+                let configz = match &self.running {
+                    Some(r) => r.borrow().configz(),
+                    None => self.config.configz(),
+                };
+                http::json(StatusCode::OK, &configz)
             }
-            "/metrics/probes" => metrics_response(&self.probes, accept.as_deref()),
+            "/stats/summary" | "/stats/summary/" => self.summary(&query).await,
+            "/metrics" | "/metrics/resource" | "/metrics/cadvisor" | "/metrics/probes" | "/metrics/slis" => {
+                self.metrics_route(&path).await
+            }
             "/debug/events" if self.debugging_handlers => self.debug_events(),
             p if p.starts_with("/healthz") && auth::subresources(p, true).first() == Some(&"healthz") => {
                 self.healthz(&req)
@@ -296,54 +305,6 @@ impl Server {
         http::json(StatusCode::OK, &list)
     }
 
-    /// The body for `key`/`variant` from this stats pass, encoding it the
-    /// first time it is asked for.
-    fn encoded(
-        &self,
-        key: &'static str,
-        variant: u8,
-        snap: &stats::StatsSnapshot,
-        encode: impl FnOnce() -> Vec<u8>,
-    ) -> Bytes {
-        let lock = || self.encoded.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((t, b)) = lock().get(&(key, variant))
-            && *t == snap.time
-        {
-            return b.clone();
-        }
-        // Encoded outside the lock: a scrape racing the warm-up encodes
-        // twice rather than waiting.
-        let body = Bytes::from(encode());
-        let mut cache = lock();
-        if cache.get(&(key, variant)).is_none_or(|(t, _)| *t <= snap.time) {
-            cache.insert((key, variant), (snap.time, body.clone()));
-        }
-        body
-    }
-
-    /// Encodes each new stats pass for the usual scrapes (resource metrics
-    /// and the full summary, in the text format) as soon as it is taken,
-    /// so no request pays for the encoding.
-    async fn warm(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
-        let mut passes = self.stats.subscribe();
-        loop {
-            tokio::select! {
-                r = passes.changed() => if r.is_err() { break },
-                _ = http::stopped(&mut shutdown) => break,
-            }
-            let Some(snap) = passes.borrow_and_update().clone() else { continue };
-            let me = self.clone();
-            let _ = tokio::task::spawn_blocking(move || {
-                me.encoded("resource", Format::Text as u8, &snap, || {
-                    let r = collectors::registry_with(collectors::ResourceCollector(snap.clone()));
-                    exposition::encode(&[&r], Format::Text).into_bytes()
-                });
-                me.encoded("summary", 0, &snap, || serde_json::to_vec(&summary_body(&snap, false)).unwrap_or_default());
-            })
-            .await;
-        }
-    }
-
     async fn summary(&self, query: &[(String, String)]) -> Response<Body> {
         let snap = self.stats.latest().await;
         // metrics-server's older query: only CPU and memory.
@@ -357,7 +318,7 @@ impl Server {
 
 /// The Summary of a stats pass, optionally only CPU and memory.
 fn summary_body(snap: &stats::StatsSnapshot, only_cpu_and_memory: bool) -> summary::Summary {
-    let mut s = stats::summary(snap);
+    let mut s = summary::summary(snap);
     if only_cpu_and_memory {
         s.node.network = None;
         s.node.fs = None;
@@ -378,17 +339,6 @@ fn summary_body(snap: &stats::StatsSnapshot, only_cpu_and_memory: bool) -> summa
 }
 
 impl Server {
-    fn metrics_page(&self, accept: Option<&str>) -> Response<Body> {
-        if let Some(src) = &self.source {
-            for (name, v) in src.counters() {
-                self.metrics.signal_counters.get_or_create(&NameLabels { name: name.into() }).set(v as i64);
-            }
-        }
-        let format = exposition::negotiate(accept);
-        let body = exposition::encode(&[&self.metrics.registry, &self.extra], format);
-        http::respond(StatusCode::OK, format.content_type(), body)
-    }
-
     async fn container_logs(&self, path: &str, query: &[(String, String)]) -> Response<Body> {
         let parts: Vec<&str> = path.trim_start_matches("/containerLogs/").split('/').collect();
         let get = |i: usize| parts.get(i).map(|s| http::percent_decode(s)).filter(|s| !s.is_empty());
@@ -500,11 +450,6 @@ fn method_not_allowed() -> Response<Body> {
 
 fn debug_disabled() -> Response<Body> {
     http::text(StatusCode::METHOD_NOT_ALLOWED, "Debug endpoints are disabled.")
-}
-
-fn metrics_response(registry: &Registry, accept: Option<&str>) -> Response<Body> {
-    let format: Format = exposition::negotiate(accept);
-    http::respond(StatusCode::OK, format.content_type(), exposition::encode(&[registry], format))
 }
 
 /// The authenticator and authorizer the configuration asks for. `client`

@@ -3,8 +3,10 @@
 //! metrics-server, `kubectl top` (through it) and monitoring agents read
 //! them. k8s-openapi has no stats types, hence these.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use serde::{Deserialize, Serialize};
+
+use super::stats::{CgroupSample, FsSample, InterfaceSample, StatsSnapshot};
 
 /// System container names in `node.systemContainers`.
 pub const SYSTEM_CONTAINER_KUBELET: &str = "kubelet";
@@ -185,4 +187,237 @@ pub struct VolumeStats {
     pub fs: FsStats,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
+}
+
+fn network_stats(default: &InterfaceSample, all: &[InterfaceSample], at: Timestamp) -> NetworkStats {
+    let conv = |i: &InterfaceSample| InterfaceStats {
+        name: i.name.clone(),
+        rx_bytes: Some(i.rx_bytes),
+        rx_errors: Some(i.rx_errors),
+        tx_bytes: Some(i.tx_bytes),
+        tx_errors: Some(i.tx_errors),
+    };
+    NetworkStats { time: t(at), interface: conv(default), interfaces: all.iter().map(conv).collect() }
+}
+
+fn t(ts: Timestamp) -> Time {
+    Time(ts)
+}
+
+fn cpu(s: &CgroupSample, at: Timestamp) -> Option<CpuStats> {
+    s.cpu_usage_ns.map(|u| CpuStats {
+        time: t(at),
+        usage_nano_cores: s.cpu_nano_cores,
+        usage_core_nano_seconds: Some(u),
+    })
+}
+
+fn memory(s: &CgroupSample, at: Timestamp, capacity: Option<u64>) -> Option<MemoryStats> {
+    s.working_set?;
+    let available = match (s.memory_limit.or(capacity), s.working_set) {
+        (Some(limit), Some(ws)) => Some(limit.saturating_sub(ws)),
+        _ => None,
+    };
+    Some(MemoryStats {
+        time: t(at),
+        available_bytes: available,
+        usage_bytes: s.memory_usage,
+        working_set_bytes: s.working_set,
+        rss_bytes: s.rss,
+        page_faults: s.page_faults,
+        major_page_faults: s.major_page_faults,
+    })
+}
+
+fn fs_stats(f: &FsSample, at: Timestamp) -> FsStats {
+    FsStats {
+        time: t(at),
+        available_bytes: f.available,
+        capacity_bytes: f.capacity,
+        used_bytes: f.used,
+        inodes_free: f.inodes_free,
+        inodes: f.inodes,
+        inodes_used: f.inodes_used,
+    }
+}
+
+/// The Summary API response for a sample.
+pub fn summary(s: &StatsSnapshot) -> Summary {
+    let at = s.time;
+    let n = &s.node;
+    let network = n
+        .interfaces
+        .iter()
+        .max_by_key(|i| i.rx_bytes + i.tx_bytes)
+        .map(|default| network_stats(default, &n.interfaces, at));
+    let node = NodeStats {
+        node_name: s.node_name.clone(),
+        system_containers: n
+            .system
+            .iter()
+            .map(|(name, c)| ContainerStats {
+                name: name.clone(),
+                start_time: t(n.start_time),
+                cpu: cpu(c, at),
+                memory: memory(c, at, None),
+                rootfs: None,
+                logs: None,
+            })
+            .collect(),
+        start_time: t(n.start_time),
+        cpu: cpu(&n.root, at),
+        memory: memory(&n.root, at, Some(n.memory_capacity)),
+        network,
+        fs: n.fs.as_ref().map(|f| fs_stats(f, at)),
+        runtime: n
+            .imagefs
+            .as_ref()
+            .map(|f| RuntimeStats { image_fs: Some(fs_stats(f, at)), container_fs: Some(fs_stats(f, at)) }),
+        rlimit: Some(RlimitStats {
+            time: t(at),
+            maxpid: n.maxpid.map(|v| v as i64),
+            curproc: n.curproc.map(|v| v as i64),
+        }),
+    };
+    let pods = s
+        .pods
+        .iter()
+        .map(|p| PodStats {
+            pod_ref: PodReference { name: p.name.clone(), namespace: p.namespace.clone(), uid: p.uid.clone() },
+            start_time: t(p.start_time),
+            containers: p
+                .containers
+                .iter()
+                .map(|c| ContainerStats {
+                    name: c.name.clone(),
+                    start_time: t(c.start_time),
+                    cpu: cpu(&c.cgroup, at),
+                    memory: memory(&c.cgroup, at, None),
+                    rootfs: c.rootfs.as_ref().map(|f| fs_stats(f, at)),
+                    logs: c.logs.as_ref().map(|f| fs_stats(f, at)),
+                })
+                .collect(),
+            cpu: p.cgroup.as_ref().and_then(|c| cpu(c, at)),
+            memory: p.cgroup.as_ref().and_then(|c| memory(c, at, None)),
+            // The sandbox's namespace; its `eth0` is the pod's interface.
+            network: p.sandbox.as_ref().and_then(|s| {
+                let default = s.interfaces.iter().find(|i| i.name == "eth0").or(s.interfaces.first())?;
+                Some(network_stats(default, &s.interfaces, at))
+            }),
+            volume_stats: vec![],
+            ephemeral_storage: p.ephemeral.as_ref().map(|f| fs_stats(f, at)),
+            process_stats: p.cgroup.as_ref().and_then(|c| c.processes).map(|n| ProcessStats { process_count: Some(n) }),
+        })
+        .collect();
+    Summary { node, pods }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::stats::{ContainerSample, NodeSample, PodSample, SandboxSample};
+
+    fn snapshot() -> StatsSnapshot {
+        let at = Timestamp::from_second(1_700_000_060).unwrap();
+        let cg = |path: &str, ws: u64| CgroupSample {
+            path: path.into(),
+            cpu_usage_ns: Some(2_500_000_000),
+            cpu_nano_cores: Some(250_000_000),
+            memory_usage: Some(ws + 10),
+            working_set: Some(ws),
+            rss: Some(ws / 2),
+            page_faults: Some(7),
+            major_page_faults: Some(1),
+            memory_limit: None,
+            processes: Some(3),
+            oom_kills: Some(0),
+            ..Default::default()
+        };
+        StatsSnapshot {
+            time: at,
+            node_name: "n1".into(),
+            node: NodeSample {
+                start_time: Timestamp::from_second(1_600_000_000).unwrap(),
+                root: cg("", 1000),
+                memory_capacity: 4000,
+                fs: Some(FsSample {
+                    capacity: Some(100),
+                    available: Some(60),
+                    used: Some(40),
+                    inodes: Some(10),
+                    inodes_free: Some(4),
+                    inodes_used: Some(6),
+                }),
+                imagefs: None,
+                maxpid: Some(4_194_304),
+                curproc: Some(321),
+                interfaces: vec![],
+                system: vec![("pods".into(), cg("kubepods", 500))],
+                qos: vec![],
+                machine: Default::default(),
+            },
+            pods: vec![PodSample {
+                namespace: "default".into(),
+                name: "web".into(),
+                uid: "u1".into(),
+                start_time: Timestamp::from_second(1_700_000_000).unwrap(),
+                cgroup: Some(CgroupSample { memory_limit: Some(800), ..cg("kubepods/podu1", 300) }),
+                sandbox: Some(SandboxSample {
+                    id: "sb1".into(),
+                    image: "pause:3".into(),
+                    start_time: Timestamp::from_second(1_700_000_000).unwrap(),
+                    cgroup: cg("kubepods/podu1/sb1", 1),
+                    interfaces: vec![
+                        InterfaceSample { name: "tunl0".into(), ..Default::default() },
+                        InterfaceSample { name: "eth0".into(), rx_bytes: 900, tx_bytes: 700, ..Default::default() },
+                    ],
+                }),
+                containers: vec![ContainerSample {
+                    name: "nginx".into(),
+                    id: "abc".into(),
+                    image: "nginx:1".into(),
+                    start_time: Timestamp::from_second(1_700_000_001).unwrap(),
+                    cgroup: cg("kubepods/podu1/abc", 200),
+                    rootfs: Some(FsSample { used: Some(4096), inodes_used: Some(2), ..Default::default() }),
+                    logs: None,
+                }],
+                ephemeral: Some(FsSample { used: Some(4096), ..Default::default() }),
+            }],
+            errors: vec![],
+        }
+    }
+
+    #[test]
+    fn summary_json_has_the_kubelet_shape() {
+        let v = serde_json::to_value(summary(&snapshot())).unwrap();
+        let node = &v["node"];
+        assert_eq!(node["nodeName"], "n1");
+        assert_eq!(node["startTime"], "2020-09-13T12:26:40Z");
+        assert_eq!(node["cpu"]["usageCoreNanoSeconds"], 2_500_000_000u64);
+        assert_eq!(node["cpu"]["usageNanoCores"], 250_000_000u64);
+        assert_eq!(node["cpu"]["time"], "2023-11-14T22:14:20Z");
+        assert_eq!(node["memory"]["workingSetBytes"], 1000);
+        assert_eq!(node["memory"]["availableBytes"], 3000);
+        assert_eq!(node["rlimit"]["maxpid"], 4_194_304);
+        assert_eq!(node["rlimit"]["curproc"], 321);
+        assert_eq!(node["fs"]["inodesUsed"], 6);
+        assert_eq!(node["systemContainers"][0]["name"], "pods");
+        let pod = &v["pods"][0];
+        assert_eq!(pod["podRef"], serde_json::json!({"name": "web", "namespace": "default", "uid": "u1"}));
+        assert_eq!(pod["memory"]["availableBytes"], 500, "limit − working set");
+        assert_eq!(pod["process_stats"]["process_count"], 3);
+        assert_eq!(pod["ephemeral-storage"]["usedBytes"], 4096);
+        // The pod's network is its sandbox's namespace, eth0 first.
+        assert_eq!(pod["network"]["name"], "eth0");
+        assert_eq!(pod["network"]["rxBytes"], 900);
+        assert_eq!(pod["network"]["interfaces"].as_array().unwrap().len(), 2);
+        let c = &pod["containers"][0];
+        assert_eq!(c["name"], "nginx");
+        assert_eq!(c["rootfs"]["usedBytes"], 4096);
+        assert!(c["memory"].get("availableBytes").is_none(), "no limit, no available");
+        assert!(c.get("logs").is_none());
+        // And it reads back.
+        let back: Summary = serde_json::from_value(v).unwrap();
+        assert_eq!(back, summary(&snapshot()));
+    }
 }

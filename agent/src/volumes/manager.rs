@@ -124,6 +124,18 @@ impl VolumeKind {
         matches!(self, VolumeKind::EmptyDir { memory: true } | VolumeKind::Secret | VolumeKind::Projected)
     }
 
+    /// The kubelet's plugin name for this kind (volume metrics' label).
+    pub fn plugin_name(self) -> &'static str {
+        match self {
+            VolumeKind::HostPath => "kubernetes.io/host-path",
+            VolumeKind::EmptyDir { .. } => "kubernetes.io/empty-dir",
+            VolumeKind::ConfigMap => "kubernetes.io/configmap",
+            VolumeKind::Secret => "kubernetes.io/secret",
+            VolumeKind::DownwardApi => "kubernetes.io/downward-api",
+            VolumeKind::Projected => "kubernetes.io/projected",
+        }
+    }
+
     /// Counts toward the pod's ephemeral storage (the kubelet's
     /// `localEphemeralVolumeNames`: disk emptyDir, configMap, downwardAPI).
     pub fn counts_as_ephemeral_storage(self) -> bool {
@@ -244,6 +256,8 @@ pub struct VolumeManager {
     /// Bumped when a set of pods' volumes changes (for watchers such as
     /// the local storage monitor).
     generation: watch::Sender<u64>,
+    /// storage_operation_* (set once by the composition root).
+    metrics: std::sync::OnceLock<crate::metrics::storage::StorageMetrics>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -266,7 +280,34 @@ impl VolumeManager {
             recorder,
             pods: Mutex::new(HashMap::new()),
             generation: watch::channel(0).0,
+            metrics: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Times every volume set-up and tear-down from now on in `metrics`
+    /// (storage_operation_duration_seconds, storage_operation_errors_total).
+    pub fn set_metrics(&self, metrics: crate::metrics::storage::StorageMetrics) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    fn observe(&self, kind: VolumeKind, op: crate::metrics::storage::VolumeOperation, took: Duration, failed: bool) {
+        if let Some(m) = self.metrics.get() {
+            m.observe(kind.plugin_name(), op, took, failed);
+        }
+    }
+
+    /// The plugin of every volume set up now, one entry per volume
+    /// (volume_manager_total_volumes' actual state). A pod whose volumes
+    /// are being set up at this moment is left out rather than waited for.
+    pub fn mounted_plugins(&self) -> Vec<&'static str> {
+        let states: Vec<_> = lock(&self.pods).values().cloned().collect();
+        states
+            .iter()
+            .filter_map(|s| {
+                s.try_lock().ok().map(|st| st.volumes.values().map(|m| m.kind.plugin_name()).collect::<Vec<_>>())
+            })
+            .flatten()
+            .collect()
     }
 
     /// Makes the root dir (the parent of the pods dir) a shared mount so
@@ -353,7 +394,12 @@ impl VolumeManager {
             if st.volumes.contains_key(&v.name) {
                 continue;
             }
-            match self.setup_volume(&mut st, v).await {
+            let started = std::time::Instant::now();
+            let result = self.setup_volume(&mut st, v).await;
+            if let Ok(kind) = kind_of(v) {
+                self.observe(kind, crate::metrics::storage::VolumeOperation::Mount, started.elapsed(), result.is_err());
+            }
+            match result {
                 Ok(m) => {
                     debug!(uid, volume = v.name, "volume set up");
                     st.volumes.insert(v.name.clone(), m);
@@ -694,11 +740,17 @@ impl VolumeManager {
     pub async fn teardown(&self, uid: &str) -> Result<(), String> {
         let state = lock(&self.pods).remove(uid);
         // Wait for a set-up or refresh in progress to finish.
+        let mut kinds = vec![];
         if let Some(s) = &state {
-            let _guard = s.lock().await;
+            kinds = s.lock().await.volumes.values().map(|m| m.kind).collect();
         }
         let dir = self.pod_dir(uid);
+        let started = std::time::Instant::now();
         let result = tokio::task::spawn_blocking(move || teardown_dir(&dir)).await.map_err(|e| e.to_string())?;
+        // The pod's volumes go together: each is timed with the whole tear-down.
+        for kind in kinds {
+            self.observe(kind, crate::metrics::storage::VolumeOperation::Unmount, started.elapsed(), result.is_err());
+        }
         if state.is_some() {
             self.generation.send_modify(|g| *g += 1);
         }

@@ -83,6 +83,15 @@ impl AccessRule {
         self
     }
 
+    /// What a real cluster allows without any binding: everything to the
+    /// `system:masters` group (RBAC's superusers: kubeadm's admin and the
+    /// API server's kubelet client). The binary checks it after the rules
+    /// it is given, so its own kubeconfig's admin can use the kubelet API
+    /// (`kubectl logs`, `get --raw …/proxy/…`) through the webhooks.
+    pub fn superusers() -> AccessRule {
+        AccessRule::allow().group("system:masters")
+    }
+
     /// `allow|deny:user=<u>,group=<g>,verb=<v>,resource=<r>,subresource=<s>,path=<p>`
     /// (for the binary's --rule flag).
     pub fn parse(s: &str) -> Result<AccessRule, String> {

@@ -19,6 +19,7 @@ pub mod admission;
 pub mod auth;
 pub mod defaults;
 mod ephemeral;
+pub mod openapi;
 pub mod patch;
 pub mod proxy;
 pub mod resources;

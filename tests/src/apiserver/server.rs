@@ -17,7 +17,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 
 use super::{
     auth::{AuthConfig, Pki, UserInfo},
-    defaults,
+    defaults, openapi,
     patch::{self, PatchKind},
     resources::{self, ResourceType},
     selectors::{FieldSelector, LabelSelector},
@@ -99,6 +99,8 @@ enum Target {
     Apis,
     Group(String),
     ResourceList(String, String),
+    OpenApiV3Index,
+    OpenApiV3(String),
     Resource { rt: ResourceType, ns: Option<String>, name: Option<String>, sub: Option<String> },
 }
 
@@ -110,6 +112,8 @@ fn route(path: &str) -> Result<Target, ApiError> {
         ["healthz" | "readyz" | "livez", ..] => return Ok(Target::Health),
         ["api"] => return Ok(Target::Api),
         ["apis"] => return Ok(Target::Apis),
+        ["openapi", "v3"] => return Ok(Target::OpenApiV3Index),
+        ["openapi", "v3", rest @ ..] => return Ok(Target::OpenApiV3(rest.join("/"))),
         ["apis", g] => return Ok(Target::Group((*g).to_owned())),
         ["api", v] => return Ok(Target::ResourceList(String::new(), (*v).to_owned())),
         ["apis", g, v] => return Ok(Target::ResourceList((*g).to_owned(), (*v).to_owned())),
@@ -221,6 +225,10 @@ async fn dispatch(state: &Arc<State>, req: Request<Incoming>, user: &UserInfo) -
         Target::Group(g) => resources::api_group(&g)
             .map(|d| json_response(200, &d))
             .ok_or_else(|| ApiError::new(404, "NotFound", "the server could not find the requested resource")),
+        Target::OpenApiV3Index => Ok(json_response(200, &openapi::v3_index())),
+        Target::OpenApiV3(p) => openapi::v3_group_version(&p)
+            .map(|d| json_response(200, &d))
+            .ok_or_else(|| ApiError::new(404, "NotFound", "the server could not find the requested resource")),
         Target::ResourceList(g, v) => resources::resource_list(&g, &v)
             .map(|d| json_response(200, &d))
             .ok_or_else(|| ApiError::new(404, "NotFound", "the server could not find the requested resource")),
@@ -240,6 +248,17 @@ async fn dispatch(state: &Arc<State>, req: Request<Incoming>, user: &UserInfo) -
             }
             let table = wants_table(&accept);
             let include = IncludeObject::parse(q.get("includeObject").map(String::as_str));
+            let validation = openapi::FieldValidation::parse(q.get("fieldValidation").map(String::as_str))
+                .map_err(ApiError::bad_request)?;
+            let warned = |code: u16, obj: &Value, warnings: Vec<String>| {
+                let mut r = json_response(code, obj);
+                for w in warnings {
+                    if let Ok(v) = header::HeaderValue::from_str(&format!("299 - {w:?}")) {
+                        r.headers_mut().append(header::WARNING, v);
+                    }
+                }
+                r
+            };
             let one = |obj: Value| {
                 if table {
                     let rv = obj.pointer("/metadata/resourceVersion").and_then(Value::as_str).map(str::to_owned);
@@ -266,6 +285,7 @@ async fn dispatch(state: &Arc<State>, req: Request<Incoming>, user: &UserInfo) -
                 (Method::GET, Some(n), _) => Ok(one(state.store.get(&rt, &ns_str, &n)?)),
                 (Method::POST, None, None) => {
                     let mut obj = parse_body()?;
+                    let warnings = openapi::check_fields(&rt, &obj, validation, false)?;
                     if rt.kind == "Pod" {
                         defaults::pod(&mut obj);
                         super::admission::pod(&state.store, &ns_str, &mut obj)?;
@@ -281,12 +301,13 @@ async fn dispatch(state: &Arc<State>, req: Request<Incoming>, user: &UserInfo) -
                     if rt.kind == "CertificateSigningRequest" && state.auto_approve_csrs {
                         approve_csr(state, &created);
                     }
-                    Ok(json_response(201, &created))
+                    Ok(warned(201, &created, warnings))
                 }
                 (Method::PUT, Some(n), sub) => {
                     let obj = parse_body()?;
+                    let warnings = openapi::check_fields(&rt, &obj, validation, false)?;
                     let updated = update(state, &rt, &ns_str, &n, sub, obj)?;
-                    Ok(json_response(200, &updated))
+                    Ok(warned(200, &updated, warnings))
                 }
                 (Method::PATCH, Some(n), sub) => {
                     let kind = PatchKind::from_content_type(&content_type).ok_or_else(|| {
@@ -297,8 +318,10 @@ async fn dispatch(state: &Arc<State>, req: Request<Incoming>, user: &UserInfo) -
                         )
                     })?;
                     let p = parse_body()?;
+                    let warnings =
+                        if p.is_object() { openapi::check_fields(&rt, &p, validation, true)? } else { vec![] };
                     let patched = patch_object(state, &rt, &ns_str, &n, sub, kind, &p)?;
-                    Ok(json_response(200, &patched))
+                    Ok(warned(200, &patched, warnings))
                 }
                 (Method::DELETE, Some(n), None) => {
                     let mut opts = DeleteOptions::from_json(&parse_body()?);

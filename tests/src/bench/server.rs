@@ -213,10 +213,15 @@ pub fn kubelet_api(ctx: &Ctx) -> Result<BenchResult> {
         let id = labels::PodIdentity { uid: uid.clone(), namespace: "bench".into(), name: name.clone() };
         let pod_cg = tc.child(&format!("kubepods/besteffort/pod{uid}"));
         let ctr_cg = tc.child(&format!("kubepods/besteffort/pod{uid}/{cid}"));
-        let mut cmd = Command::new("sleep");
-        cmd.arg("3600").stdout(Stdio::null());
-        workload::in_cgroup(&mut cmd, &tc.fs, &ctr_cg);
-        sleepers.0.push(cmd.spawn().context("spawning a sleeper")?);
+        // The sandbox's cgroup and its process, whose network namespace
+        // (the host's here) the pass reads for the pod's network counters.
+        let sandbox_cg = tc.child(&format!("kubepods/besteffort/pod{uid}/sandbox-{i}"));
+        for cg in [&ctr_cg, &sandbox_cg] {
+            let mut cmd = Command::new("sleep");
+            cmd.arg("3600").stdout(Stdio::null());
+            workload::in_cgroup(&mut cmd, &tc.fs, cg);
+            sleepers.0.push(cmd.spawn().context("spawning a sleeper")?);
+        }
         let _ = pod_cg;
         let log_dir = logs.join(format!("bench_{name}_{uid}/app"));
         std::fs::create_dir_all(&log_dir)?;
@@ -301,8 +306,8 @@ pub fn kubelet_api(ctx: &Ctx) -> Result<BenchResult> {
             let t = Instant::now();
             let snap = s.stats.refresh().await;
             collect.push(t.elapsed().as_secs_f64() * 1e3);
-            if snap.pods.len() != PODS || snap.pods.iter().any(|p| p.containers.is_empty()) {
-                bail!("the collection saw {} pods (want {PODS} with their containers)", snap.pods.len());
+            if snap.pods.len() != PODS || snap.pods.iter().any(|p| p.containers.is_empty() || p.sandbox.is_none()) {
+                bail!("the collection saw {} pods (want {PODS} with their sandboxes and containers)", snap.pods.len());
             }
         }
         result.figures.push(Figure::distribution("stats collection, 110 pods (background pass)", "ms", &collect));

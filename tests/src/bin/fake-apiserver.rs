@@ -10,6 +10,11 @@
 //! It writes a kubeconfig (default: fake-apiserver.kubeconfig in the
 //! current directory) that kubectl and swiftlet can use, prints where it
 //! listens, and serves until Ctrl-C.
+//!
+//! SubjectAccessReviews (the kubelet's webhook authorization) are answered
+//! by the `--rule`s in order, then, as RBAC does for its superusers, by an
+//! allow for the group `system:masters` (the kubeconfig's admin); anything
+//! else is denied. TokenReviews know the `--token`s.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -21,7 +26,8 @@ use swiftlet_tests::apiserver::{
 fn usage() -> ! {
     eprintln!(
         "usage: fake-apiserver [--port N] [--tls] [--kubeconfig PATH] [--token TOKEN=USER[:GROUP,...]]... \
-         [--rule allow|deny:key=value,...]... [--bookmark-interval SECONDS] [--history N]"
+         [--rule allow|deny:key=value,...]... [--bookmark-interval SECONDS] [--history N]\n\
+         SubjectAccessReviews: the --rules in order, then allow group system:masters (the kubeconfig's admin)"
     );
     std::process::exit(2)
 }
@@ -71,6 +77,8 @@ fn main() {
             }
         }
     }
+    // RBAC's superusers, after the rules given.
+    options.auth.rules.push(AccessRule::superusers());
     let server = match FakeApiServer::start(options) {
         Ok(s) => s,
         Err(e) => {
@@ -89,6 +97,7 @@ fn main() {
     println!("fake-apiserver: serving {}", server.url());
     println!("fake-apiserver: kubeconfig {}", kubeconfig.display());
     println!("  kubectl --kubeconfig {} get nodes", kubeconfig.display());
+    println!("fake-apiserver: SubjectAccessReviews: the --rules in order, then allow group system:masters");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(async {
         let _ = tokio::signal::ctrl_c().await;

@@ -1,6 +1,14 @@
-//! swiftlet's own Prometheus metrics (served on :10250/metrics), with the
-//! kubelet's well-known names where one exists.
+//! The agent's Prometheus registry (served on :10250/metrics): the
+//! kubelet's metrics with the kubelet's names, labels and buckets
+//! (`kubelet`, `rest_client`, `storage`), and swiftlet's own under
+//! `swiftlet_`.
 
+pub mod kubelet;
+pub mod rest_client;
+pub mod storage;
+
+pub use self::kubelet::{ContainerStateLabels, KubeletMetrics, OperationLabels, snake_case};
+use self::{rest_client::RestClientMetrics, storage::StorageMetrics};
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{
@@ -51,107 +59,6 @@ pub struct NameLabels {
     pub name: String,
 }
 
-/// `operation_type`: the CRI call in the kubelet's snake_case
-/// (`list_containers`, `pull_image`, ...).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OperationLabels {
-    pub operation_type: String,
-}
-
-/// `container_state`: created, running, exited or unknown.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ContainerStateLabels {
-    pub container_state: String,
-}
-
-/// The kubelet's runtime metrics (served on /metrics beside swiftlet's
-/// own), with the kubelet's names, labels and buckets: the runtime client
-/// records its calls; running pods and containers are set from the runtime
-/// by the stats collector. (The pod side's are in `pods::metrics`.)
-pub struct KubeletMetrics {
-    /// kubelet_runtime_operations_total{operation_type}
-    pub runtime_operations: Family<OperationLabels, Counter>,
-    /// kubelet_runtime_operations_errors_total{operation_type}
-    pub runtime_operations_errors: Family<OperationLabels, Counter>,
-    /// kubelet_runtime_operations_duration_seconds{operation_type}
-    pub runtime_operations_duration: Family<OperationLabels, Histogram>,
-    /// kubelet_running_pods: pods with a running sandbox.
-    pub running_pods: Gauge,
-    /// kubelet_running_containers{container_state}
-    pub running_containers: Family<ContainerStateLabels, Gauge>,
-}
-
-fn runtime_histogram() -> Histogram {
-    // The kubelet's ExponentialBuckets(.005, 2.5, 14).
-    Histogram::new(exponential_buckets(0.005, 2.5, 14))
-}
-
-impl KubeletMetrics {
-    fn register(registry: &mut Registry) -> KubeletMetrics {
-        let m = KubeletMetrics {
-            runtime_operations: Family::default(),
-            runtime_operations_errors: Family::default(),
-            runtime_operations_duration: Family::new_with_constructor(runtime_histogram as fn() -> Histogram),
-            running_pods: Gauge::default(),
-            running_containers: Family::default(),
-        };
-        registry.register(
-            "kubelet_runtime_operations",
-            "[ALPHA] Cumulative number of runtime operations by operation type",
-            m.runtime_operations.clone(),
-        );
-        registry.register(
-            "kubelet_runtime_operations_errors",
-            "[ALPHA] Cumulative number of runtime operation errors by operation type",
-            m.runtime_operations_errors.clone(),
-        );
-        registry.register(
-            "kubelet_runtime_operations_duration_seconds",
-            "[ALPHA] Duration in seconds of runtime operations. Broken down by operation type",
-            m.runtime_operations_duration.clone(),
-        );
-        registry.register(
-            "kubelet_running_pods",
-            "[ALPHA] Number of pods that have a running pod sandbox",
-            m.running_pods.clone(),
-        );
-        registry.register(
-            "kubelet_running_containers",
-            "[ALPHA] Number of containers currently running",
-            m.running_containers.clone(),
-        );
-        m
-    }
-
-    /// Records one CRI call: `method` as the client names it (`ListContainers`).
-    pub fn observe_runtime_call(&self, method: &str, seconds: f64, failed: bool) {
-        let l = OperationLabels { operation_type: snake_case(method) };
-        self.runtime_operations.get_or_create(&l).inc();
-        self.runtime_operations_duration.get_or_create(&l).observe(seconds);
-        if failed {
-            self.runtime_operations_errors.get_or_create(&l).inc();
-        }
-    }
-}
-
-/// `ListPodSandbox` → `list_podsandbox`, as the kubelet's instrumented
-/// runtime service names its operations.
-pub fn snake_case(method: &str) -> String {
-    let mut out = String::with_capacity(method.len() + 4);
-    for (i, ch) in method.chars().enumerate() {
-        if ch.is_ascii_uppercase() {
-            if i > 0 {
-                out.push('_');
-            }
-            out.push(ch.to_ascii_lowercase());
-        } else {
-            out.push(ch);
-        }
-    }
-    // The kubelet's names for the sandbox calls run "pod" and "sandbox" together.
-    out.replace("pod_sandbox", "podsandbox")
-}
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StrategyLabels {
     /// memory, processes, inodes, oom or kill.
@@ -182,12 +89,31 @@ pub struct Metrics {
     pub signal_counters: Family<NameLabels, Gauge<i64>>,
     /// 1 for the strategy each signal is obtained with (feature probes).
     pub signal_strategy: Family<StrategyLabels, Gauge>,
-    /// Kernel OOM kills seen (oom:mark_victim).
-    pub oom_kills: Counter,
+    /// Kernel OOM kills seen (oom:mark_victim), by where the victim was.
+    pub oom_kills: Family<OomScopeLabels, Counter>,
     /// Evictions that found nothing evictable.
     pub evictions_without_victim: Counter,
-    /// The kubelet's runtime metrics.
+    /// The kubelet's runtime, relist and cgroup manager metrics.
     pub kubelet: KubeletMetrics,
+    /// The volume manager's operations.
+    pub storage: StorageMetrics,
+}
+
+/// Where a kernel OOM kill's victim was.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OomScopeLabels {
+    /// `pod`: in a pod's cgroup (registered with the signal source);
+    /// `host`: anywhere else on the node (a system service, a process
+    /// outside the pods: what the kernel reports as cgroup "-").
+    pub scope: String,
+}
+
+/// The `scope` of an OOM kill whose victim's registered cgroup is `cgroup`.
+pub fn oom_kill_scope(cgroup: Option<&str>) -> &'static str {
+    match cgroup {
+        Some(c) if !c.trim_matches('/').is_empty() => "pod",
+        _ => "host",
+    }
 }
 
 fn latency_histogram() -> Histogram {
@@ -253,8 +179,16 @@ impl Metrics {
             "How each eviction signal is obtained, as chosen by the kernel feature probes (1 for the strategy in use)",
             signal_strategy.clone(),
         );
-        let oom_kills = Counter::default();
-        registry.register("swiftlet_kernel_oom_kills", "Kernel OOM kills seen (oom:mark_victim)", oom_kills.clone());
+        let oom_kills: Family<OomScopeLabels, Counter> = Family::default();
+        // Both series exist from the start, so a rate over either is defined.
+        for scope in ["pod", "host"] {
+            oom_kills.get_or_create(&OomScopeLabels { scope: scope.into() }).inc_by(0);
+        }
+        registry.register(
+            "swiftlet_kernel_oom_kills",
+            "Kernel OOM kills seen (oom:mark_victim), by where the victim was: scope=pod (a pod's cgroup) or host (outside the pods)",
+            oom_kills.clone(),
+        );
         let evictions_without_victim = Counter::default();
         registry.register(
             "swiftlet_evictions_without_victim",
@@ -262,8 +196,19 @@ impl Metrics {
             evictions_without_victim.clone(),
         );
         let kubelet = KubeletMetrics::register(&mut registry);
+        let storage = StorageMetrics::default();
+        storage.register(&mut registry);
+        RestClientMetrics::global().register(&mut registry);
+        let build: Family<BuildLabels, Gauge> = Family::default();
+        build.get_or_create(&BuildLabels::current()).set(1);
+        registry.register(
+            "kubernetes_build_info",
+            "[ALPHA] A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running",
+            build,
+        );
         Metrics {
             kubelet,
+            storage,
             registry,
             kubelet_evictions,
             signal_available,
@@ -288,12 +233,56 @@ impl Metrics {
         }
     }
 
-    /// The text exposition format.
+    /// Counts a kernel OOM kill whose victim's registered cgroup is
+    /// `cgroup` (None: not in a registered cgroup).
+    pub fn record_oom_kill(&self, cgroup: Option<&str>) {
+        self.oom_kills.get_or_create(&OomScopeLabels { scope: oom_kill_scope(cgroup).into() }).inc();
+    }
+
+    /// The registry as prometheus-client writes it (OpenMetrics: every
+    /// counter's samples end in `_total`), for tests that read figures.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// The registry as /metrics serves it: the text format with the
+    /// kubelet's names (`kubelet_evictions`).
+    pub fn encode_text(&self) -> String {
+        crate::server::exposition::encode(&[&self.registry])
+    }
+}
+
+/// `kubernetes_build_info`'s labels, as the kubelet's (Go's fields hold
+/// the Rust toolchain's where there is one).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub build_date: String,
+    pub compiler: String,
+    pub git_commit: String,
+    pub git_tree_state: String,
+    pub git_version: String,
+    pub go_version: String,
+    pub major: String,
+    pub minor: String,
+    pub platform: String,
+}
+
+impl BuildLabels {
+    pub fn current() -> BuildLabels {
+        BuildLabels {
+            build_date: String::new(),
+            compiler: "rustc".into(),
+            git_commit: String::new(),
+            git_tree_state: String::new(),
+            git_version: crate::version::kubelet_version(),
+            go_version: String::new(),
+            major: crate::version::KUBERNETES_MAJOR.into(),
+            minor: crate::version::KUBERNETES_MINOR.into(),
+            platform: crate::version::platform(),
+        }
     }
 }
 
@@ -304,30 +293,30 @@ impl Default for Metrics {
 }
 
 #[cfg(test)]
-mod kubelet_metrics_tests {
+mod tests {
     use super::*;
 
     #[test]
-    fn runtime_operation_names_are_the_kubelets() {
-        for (method, want) in [
-            ("ListPodSandbox", "list_podsandbox"),
-            ("RunPodSandbox", "run_podsandbox"),
-            ("PodSandboxStatus", "podsandbox_status"),
-            ("ListContainers", "list_containers"),
-            ("ImageFsInfo", "image_fs_info"),
-            ("ExecSync", "exec_sync"),
-            ("Version", "version"),
-        ] {
-            assert_eq!(snake_case(method), want);
-        }
+    fn oom_kills_outside_the_pods_are_told_apart() {
+        assert_eq!(oom_kill_scope(None), "host");
+        assert_eq!(oom_kill_scope(Some("")), "host");
+        assert_eq!(oom_kill_scope(Some("/")), "host");
+        assert_eq!(oom_kill_scope(Some("kubepods/besteffort/pod1234")), "pod");
         let m = Metrics::new();
-        m.kubelet.observe_runtime_call("ListContainers", 0.002, false);
-        m.kubelet.observe_runtime_call("ListContainers", 0.5, true);
-        let text = m.encode();
-        assert!(text.contains("kubelet_runtime_operations_total{operation_type=\"list_containers\"} 2"), "{text}");
-        assert!(
-            text.contains("kubelet_runtime_operations_errors_total{operation_type=\"list_containers\"} 1"),
-            "{text}"
-        );
+        m.record_oom_kill(None);
+        m.record_oom_kill(None);
+        m.record_oom_kill(Some("kubepods/burstable/podabc/0123"));
+        let text = m.encode_text();
+        assert!(text.lines().any(|l| l == "swiftlet_kernel_oom_kills_total{scope=\"host\"} 2"), "{text}");
+        assert!(text.lines().any(|l| l == "swiftlet_kernel_oom_kills_total{scope=\"pod\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn build_info_carries_the_kubelet_version() {
+        let text = Metrics::new().encode_text();
+        let line = text.lines().find(|l| l.starts_with("kubernetes_build_info{")).expect("kubernetes_build_info");
+        assert!(line.contains(&format!("git_version=\"{}\"", crate::version::kubelet_version())), "{line}");
+        assert!(line.contains("major=\"1\",minor=\"33\""), "{line}");
+        assert!(line.ends_with("} 1"), "{line}");
     }
 }
