@@ -12,7 +12,8 @@ use std::{
 use super::*;
 use crate::{
     cm::naming::CgroupDriver,
-    eviction::signal::{EvictionSignal, EvictionThreshold, ThresholdValue, default_hard_thresholds},
+    config::thresholds::default_hard_thresholds,
+    eviction::signal::{EvictionSignal, EvictionThreshold, ThresholdValue},
     quantity::Quantity,
     signals::SourceChoice,
 };
