@@ -12,7 +12,8 @@ use tracing::warn;
 use super::{KillPath, PID_PLAN_MAX_AGE, Plan, PlannedVictim, Shared, Wake, lock};
 use crate::{
     eviction::signal::EvictionSignal,
-    signals::{Direction, EventSink, SignalEvent},
+    metrics::OutcomeLabels,
+    signals::{Direction, EventSink, KillOutcome, SignalEvent},
 };
 
 /// Receives signal events on the source's reader thread.
@@ -24,11 +25,25 @@ impl EventSink for Sink {
         let _ = shared.events.send(event.clone());
         let wake = match event {
             SignalEvent::Crossing {
-                target, signal, direction: Direction::Up, at_ns, kernel_generation, value, ..
+                target,
+                signal,
+                direction: Direction::Up,
+                at_ns,
+                kernel_generation,
+                kernel_outcome,
+                value,
+                ..
             } => {
                 let plan = lock(&shared.plan).clone();
                 match plan.lines.iter().find(|l| l.target == target && l.signal == signal) {
                     Some(line) => {
+                        if kernel_outcome != KillOutcome::NotAttempted {
+                            shared
+                                .metrics
+                                .kernel_plan_outcomes
+                                .get_or_create(&OutcomeLabels { outcome: kernel_outcome.name().into() })
+                                .inc();
+                        }
                         // When the kernel already killed at this crossing, the
                         // fast path stands down: one victim per crossing.
                         let killed = if kernel_generation == 0 {

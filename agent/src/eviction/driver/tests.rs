@@ -271,6 +271,7 @@ async fn a_kernel_kill_is_finished_by_the_agent_and_recorded_once() {
     assert_eq!(requests[0].annotations["offending_containers"], "hog-c");
     // The kernel's own timestamps: 40 µs.
     assert_eq!(h.metric("swiftlet_eviction_crossing_to_kill_seconds_sum{path=\"kernel\"}"), Some(0.00004));
+    assert_eq!(h.metric("swiftlet_kernel_plan_outcomes_total{outcome=\"executed\"}"), Some(1.0));
 }
 
 /// PID lines: a plan older than `PID_PLAN_MAX_AGE` is not used at the
