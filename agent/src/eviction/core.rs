@@ -153,6 +153,15 @@ fn eviction_priority(s: EvictionSignal) -> u8 {
 }
 
 impl State {
+    /// The kernel saw a hard threshold of `signal` crossed at `now`: its
+    /// condition holds from then for the transition period, even when the
+    /// kill at the crossing brought the signal back before the next
+    /// evaluation could observe it (the decision itself stays on what is
+    /// observed then).
+    pub fn crossed(&mut self, signal: EvictionSignal, now: Instant) {
+        self.condition_last_observed.insert(signal.condition(), now);
+    }
+
     pub fn evaluate(
         &mut self,
         cfg: &EvictionConfig,
@@ -506,6 +515,20 @@ mod tests {
         for (secs, held) in [(1, true), (299, true), (300, false), (1000, false)] {
             let e = st.evaluate(&c, t0 + Duration::from_secs(secs), &mem(3000), &[], false, &usage);
             assert_eq!(e.conditions.contains(&NodeCondition::MemoryPressure), held, "{secs}s after recovery");
+        }
+    }
+
+    #[test]
+    fn a_crossing_holds_the_condition_though_the_kill_ended_the_pressure() {
+        let c = cfg(vec![hard(EvictionSignal::MemoryAvailable, mi(500))]);
+        let mut st = State::default();
+        let t0 = Instant::now();
+        st.crossed(EvictionSignal::MemoryAvailable, t0);
+        // By the evaluation, the victim is dead and memory is back.
+        for (secs, held) in [(0, true), (299, true), (300, false)] {
+            let e = st.evaluate(&c, t0 + Duration::from_secs(secs), &mem(3000), &[], false, &usage);
+            assert_eq!(e.conditions.contains(&NodeCondition::MemoryPressure), held, "{secs}s after the crossing");
+            assert_eq!(e.action, Action::None, "nothing more to evict");
         }
     }
 

@@ -6,7 +6,7 @@ use crate::cgroups::CgroupFs;
 
 /// Reads pod and container cgroups.
 pub trait CgroupReader: Send + Sync {
-    /// Whether any process is left in the cgroup or below it.
+    /// Whether any task is left in the cgroup or below it.
     fn has_processes(&self, cgroup: &str) -> bool;
     /// A (container) cgroup's memory working set, for eviction messages.
     fn working_set(&self, cgroup: &str) -> Option<u64>;
@@ -25,7 +25,12 @@ pub trait Killer: Send + Sync {
 
 impl CgroupReader for CgroupFs {
     fn has_processes(&self, cgroup: &str) -> bool {
-        self.procs_recursive(cgroup).is_ok_and(|p| !p.is_empty())
+        // The pids controller counts every task until it is reaped, threads
+        // of an exiting process included, which cgroup.procs no longer lists.
+        match self.pids_current(cgroup) {
+            Ok(n) => n > 0,
+            Err(_) => self.procs_recursive(cgroup).is_ok_and(|p| !p.is_empty()),
+        }
     }
 
     fn working_set(&self, cgroup: &str) -> Option<u64> {

@@ -92,16 +92,22 @@ impl EventSink for Sink {
     }
 }
 
-/// Kills the first victim of `signal`'s plan not already being evicted,
-/// when the plan is fresh enough for the line; the victim killed, if any.
+/// Kills the first victim of `signal`'s plan, when the plan is fresh
+/// enough for the line and no victim of it is being evicted already (the
+/// signal wavering at the line while a victim dies is the evaluation's to
+/// judge, counting what the dying one gives back); the victim killed, if
+/// any.
 fn fast_kill(shared: &Arc<Shared>, plan: &Plan, signal: EvictionSignal, at_ns: u64) -> Option<PlannedVictim> {
     if signal == EvictionSignal::PidAvailable
         && at_ns.saturating_sub(plan.ranked_ns) > PID_PLAN_MAX_AGE.as_nanos() as u64
     {
         return None;
     }
+    if shared.dying_for(signal) {
+        return None;
+    }
     for v in plan.victims.get(&signal).into_iter().flatten() {
-        if !shared.claim(v) {
+        if !shared.claim(v, signal) {
             continue;
         }
         if shared.kill(v, KillPath::Agent, Some(at_ns), None) {

@@ -89,9 +89,10 @@ impl Manager {
 
     /// Handles what the reader thread forwarded; returns the crossing's
     /// timestamp when it was one (for the crossing → decision time).
-    pub(super) fn on_wake(&self, wake: Wake) -> Option<u64> {
+    pub(super) fn on_wake(&self, state: &mut State, wake: Wake) -> Option<u64> {
         match wake {
             Wake::Crossing { at_ns, value, signal, killed } => {
+                state.crossed(signal, tokio::time::Instant::now().into_std());
                 if let Some(v) = killed {
                     self.record_kill(&v, signal, KillPath::Agent, value);
                 }
@@ -100,7 +101,7 @@ impl Manager {
             Wake::KernelKill { cgroup, cgroup_id, signal, value, crossing_ns, at_ns } => {
                 match self.victim_of(&cgroup) {
                     Some(v) => {
-                        let claimed = self.shared.claim(&v);
+                        let claimed = self.shared.claim(&v, signal.unwrap_or(EvictionSignal::MemoryAvailable));
                         // Survivors (tasks the kernel could not signal from
                         // the crossing's context) go through the cgroup.
                         self.shared.kill(&v, KillPath::Kernel, Some(crossing_ns), Some(at_ns));
@@ -231,7 +232,7 @@ impl Manager {
             for v in ev.victims {
                 let Some(p) = pods.iter().find(|p| p.uid == v.uid) else { continue };
                 let planned = planned(p);
-                if !self.shared.claim(&planned) {
+                if !self.shared.claim(&planned, ev.threshold.signal) {
                     continue;
                 }
                 let killed = if ev.threshold.is_hard() {
@@ -279,9 +280,10 @@ impl Manager {
             let mut ranked: Vec<&(Candidate, &EvictionPod)> = candidates.iter().collect();
             ranked.sort_by(|a, b| order(&a.0, &b.0));
             let list: Vec<PlannedVictim> = ranked.iter().map(|(_, p)| planned(p)).collect();
-            // The kernel gets the first victim not already being evicted.
-            let first = list.iter().find(|v| !self.shared.is_in_flight(&v.uid));
-            let victim = first.filter(|_| cfg.kernel_eviction).map(|v| KernelVictim {
+            // The kernel gets the first victim, unless one evicted for this
+            // signal is still dying (see `Shared::dying_for`).
+            let dying = self.shared.dying_for(signal);
+            let victim = list.first().filter(|_| cfg.kernel_eviction && !dying).map(|v| KernelVictim {
                 cgroup: &v.cgroup,
                 planned_ns: ranked_ns,
                 max_age,

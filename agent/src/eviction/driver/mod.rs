@@ -202,6 +202,8 @@ pub(crate) struct Plan {
 pub(crate) struct InFlight {
     pub since: tokio::time::Instant,
     pub victim: PlannedVictim,
+    /// The signal it is evicted for.
+    pub signal: EvictionSignal,
 }
 
 /// What the reader thread forwards to the manager's task.
@@ -240,18 +242,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
-    /// Marks `v` as being evicted; false when it already was, by anyone.
-    fn claim(&self, v: &PlannedVictim) -> bool {
+    /// Marks `v` as being evicted for `signal`; false when it already was,
+    /// by anyone.
+    fn claim(&self, v: &PlannedVictim, signal: EvictionSignal) -> bool {
         let mut in_flight = lock(&self.in_flight);
         if in_flight.contains_key(&v.uid) {
             return false;
         }
-        in_flight.insert(v.uid.clone(), InFlight { since: tokio::time::Instant::now(), victim: v.clone() });
+        in_flight.insert(v.uid.clone(), InFlight { since: tokio::time::Instant::now(), victim: v.clone(), signal });
         true
     }
 
     fn is_in_flight(&self, uid: &str) -> bool {
         lock(&self.in_flight).contains_key(uid)
+    }
+
+    /// Whether a victim evicted for `signal` is still dying. A crossing
+    /// then (the signal wavering at the line meanwhile) is left to the
+    /// evaluation, which counts what the dying victim gives back.
+    fn dying_for(&self, signal: EvictionSignal) -> bool {
+        lock(&self.in_flight).values().any(|f| f.signal == signal)
     }
 
     /// The one place that kills: every process of `v`'s cgroup, then the
@@ -393,7 +403,7 @@ impl EvictionLoop {
             tokio::select! {
                 w = self.wake_rx.recv() => {
                     let Some(w) = w else { break };
-                    let crossing = m.on_wake(w);
+                    let crossing = m.on_wake(&mut state, w);
                     deadline = m.evaluate(&mut state, crossing).await;
                 }
                 _ = housekeeping.tick() => deadline = m.evaluate(&mut state, None).await,

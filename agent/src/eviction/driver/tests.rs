@@ -206,6 +206,11 @@ async fn a_crossing_with_a_plan_kills_once_and_records_once() {
     assert_eq!(h.cgroups.kills(), ["kubepods/podhog"]);
     settle().await;
     assert!(h.conditions().contains(&NodeCondition::MemoryPressure));
+    // The line crossed again while the hog dies (the signal wavering at
+    // it): the evaluation judges, counting what the hog gives back.
+    h.crossing(Target::Cgroup(KUBEPODS.into()), Signal::MemoryWorkingSet, 790 * MI, monotonic_ns());
+    settle().await;
+    assert_eq!(h.cgroups.kills(), ["kubepods/podhog"], "no second victim while the first dies");
     // The hog's processes exit and its memory is freed; housekeeping and
     // plan ticks later, still one of everything.
     h.cgroups.emptied("kubepods/podhog");
