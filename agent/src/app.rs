@@ -190,7 +190,11 @@ impl Agent {
         let allocatable = NodeAllocatable::new(capacity, k);
         let pod_cgroups = PodCgroups::from_config(cgroupfs.clone(), k);
         pod_cgroups.ensure_hierarchy(&kubepods_limits(&allocatable.kubepods))?;
-        let ebpf_opts = EbpfOptions { kernel_eviction: config.swiftlet.kernel_eviction, ..Default::default() };
+        let ebpf_opts = EbpfOptions {
+            kernel_eviction: config.swiftlet.kernel_eviction,
+            reader_priority: config.swiftlet.eviction_realtime_priority,
+            ..Default::default()
+        };
         let signals = signals::open(
             config.swiftlet.signal_source,
             cgroupfs.clone(),
@@ -327,6 +331,7 @@ impl Agent {
             memory: quantity(alloc, Resource::Memory).value(),
         };
         let pods = PodManager::new(deps, expected, admit, pod_metrics.clone(), shutdown.clone());
+        pods.set_evict_static_pods(config.swiftlet.evict_static_pods);
 
         // Image GC keeps the image sandboxes are made from.
         let mut pinned: Vec<String> = config.flags.pod_infra_container_image.iter().cloned().collect();
@@ -352,8 +357,10 @@ impl Agent {
             ContainerGc::new(cri.clone(), Arc::new(pods.clone()), GcPolicy::default(), k.pod_logs_dir.clone())
                 .with_log_cleaner(logs.clone()),
         );
-        // The runtime's images live on the root dir's filesystem here.
-        let reclaimer = Arc::new(DiskReclaimer::new(container_gc.clone(), image_gc.clone(), false));
+        // imagefs is where the runtime keeps its images (ImageFsInfo), when
+        // that is not the root dir's filesystem.
+        let imagefs_path = crate::gc::reclaim::locate_imagefs(&*cri, &config.flags.root_dir).await;
+        let reclaimer = Arc::new(DiskReclaimer::new(container_gc.clone(), image_gc.clone(), imagefs_path.is_some()));
 
         let driver = DriverConfig {
             eviction: eviction_config(k),
@@ -364,7 +371,7 @@ impl Agent {
                 kubepods_cgroup: pod_cgroups.naming().kubepods(),
             },
             nodefs_path: config.flags.root_dir.clone(),
-            imagefs_path: None,
+            imagefs_path,
             housekeeping_interval: config.swiftlet.housekeeping_interval,
             plan_interval: PLAN_INTERVAL,
             kernel_eviction: config.swiftlet.kernel_eviction,
@@ -383,6 +390,9 @@ impl Agent {
             Some(reclaimer),
             metrics.clone(),
         );
+        // New pods are admitted as the kubelet's eviction admit handler says
+        // while the node reports pressure.
+        pods.set_node_conditions(eviction.conditions());
         // Disk pressure ranks pods by what they hold on nodefs, measured as
         // the local storage limits measure it.
         eviction.set_disk_meter(Arc::new(LocalStorageMonitor {
