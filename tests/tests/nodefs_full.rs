@@ -229,6 +229,7 @@ fn a_full_nodefs_reclaims_first_then_evicts_the_filler_and_state_survives_a_sigk
         ),
         &[
             "--signal-source=cgroupfs",
+            "--evict-static-pods",
             &format!("--container-runtime-endpoint={}", ctd.endpoint()),
             &format!("--root-dir={}", root_dir.display()),
             &format!("--cert-dir={}", root_dir.join("pki").display()),
