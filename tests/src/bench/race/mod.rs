@@ -20,6 +20,9 @@
 //! - `eviction-busy`: the userspace kill with both cores kept busy, its
 //!   reader thread in the normal scheduler and under SCHED_FIFO, side by
 //!   side.
+//!
+//! `SWIFTLET_BENCH_RACE_RUNS=F,S` sets the runs per rate of the swiftlet
+//! modes (F) and of the others (S).
 
 mod report;
 mod run;
@@ -195,10 +198,25 @@ fn progress(run: &Run) {
     }
 }
 
+/// Runs per rate (fast modes, slow modes): `SWIFTLET_BENCH_RACE_RUNS=F,S`
+/// when set (a shorter run on a machine that cannot stay quiet for an
+/// hour), else the full counts, or a smoke run's.
+fn run_counts(ctx: &Ctx) -> Result<(usize, usize)> {
+    match std::env::var("SWIFTLET_BENCH_RACE_RUNS") {
+        Ok(v) => {
+            let parsed = v.split_once(',').and_then(|(f, s)| Some((f.trim().parse().ok()?, s.trim().parse().ok()?)));
+            match parsed {
+                Some((f, s)) if f > 0 && s > 0 => Ok((f, s)),
+                _ => bail!("SWIFTLET_BENCH_RACE_RUNS={v:?}: expected two positive counts, fast and slow (e.g. 50,25)"),
+            }
+        }
+        Err(_) => Ok((ctx.pick(FAST_RUNS, 2), ctx.pick(SLOW_RUNS, 1))),
+    }
+}
+
 fn race_scenario(ctx: &Ctx, scenario: Scenario) -> Result<BenchResult> {
     let no_balloon = scenario == Scenario::Node && std::env::var_os("SWIFTLET_BENCH_NO_BALLOON").is_some();
-    let fast_runs = ctx.pick(FAST_RUNS, 2);
-    let slow_runs = ctx.pick(SLOW_RUNS, 1);
+    let (fast_runs, slow_runs) = run_counts(ctx)?;
     let modes: Vec<Mode> = modes(scenario).into_iter().filter(|m| !no_balloon || m.stops_at_the_line()).collect();
     let opts = RunOptions { busy: false, max_mib: no_balloon.then_some((NODE_RAMP_TO_LINE + 256 * MIB) / MIB) };
     let mut out = BenchResult {
@@ -266,7 +284,7 @@ fn race_scenario(ctx: &Ctx, scenario: Scenario) -> Result<BenchResult> {
 /// agent's default), interleaved run by run on the allocatable ramp at
 /// 256 MiB/s.
 pub fn busy(ctx: &Ctx) -> Result<BenchResult> {
-    let n = ctx.pick(FAST_RUNS, 2);
+    let (n, _) = run_counts(ctx)?;
     let modes = [Mode::Ebpf { realtime: false }, Mode::Ebpf { realtime: true }];
     let opts = RunOptions { busy: true, max_mib: None };
     let mut runs = vec![];
