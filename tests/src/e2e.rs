@@ -12,9 +12,11 @@
 //! 4. there is exactly one Evicted event per evicted pod, annotated with
 //!    the starved resource (and, for memory, the offending container and
 //!    a usage above its request);
-//! 5. once the pods are gone, the condition clears after the transition
+//! 5. while the condition holds, a new BestEffort pod is refused (reason
+//!    Evicted, "The node had condition: [...]");
+//! 6. once the pods are gone, the condition clears after the transition
 //!    period;
-//! 6. a new pod is admitted and runs.
+//! 7. a new pod is admitted and runs.
 
 use std::time::{Duration, Instant};
 
@@ -30,6 +32,8 @@ use crate::{
 };
 
 pub const BUSYBOX: &str = "swiftlet.local/busybox:1.35";
+/// The BestEffort pod created while the node reports pressure: refused.
+const ADMISSION_PROBE: &str = "admission-probe";
 pub const NAMESPACE: &str = "default";
 pub const MI: u64 = 1 << 20;
 
@@ -182,8 +186,14 @@ impl E2eNode {
         let deadline = Instant::now() + within;
         loop {
             self.agent.assert_running();
-            if let Some(c) = expect.condition {
-                saw_condition |= self.node_condition(c) == Some(true);
+            if let Some(c) = expect.condition
+                && !saw_condition
+                && self.node_condition(c) == Some(true)
+            {
+                saw_condition = true;
+                // While the condition holds, a BestEffort pod is refused
+                // (under any pressure: the kubelet's eviction admit handler).
+                self.create(ADMISSION_PROBE, &sleeper("probe"));
             }
             let failed: Vec<(&EvictSpec, bool)> =
                 specs.iter().map(|s| (s, self.phase(s.name).as_deref() == Some("Failed"))).collect();
@@ -215,6 +225,15 @@ impl E2eNode {
         }
         if let Some(c) = expect.condition {
             assert!(saw_condition, "the node never reported {c}");
+            let refused = wait("the admission probe refused", Duration::from_secs(30), || {
+                let p = self.pod(ADMISSION_PROBE)?;
+                (p["status"]["phase"] == "Failed").then_some(p)
+            });
+            assert_eq!(refused["status"]["reason"], "Evicted", "{:#}", refused["status"]);
+            let message = refused["status"]["message"].as_str().unwrap_or_default();
+            assert!(message.starts_with("The node had condition: ["), "{message}");
+            assert!(message.contains(c), "the refusal names {c}: {message}");
+            self.delete(ADMISSION_PROBE);
         }
         relief(self);
 

@@ -222,6 +222,12 @@ fn disk_hog(container: &str, dir: &str, every: f32) -> serde_json::Value {
     )
 }
 
+/// The runtime measures writable layers on its own schedule (containerd:
+/// every 10 s), and the disk-pressure ranking reads those figures: the
+/// hog writes for a while before the line is set, so that what ranks it
+/// is what it wrote.
+const STATS_SETTLE: Duration = Duration::from_secs(12);
+
 #[test]
 fn local_storage_eviction() {
     let config = format!("evictionHard:\n  memory.available: 100Mi\n  nodefs.available: \"1\"\n{TRANSITION_YAML}");
@@ -230,14 +236,17 @@ fn local_storage_eviction() {
         EvictSpec {
             name: "container-disk-hog-pod",
             eviction_priority: 1,
-            pod: disk_hog("container-disk-hog", "/tmp", 0.05),
+            pod: disk_hog("container-disk-hog", "/tmp", 0.5),
         },
         EvictSpec { name: "innocent-pod", eviction_priority: 0, pod: sleeper("innocent") },
     ];
     let expect = Expect { condition: Some("DiskPressure"), starved_resource: Some("ephemeral-storage") };
-    let (available, _, _) = d.disk.stat();
+    let disk = &d.disk;
     let pressure = move |node: &mut E2eNode| {
-        set_config(node, "  nodefs.available", &format!("\"{}\"", available - 40 * MI));
+        std::thread::sleep(STATS_SETTLE);
+        // 10 MiB from where the disk is then: the hog writes 2 MiB a second.
+        let (available, _, _) = disk.stat();
+        set_config(node, "  nodefs.available", &format!("\"{}\"", available - 10 * MI));
     };
     let relief = |node: &mut E2eNode| set_config(node, "  nodefs.available", "\"1\"");
     d.node.run_eviction_test(&specs, expect, Duration::from_secs(60), TRANSITION, pressure, relief);
@@ -254,14 +263,17 @@ fn local_storage_soft_eviction() {
         EvictSpec {
             name: "container-disk-hog-pod",
             eviction_priority: 1,
-            pod: disk_hog("container-disk-hog", "/tmp", 0.1),
+            pod: disk_hog("container-disk-hog", "/tmp", 0.5),
         },
         EvictSpec { name: "innocent-pod", eviction_priority: 0, pod: sleeper("innocent") },
     ];
     let expect = Expect { condition: Some("DiskPressure"), starved_resource: Some("ephemeral-storage") };
-    let (available, _, _) = d.disk.stat();
+    let disk = &d.disk;
     let pressure = move |node: &mut E2eNode| {
-        set_config(node, "  nodefs.available", &format!("\"{}\"", available - 40 * MI));
+        std::thread::sleep(STATS_SETTLE);
+        // 10 MiB from where the disk is then: the hog writes 2 MiB a second.
+        let (available, _, _) = disk.stat();
+        set_config(node, "  nodefs.available", &format!("\"{}\"", available - 10 * MI));
     };
     let relief = |node: &mut E2eNode| set_config(node, "  nodefs.available", "\"1\"");
     d.node.run_eviction_test(&specs, expect, Duration::from_secs(60), TRANSITION, pressure, relief);

@@ -118,6 +118,8 @@ fn a_doomed_mark_dies_with_its_cgroup() {
     // dooms the pod. The agent's part (clearing the mark) never comes.
     let status = allocate(&tc, &first);
     assert_eq!(status.and_then(|s| s.signal()), Some(libc::SIGKILL), "the kernel killed the allocating task");
+    // The kill record reaches the reader thread in its own time.
+    wait_for("the kernel's kill record", Duration::from_secs(5), || (!kernel_kills(&events).is_empty()).then_some(()));
     assert_eq!(kernel_kills(&events).len(), 1, "{:?}", events.lock().unwrap());
     assert_eq!(src.doomed(), Some(first_id), "the pod is doomed until someone clears the mark");
     drop(warm);
@@ -160,15 +162,18 @@ fn the_allocating_task_is_killed_at_any_depth_below_the_pod() {
 
     let status = allocate(&tc, &deep);
     assert_eq!(status.and_then(|s| s.signal()), Some(libc::SIGKILL), "six levels below the pod: killed by the kernel");
+    wait_for("the kernel's kill record", Duration::from_secs(5), || (!kernel_kills(&events).is_empty()).then_some(()));
     let kills = kernel_kills(&events);
     assert_eq!(kills.len(), 1, "{:?}", events.lock().unwrap());
     assert_eq!(kills[0].0.as_deref(), Some(pod.as_str()));
     assert_ne!(kills[0].1, 0, "signalled as the allocating task");
-    let outcome = events.lock().unwrap().iter().find_map(|e| match e {
-        SignalEvent::Crossing { direction: Direction::Up, kernel_outcome, .. } => Some(*kernel_outcome),
-        _ => None,
+    let outcome = wait_for("the crossing's record", Duration::from_secs(5), || {
+        events.lock().unwrap().iter().find_map(|e| match e {
+            SignalEvent::Crossing { direction: Direction::Up, kernel_outcome, .. } => Some(*kernel_outcome),
+            _ => None,
+        })
     });
-    assert_eq!(outcome, Some(KillOutcome::Executed));
+    assert_eq!(outcome, KillOutcome::Executed);
 }
 
 /// The part run inside a new pid namespace (as PID 1 there), by the test

@@ -279,7 +279,7 @@ fn a_reload_with_a_new_eviction_threshold_changes_the_next_decision_without_rest
 
 #[test]
 fn sighup_reloads_the_binarys_configuration() {
-    let setup = AgentSetup::new("", &["--signal-source=cgroupfs", "--kernel-eviction=false"]);
+    let setup = AgentSetup::new("", &["--signal-source=cgroupfs", "--kernel-eviction=false", "--evict-static-pods"]);
     setup.add_manifest("keeper.yaml", &memory_pod("keeper", Some("system-node-critical")));
     setup.add_manifest("victim.yaml", &memory_pod("victim", None));
     let uid = |f: &str, s: &AgentSetup| {

@@ -251,7 +251,11 @@ fn decide(
     // How much must come back: up to the line plus the minimum reclaim.
     let need = (value as i128 + min_reclaim_value(t, obs) as i128 - obs.available as i128).max(1);
     let mut reclaimed: i128 = candidates.iter().filter(|c| c.in_flight).map(|c| usage(c) as i128).sum();
-    let mut ranked: Vec<&Candidate> = candidates.iter().filter(|c| c.evictable && !c.in_flight).collect();
+    // A pod that holds none of the starved resource gives nothing back
+    // (a disk-pressure ranking on runtime stats a few seconds old can see
+    // only zeros): it is never a victim.
+    let mut ranked: Vec<&Candidate> =
+        candidates.iter().filter(|c| c.evictable && !c.in_flight && usage(c) > 0).collect();
     ranked.sort_by(|a, b| order(a, b));
     let mut victims = vec![];
     for c in ranked {

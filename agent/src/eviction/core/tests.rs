@@ -183,6 +183,27 @@ fn in_flight_evictions_count_and_are_not_picked_again() {
 }
 
 #[test]
+fn a_pod_holding_none_of_the_resource_is_never_a_victim() {
+    let disk = hard(EvictionSignal::NodeFsAvailable, ThresholdValue::Percentage(0.10));
+    let obs: Observations = [(EvictionSignal::NodeFsAvailable, Observation { available: 5, capacity: 100 })].into();
+    let mut writer = pod("writer", 0, 0, 0);
+    let idle = pod("idle", 0, 0, 0);
+    // The writer's bytes not measured yet: nobody goes this round.
+    let e = State::default().evaluate(
+        &cfg(vec![disk.clone()]),
+        Instant::now(),
+        &obs,
+        &[idle.clone(), writer.clone()],
+        true,
+        &usage,
+    );
+    assert_eq!(victims(&e), Vec::<String>::new());
+    writer.disk = Usage { request: 0, usage: 40 };
+    let e = State::default().evaluate(&cfg(vec![disk]), Instant::now(), &obs, &[idle, writer], true, &usage);
+    assert_eq!(victims(&e), ["writer"]);
+}
+
+#[test]
 fn critical_pods_are_never_evicted() {
     let c = cfg(vec![hard(EvictionSignal::MemoryAvailable, mi(500))]);
     let mut crit = pod("crit", 2_000_001_000, 0, 2000);
