@@ -71,7 +71,11 @@ pub fn run(args: Args) -> Result<()> {
     let ctd = Containerd::start(root, "run")?;
     let run_root = root.join("target").join("run");
     std::fs::create_dir_all(&run_root)?;
-    let cgroup_root = format!("swiftlet-demo-{}", std::process::id());
+    // Dropped after swiftlet (declared later): whatever ends the demo, its
+    // cgroups and mounts go, and containerd (declared before) goes last.
+    let cleanup =
+        DemoCleanup { cgroup: format!("swiftlet-demo-{}", std::process::id()), root_dir: run_root.join("root") };
+    let cgroup_root = cleanup.cgroup.clone();
     let config = demo_config(&run_root)?;
 
     step("starting the fake API server");
@@ -114,14 +118,16 @@ pub fn run(args: Args) -> Result<()> {
     step("creating the pods of examples/ through the API server");
     for manifest in example_manifests(&root.join("examples"))? {
         let text = std::fs::read_to_string(&manifest)?;
-        // The fake API server has no scheduler: the pods name their node.
+        // The fake API server has no scheduler (the pods name their node)
+        // and serves no OpenAPI schema (kubectl's validation is off).
         let Some(pod) = with_node(&text, NODE) else {
             bail!("{}: no top-level `spec:` to bind to the node", manifest.display());
         };
-        let mut apply = kubectl_cmd(&["apply", "-f", "-"]).stdin(Stdio::piped()).spawn()?;
-        std::io::Write::write_all(apply.stdin.as_mut().context("kubectl stdin")?, pod.as_bytes())?;
-        if !apply.wait()?.success() {
-            bail!("kubectl apply of {} failed", manifest.display());
+        let mut create = kubectl_cmd(&["create", "--validate=false", "-f", "-"]).stdin(Stdio::piped()).spawn()?;
+        std::io::Write::write_all(create.stdin.as_mut().context("kubectl stdin")?, pod.as_bytes())?;
+        drop(create.stdin.take());
+        if !create.wait()?.success() {
+            bail!("kubectl create of {} failed", manifest.display());
         }
     }
     note("pods are limited to 1.5 GiB with evictionHard memory.available<768Mi: memory-hog is evicted at the");
@@ -145,10 +151,28 @@ pub fn run(args: Args) -> Result<()> {
     child.stop();
     apiserver.stop();
     step("stopping containerd and removing the demo's cgroups");
+    drop(cleanup);
     drop(ctd);
-    remove_cgroup_tree(&cgroup_root);
     note("nothing left running");
     Ok(())
+}
+
+/// The demo's cgroup tree (killed and removed) and the root dir's shared
+/// bind mount swiftlet leaves, as the kubelet does (unmounted), when dropped.
+struct DemoCleanup {
+    cgroup: String,
+    root_dir: PathBuf,
+}
+
+impl Drop for DemoCleanup {
+    fn drop(&mut self) {
+        remove_cgroup_tree(&self.cgroup);
+        if let Ok(c) = std::ffi::CString::new(self.root_dir.as_os_str().as_encoded_bytes()) {
+            // SAFETY: unmounting the demo's own root dir (EINVAL when it is
+            // not a mount point: nothing to do).
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
 }
 
 /// A child in its own process group (Ctrl-C reaches us, and we stop it in
