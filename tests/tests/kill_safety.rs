@@ -156,7 +156,9 @@ fn the_allocating_task_is_killed_at_any_depth_below_the_pod() {
     let deep = format!("{}/{deep}", tc.root);
     src.register(&kubepods, CgroupKind::Kubepods).unwrap();
     src.register(&pod, CgroupKind::Pod).unwrap();
-    let mut warm = workload::Steps::spawn(&tc.fs, &pod);
+    // In the leaf (cgroup v2 keeps processes out of inner cgroups): its
+    // charges reach the pod, whose memcg the kernel then knows.
+    let mut warm = workload::Steps::spawn(&tc.fs, &deep);
     warm.run("anon 1");
     arm(&src, &kubepods, &pod);
 
@@ -216,9 +218,11 @@ fn the_refresh_knows_the_agent_in_a_pid_namespace() {
     prereq::require_root();
     let exe = std::env::current_exe().unwrap();
     // `sh` forks the test binary into the namespace this unshare made for
-    // sh's children.
+    // sh's children. (The command after it keeps a shell such as busybox's
+    // from exec'ing it in place: sh itself stays in the old namespace, where
+    // its threads could not be made.)
     let mut c = Command::new("sh");
-    c.args(["-c", "\"$0\" --exact refresh_inside_a_pid_namespace --ignored --nocapture"]).arg(&exe);
+    c.args(["-c", "\"$0\" --exact refresh_inside_a_pid_namespace --ignored --nocapture; exit $?"]).arg(&exe);
     // SAFETY: unshare(2) only, between fork and exec.
     unsafe {
         c.pre_exec(|| {
