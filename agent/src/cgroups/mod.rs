@@ -395,7 +395,10 @@ impl CgroupFs {
     }
 
     /// Polls a v1 `freezer.state` (each read advances the freeze) until it
-    /// says FROZEN; false after [`FREEZE_WAIT`].
+    /// says FROZEN; false after [`FREEZE_WAIT`]. It sleeps between reads
+    /// rather than yields: the tasks must run to freeze, and a caller under
+    /// SCHED_FIFO (the eviction fast path) that only yielded would keep its
+    /// core from them.
     fn wait_frozen(&self, state: &Path) -> bool {
         let deadline = Instant::now() + FREEZE_WAIT;
         loop {
@@ -405,7 +408,7 @@ impl CgroupFs {
             if Instant::now() >= deadline {
                 return false;
             }
-            std::thread::yield_now();
+            std::thread::sleep(Duration::from_micros(20));
         }
     }
 
