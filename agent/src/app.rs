@@ -250,7 +250,11 @@ impl Agent {
         let pod_cgroups = PodCgroups::for_config(cgroupfs.clone(), k).await?;
         pod_cgroups.ensure_hierarchy(&kubepods_limits(&allocatable.kubepods)).await?;
         pod_cgroups.enforce_reserved(k).await?;
-        let ebpf_opts = EbpfOptions { kernel_eviction: config.swiftlet.kernel_eviction, ..Default::default() };
+        let ebpf_opts = EbpfOptions {
+            kernel_eviction: config.swiftlet.kernel_eviction,
+            reader_priority: config.swiftlet.eviction_realtime_priority,
+            ..Default::default()
+        };
         let signals = signals::open(
             config.swiftlet.signal_source,
             cgroupfs.clone(),
@@ -426,6 +430,7 @@ impl Agent {
         // ---- pod fields ----
         pods.set_host_support(host_support(&config, cri.as_ref()).await?);
         // ---- end pod fields ----
+        pods.set_evict_static_pods(config.swiftlet.evict_static_pods);
 
         // Image GC keeps the image sandboxes are made from.
         let mut pinned: Vec<String> = config.flags.pod_infra_container_image.iter().cloned().collect();
@@ -451,8 +456,10 @@ impl Agent {
             ContainerGc::new(cri.clone(), Arc::new(pods.clone()), GcPolicy::default(), k.pod_logs_dir.clone())
                 .with_log_cleaner(logs.clone()),
         );
-        // The runtime's images live on the root dir's filesystem here.
-        let reclaimer = Arc::new(DiskReclaimer::new(container_gc.clone(), image_gc.clone(), false));
+        // imagefs is where the runtime keeps its images (ImageFsInfo), when
+        // that is not the root dir's filesystem.
+        let imagefs_path = crate::gc::reclaim::locate_imagefs(&*cri, &config.flags.root_dir).await;
+        let reclaimer = Arc::new(DiskReclaimer::new(container_gc.clone(), image_gc.clone(), imagefs_path.is_some()));
 
         let driver = DriverConfig {
             eviction: eviction_config(k),
@@ -463,7 +470,7 @@ impl Agent {
                 kubepods_cgroup: pod_cgroups.naming().kubepods(),
             },
             nodefs_path: config.flags.root_dir.clone(),
-            imagefs_path: None,
+            imagefs_path,
             housekeeping_interval: config.swiftlet.housekeeping_interval,
             plan_interval: PLAN_INTERVAL,
             kernel_eviction: config.swiftlet.kernel_eviction,
@@ -482,6 +489,9 @@ impl Agent {
             Some(reclaimer),
             metrics.clone(),
         );
+        // New pods are admitted as the kubelet's eviction admit handler says
+        // while the node reports pressure.
+        pods.set_node_conditions(eviction.conditions());
         // Disk pressure ranks pods by what they hold on nodefs, measured as
         // the local storage limits measure it.
         eviction.set_disk_meter(Arc::new(LocalStorageMonitor {

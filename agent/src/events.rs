@@ -2,6 +2,8 @@
 //! recorded by every manager through one small trait. The API-backed
 //! recorder deduplicates and rate-limits; the default one only logs.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::ObjectReference;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -22,6 +24,22 @@ impl EventType {
 pub trait EventRecorder: Send + Sync {
     /// Records `reason` (CamelCase, e.g. "Evicted") about `object`.
     fn record(&self, object: &ObjectReference, event_type: EventType, reason: &str, message: &str);
+
+    /// [`EventRecorder::record`] with annotations on the event, as the
+    /// kubelet's AnnotatedEventf (the Evicted event names the starved
+    /// resource and the offending containers). Recorders that keep no
+    /// annotations record the event alone.
+    fn record_annotated(
+        &self,
+        object: &ObjectReference,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+        annotations: &BTreeMap<String, String>,
+    ) {
+        let _ = annotations;
+        self.record(object, event_type, reason, message);
+    }
 }
 
 /// Logs events (standalone mode, and tests).
@@ -29,12 +47,24 @@ pub struct LogRecorder;
 
 impl EventRecorder for LogRecorder {
     fn record(&self, object: &ObjectReference, event_type: EventType, reason: &str, message: &str) {
+        self.record_annotated(object, event_type, reason, message, &BTreeMap::new());
+    }
+
+    fn record_annotated(
+        &self,
+        object: &ObjectReference,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+        annotations: &BTreeMap<String, String>,
+    ) {
         tracing::info!(
             kind = object.kind.as_deref().unwrap_or(""),
             namespace = object.namespace.as_deref().unwrap_or(""),
             name = object.name.as_deref().unwrap_or(""),
             r#type = event_type.as_str(),
             reason,
+            annotations = ?annotations,
             "event: {message}"
         );
     }

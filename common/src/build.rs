@@ -49,7 +49,6 @@ pub fn command(workspace_root: &Path, host_arch: &str) -> Command {
         // verifier checks global functions once, on their own, rather than
         // in every state of every caller.
         "-Clink-arg=--export=swiftlet_execute_plan".to_owned(),
-        "-Clink-arg=--export=swiftlet_kill_pass".to_owned(),
         "-Clink-arg=--export=swiftlet_resolve".to_owned(),
         "-Clink-arg=--export=swiftlet_evaluate".to_owned(),
         "-Clink-arg=--export=swiftlet_count_slot".to_owned(),

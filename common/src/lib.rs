@@ -271,8 +271,12 @@ pub struct Control {
     /// One past the highest slot index in use (bounds the refresh loop).
     pub slot_high_water: u32,
     /// The memcg (kernel address) of a victim the kernel is killing: its
-    /// tasks are signalled whenever they are seen, until the agent clears
-    /// it after finishing the eviction. 0 = none.
+    /// tasks are signalled whenever they charge memory, until the agent
+    /// clears it after finishing the eviction, the cgroup is removed, or
+    /// `doomed_until_ns` passes. 0 = none. Written last by the kernel (after
+    /// the id and the deadline), and a reader trusts it only while the
+    /// memcg's cgroup id is still `doomed_cgroup_id`: a `struct mem_cgroup`
+    /// freed and reused by a later cgroup never inherits the mark.
     pub doomed_memcg: u64,
     /// The doomed victim's slot.
     pub doomed_slot: u32,
@@ -280,7 +284,30 @@ pub struct Control {
     /// the agent after attaching, for whoever reads the block (`bpftool map
     /// dump`); no program depends on it.
     pub memory_strategy: u32,
+    /// The doomed victim's cgroup id (see `doomed_memcg`).
+    pub doomed_cgroup_id: u64,
+    /// CLOCK_MONOTONIC ns after which the doomed mark is void
+    /// ([`DOOMED_FOR_NS`] after the kill), should the agent never clear it.
+    pub doomed_until_ns: u64,
+    /// Runs of the refresh program for this instance (the agent's own
+    /// getpgid calls, recognised by its pid namespace, tgid and
+    /// [`REFRESH_TAG_SHIFT`] tag).
+    pub refresh_runs: u64,
+    pub _reserved: u64,
 }
+
+/// How long a doomed mark holds at most: the agent clears it within
+/// milliseconds of the kill; this only bounds a mark the agent never
+/// cleared (it was stopped, or the event was lost).
+pub const DOOMED_FOR_NS: u64 = 5_000_000_000;
+
+/// The refresh program's trigger is getpgid(2) with `(tag << REFRESH_TAG_SHIFT)
+/// | first_slot`: each loaded instance has its own tag (a load-time
+/// constant), so one instance's snapshot never runs another's refresh in
+/// the same process (the eviction race's observer beside the agent).
+pub const REFRESH_TAG_SHIFT: u32 = 16;
+/// Tags are 1..=REFRESH_TAG_MAX (15 bits: the argument is a positive pid_t).
+pub const REFRESH_TAG_MAX: u32 = 0x7fff;
 
 /// Values of [`Control::memory_strategy`].
 pub mod memory_strategy {
@@ -300,9 +327,18 @@ pub const MAX_PLANS: u32 = 4;
 /// The agent's pre-ranked victim for one kernel line: the pod eviction
 /// ranking would pick next. The kernel executes it at the crossing; ranking
 /// stays in the agent, where it is pure and tested.
+///
+/// The array is mapped into the agent, which writes a plan as a seqlock:
+/// `seq` made odd, the fields, `seq` made even again (each step a store
+/// the next cannot pass). The kernel reads `seq`, the fields, and `seq`
+/// again, and refuses a plan whose `seq` was odd or changed
+/// ([`KillOutcome::PlanBeingWritten`]): it never acts on half of one plan
+/// and half of another. `executed_generation` is the kernel's alone.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VictimPlan {
+    /// Odd while the agent writes the plan.
+    pub seq: u64,
     /// Plan generation, bumped by the agent for every new plan; 0 = no plan.
     pub generation: u64,
     /// The generation the kernel last executed (written by the kernel, with
@@ -317,6 +353,93 @@ pub struct VictimPlan {
     pub _pad: u32,
     /// The victim pod's cgroup id; the kernel checks the slot still holds it.
     pub victim_cgroup_id: u64,
+    /// CLOCK_MONOTONIC ns when the agent ranked the pods for this plan.
+    pub planned_ns: u64,
+    /// How old the plan may be when the line is crossed; 0 = any age.
+    /// Process counts move faster than memory (a fork bomb doubles in
+    /// milliseconds), so PID plans carry a short one and an older plan is
+    /// left to the agent, which ranks again ([`KillOutcome::PlanTooOld`]).
+    pub max_age_ns: u64,
+}
+
+/// What the kernel did with the victim plan at an upward crossing, carried
+/// in the crossing's record ([`Event::outcome`]), so that every crossing says
+/// whether the kernel killed and, if not, which check refused.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KillOutcome {
+    /// Not a case for the plan: a downward crossing, or a slot with no line
+    /// that kills (the refresh of a pod's own line, inodes).
+    NotAttempted = 0,
+    /// The plan was executed: the victim is doomed (and the current task
+    /// signalled if it is the victim's); a KernelKill record precedes.
+    Executed = 1,
+    /// The agent has kernel eviction off.
+    KernelEvictionOff = 2,
+    /// No plan names this line.
+    NoPlan = 3,
+    /// This line's plan was executed already; the agent has not written
+    /// the next one yet.
+    AlreadyExecuted = 4,
+    /// The agent was writing a plan while the kernel read it.
+    PlanBeingWritten = 5,
+    /// Another CPU claimed the same generation first.
+    ClaimedElsewhere = 6,
+    /// The victim's slot no longer holds the planned pod (unregistered,
+    /// removed, reused).
+    VictimGone = 7,
+    /// The victim has not charged memory since it was registered: the
+    /// kernel does not know its memory cgroup.
+    VictimMemcgUnknown = 8,
+    /// The plan is older than its `max_age_ns`.
+    PlanTooOld = 9,
+}
+
+impl KillOutcome {
+    pub const ALL: [KillOutcome; 10] = [
+        KillOutcome::NotAttempted,
+        KillOutcome::Executed,
+        KillOutcome::KernelEvictionOff,
+        KillOutcome::NoPlan,
+        KillOutcome::AlreadyExecuted,
+        KillOutcome::PlanBeingWritten,
+        KillOutcome::ClaimedElsewhere,
+        KillOutcome::VictimGone,
+        KillOutcome::VictimMemcgUnknown,
+        KillOutcome::PlanTooOld,
+    ];
+
+    pub const fn from_u32(v: u32) -> Option<KillOutcome> {
+        match v {
+            0 => Some(KillOutcome::NotAttempted),
+            1 => Some(KillOutcome::Executed),
+            2 => Some(KillOutcome::KernelEvictionOff),
+            3 => Some(KillOutcome::NoPlan),
+            4 => Some(KillOutcome::AlreadyExecuted),
+            5 => Some(KillOutcome::PlanBeingWritten),
+            6 => Some(KillOutcome::ClaimedElsewhere),
+            7 => Some(KillOutcome::VictimGone),
+            8 => Some(KillOutcome::VictimMemcgUnknown),
+            9 => Some(KillOutcome::PlanTooOld),
+            _ => None,
+        }
+    }
+
+    /// The label in metrics and bench reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            KillOutcome::NotAttempted => "not_attempted",
+            KillOutcome::Executed => "executed",
+            KillOutcome::KernelEvictionOff => "kernel_eviction_off",
+            KillOutcome::NoPlan => "no_plan",
+            KillOutcome::AlreadyExecuted => "already_executed",
+            KillOutcome::PlanBeingWritten => "plan_being_written",
+            KillOutcome::ClaimedElsewhere => "claimed_elsewhere",
+            KillOutcome::VictimGone => "victim_gone",
+            KillOutcome::VictimMemcgUnknown => "victim_memcg_unknown",
+            KillOutcome::PlanTooOld => "plan_too_old",
+        }
+    }
 }
 
 /// What a ring-buffer record reports.
@@ -384,6 +507,10 @@ pub struct Event {
     /// For kernel kills, and crossings that triggered one: the plan
     /// generation executed (truncated).
     pub aux: u32,
+    /// For upward crossings: what the kernel did with the plan
+    /// ([`KillOutcome`]).
+    pub outcome: u32,
+    pub _pad: u32,
 }
 
 /// Kernel struct offsets and enum values, found by the agent in the running
@@ -448,6 +575,11 @@ pub struct KernelLayout {
     /// node has more than [`MAX_NUMA_NODES`] nodes, and the node's figures
     /// are then kept from the deltas.
     pub nr_node_ids: u32,
+    /// `struct cgroup` → `level` and → `ancestors` (a cgroup's ancestors
+    /// by level, itself included): whether a cgroup lies anywhere below
+    /// another is one read, at any depth.
+    pub cgroup_level: u32,
+    pub cgroup_ancestors: u32,
 }
 
 /// The most NUMA nodes whose statistics the programs sum.
@@ -457,10 +589,10 @@ pub const MAX_NUMA_NODES: u32 = 8;
 const _: () = assert!(core::mem::size_of::<CgroupSlot>() == 128);
 const _: () = assert!(core::mem::offset_of!(ProcCpu, slots) == 36);
 const _: () = assert!(core::mem::size_of::<Resolution>() == 208);
-const _: () = assert!(core::mem::size_of::<Control>() == 64);
-const _: () = assert!(core::mem::size_of::<VictimPlan>() == 40);
-const _: () = assert!(core::mem::size_of::<Event>() == 56);
-const _: () = assert!(core::mem::size_of::<KernelLayout>() == 100);
+const _: () = assert!(core::mem::size_of::<Control>() == 96);
+const _: () = assert!(core::mem::size_of::<VictimPlan>() == 64);
+const _: () = assert!(core::mem::size_of::<Event>() == 64);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 108);
 
 #[cfg(feature = "user")]
 mod user {

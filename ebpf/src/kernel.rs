@@ -48,6 +48,27 @@ pub fn css_cgroup_id(css: u64) -> Option<u64> {
     read_u64(kn + layout!(kn_id) as u64)
 }
 
+/// True when the css `below`'s cgroup lies under `above`'s, at any depth:
+/// `cgroup->ancestors[level of above]` is `above`'s cgroup. One read
+/// whatever the depth, where walking up the parents would be one per level.
+#[inline(always)]
+pub fn css_below(below: u64, above: u64) -> bool {
+    let (Some(cgrp), Some(top)) =
+        (read_u64(below + layout!(css_cgroup) as u64), read_u64(above + layout!(css_cgroup) as u64))
+    else {
+        return false;
+    };
+    let (Some(level), Some(top_level)) =
+        (read_u32(cgrp + layout!(cgroup_level) as u64), read_u32(top + layout!(cgroup_level) as u64))
+    else {
+        return false;
+    };
+    if level <= top_level || layout!(cgroup_ancestors) == 0 {
+        return false;
+    }
+    read_u64(cgrp + layout!(cgroup_ancestors) as u64 + 8 * top_level as u64) == Some(top)
+}
+
 /// The parent css, or 0 at the root.
 #[inline(always)]
 pub fn css_parent(css: u64) -> u64 {

@@ -43,6 +43,8 @@ pub fn cgroup_mkdir(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn cgroup_rmdir(ctx: TracePointContext) -> u32 {
     let Some(id) = memory_tree_changed(&ctx) else { return 0 };
+    // A removed victim's mark goes with it: its memcg may be reused.
+    crate::kill::forget_doomed(id);
     // SAFETY: read-only lookup of a u32 value.
     let Some(index) = (unsafe { CGROUP_SLOT.get(&id) }).copied() else { return 0 };
     if let Some(s) = slot(index) {
@@ -51,7 +53,7 @@ pub fn cgroup_rmdir(ctx: TracePointContext) -> u32 {
     }
     aya_log_ebpf::debug!(&ctx, "registered cgroup {} (slot {}) removed", id, index);
     // SAFETY: no preconditions.
-    emit(EventKind::CgroupRemoved, 0, unsafe { bpf_ktime_get_ns() }, id, index, 0, 0, 0, 0, 0);
+    emit(EventKind::CgroupRemoved, 0, unsafe { bpf_ktime_get_ns() }, id, index, 0, 0, 0, 0, 0, 0);
     0
 }
 
@@ -71,6 +73,6 @@ pub fn oom_mark_victim(ctx: BtfTracePointContext) -> i32 {
     // SAFETY: read-only lookup of a u32 value.
     let index = unsafe { CGROUP_SLOT.get(&cgroup_id) }.copied().unwrap_or(u32::MAX);
     // SAFETY: no preconditions.
-    emit(EventKind::OomVictim, 0, unsafe { bpf_ktime_get_ns() }, cgroup_id, index, 0, 0, 0, pid, 0);
+    emit(EventKind::OomVictim, 0, unsafe { bpf_ktime_get_ns() }, cgroup_id, index, 0, 0, 0, pid, 0, 0);
     0
 }

@@ -38,6 +38,8 @@ pub static LAYOUT: Global<KernelLayout> = Global::new(KernelLayout {
     lruvec_pgdat: 0,
     pgdat_vm_stat: 0,
     nr_node_ids: 0,
+    cgroup_level: 0,
+    cgroup_ancestors: 0,
 });
 
 /// One field of [`LAYOUT`], read on its own: `LAYOUT.load()` copies the
@@ -58,13 +60,6 @@ pub(crate) use layout;
 
 const _: () = assert!(core::mem::size_of::<Global<KernelLayout>>() == core::mem::size_of::<KernelLayout>());
 
-/// 1 when the kernel has the kfuncs for the kill pass (iterate every task,
-/// signal the victim's). The agent patched their call sites at load; with 0
-/// the calls were patched to `r0 = 0` and the code guarded by this constant
-/// is dead, which the verifier prunes.
-#[unsafe(no_mangle)]
-pub static KFUNC_KILL: Global<u32> = Global::new(0);
-
 /// 1 when `sched_process_exit` passes `group_dead` (kernel 6.13 and later).
 #[unsafe(no_mangle)]
 pub static EXIT_HAS_GROUP_DEAD: Global<u32> = Global::new(0);
@@ -74,9 +69,19 @@ pub static EXIT_HAS_GROUP_DEAD: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 pub static MARK_VICTIM_PID_ONLY: Global<u32> = Global::new(0);
 
-/// The agent's tgid: only its own trigger syscalls run the refresh.
+/// The agent's tgid as its own pid namespace numbers it, and that
+/// namespace (the device and inode of its nsfs file): only the agent's own
+/// trigger syscalls run the refresh, wherever its pid namespace is.
 #[unsafe(no_mangle)]
 pub static AGENT_TGID: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+pub static AGENT_PIDNS_DEV: Global<u64> = Global::new(0);
+#[unsafe(no_mangle)]
+pub static AGENT_PIDNS_INO: Global<u64> = Global::new(0);
+
+/// This instance's refresh tag (see `swiftlet_common::REFRESH_TAG_SHIFT`).
+#[unsafe(no_mangle)]
+pub static REFRESH_TAG: Global<u32> = Global::new(0);
 
 /// Registered cgroups, indexed by slot. Mapped into the agent's memory.
 #[map]
@@ -142,9 +147,10 @@ pub static WATCH_EXIT: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
 #[map]
 pub static CONTROL: Array<Control> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
-/// Victim plans, one per kernel line. Written by the agent.
+/// Victim plans, one per kernel line. Mapped into the agent, which writes
+/// them (see `VictimPlan` for how a plan is never read half-written).
 #[map]
-pub static PLANS: Array<VictimPlan> = Array::with_max_entries(swiftlet_common::MAX_PLANS, 0);
+pub static PLANS: Array<VictimPlan> = Array::with_max_entries(swiftlet_common::MAX_PLANS, BPF_F_MMAPABLE);
 
 /// Crossings, OOM kills, removals and kernel kills, for the agent.
 #[map]

@@ -142,12 +142,6 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
     let task = ctx.arg::<u64>(0);
     let (pid, tgid) = kernel::btf_task_pid_tgid(task);
     count_node_task(cpu, -1, pid);
-    // An exit is a context where signals go out at once: finish killing a
-    // doomed victim whose first signal went out from an event context.
-    let doomed = crate::kill::doomed();
-    if doomed != 0 {
-        crate::kill::swiftlet_kill_pass(doomed);
-    }
     // The process ends with its last thread; before 6.13 the tracepoint does
     // not say which one that is, and the leader's exit stands in for it.
     let process_ends = if EXIT_HAS_GROUP_DEAD.load() != 0 { ctx.arg::<u64>(1) as u8 != 0 } else { pid == tgid };
@@ -193,7 +187,7 @@ fn report_watched_exit(tgid: u32) {
     };
     // SAFETY: no preconditions.
     let now = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() };
-    emit(EventKind::ProcessExit, 0, now, 0, u32::MAX, 0, 0, 0, tgid, 0);
+    emit(EventKind::ProcessExit, 0, now, 0, u32::MAX, 0, 0, 0, tgid, 0, 0);
 }
 
 /// cgroup_attach_task(struct cgroup *dst, const char *path,

@@ -138,6 +138,7 @@ pub fn emit(
     threshold: u64,
     pid: u32,
     aux: u32,
+    outcome: u32,
 ) {
     match EVENTS.reserve::<Event>(0) {
         Some(mut entry) => {
@@ -155,6 +156,8 @@ pub fn emit(
                 (*e).threshold = threshold;
                 (*e).pid = pid;
                 (*e).aux = aux;
+                (*e).outcome = outcome;
+                (*e)._pad = 0;
             }
             entry.submit(BPF_RB_FORCE_WAKEUP as u64);
         }
@@ -177,8 +180,9 @@ pub const PID_CURRENT: u32 = u32::MAX;
 /// crossing.
 ///
 /// With `may_kill`, an upward crossing executes the agent's victim plan for
-/// this slot and signal, if any (programs of tracepoint type, which cannot
-/// use the kill kfuncs, pass 0). A global function, as `swiftlet_resolve`.
+/// this slot and signal, if any, and the crossing's record says what came
+/// of it (the lines that kill are the node's and kubepods'; a pod's own
+/// lines pass 0). A global function, as `swiftlet_resolve`.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn swiftlet_evaluate(index: u32, signal: u32, value: u64, pid: u32, may_kill: u32) -> u32 {
@@ -219,12 +223,24 @@ pub extern "C" fn swiftlet_evaluate(index: u32, signal: u32, value: u64, pid: u3
     // SAFETY: no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let pid = if pid == PID_CURRENT { kernel::task_pid(kernel::current_task()).unwrap_or(0) } else { pid };
-    let generation = if may_kill != 0 && direction == DIRECTION_UP {
+    let executed = if may_kill != 0 && direction == DIRECTION_UP {
         crate::kill::swiftlet_execute_plan(index, signal as u32, now, value)
     } else {
         0
     };
-    emit(EventKind::Crossing, signal as u32, now, cgroup_id, index, direction, value, trigger, pid, generation);
+    emit(
+        EventKind::Crossing,
+        signal as u32,
+        now,
+        cgroup_id,
+        index,
+        direction,
+        value,
+        trigger,
+        pid,
+        crate::kill::generation_of(executed),
+        crate::kill::outcome_of(executed),
+    );
     u32::from(direction == DIRECTION_UP)
 }
 

@@ -44,6 +44,7 @@ pub struct RecordedEvent {
     pub event_type: EventType,
     pub reason: String,
     pub message: String,
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Default)]
@@ -51,12 +52,24 @@ pub struct Events(Mutex<Vec<RecordedEvent>>);
 
 impl EventRecorder for Events {
     fn record(&self, object: &ObjectReference, event_type: EventType, reason: &str, message: &str) {
+        self.record_annotated(object, event_type, reason, message, &Default::default());
+    }
+
+    fn record_annotated(
+        &self,
+        object: &ObjectReference,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+        annotations: &std::collections::BTreeMap<String, String>,
+    ) {
         self.0.lock().unwrap().push(RecordedEvent {
             object: object.name.clone().unwrap_or_default(),
             field_path: object.field_path.clone(),
             event_type,
             reason: reason.into(),
             message: message.into(),
+            annotations: annotations.clone(),
         });
     }
 }

@@ -83,10 +83,7 @@ fn strategy_probe_picks_the_most_exact_hooks() {
         None => panic!("this kernel has no BTF tracepoint mark_victim"),
     };
     assert_eq!(s.oom, oom);
-    let kfuncs = ["bpf_iter_task_new", "bpf_iter_task_next", "bpf_send_signal_task", "bpf_task_acquire"]
-        .iter()
-        .all(|f| btf.has_func(f));
-    assert_eq!(s.kill, if kfuncs { probe::KILL_KFUNCS } else { probe::KILL_HELPER });
+    assert_eq!(s.kill, probe::KILL_HELPER);
 
     let metrics = Metrics::new();
     metrics.set_signal_strategies(&s.pairs());

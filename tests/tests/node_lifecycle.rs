@@ -247,7 +247,7 @@ fn always_met(config: &str) -> String {
 fn a_reload_with_a_new_eviction_threshold_changes_the_next_decision_without_restarting_pods() {
     let a = TestAgent::start(
         "evictionPressureTransitionPeriod: 5s\n",
-        &["--signal-source=cgroupfs", "--kernel-eviction=false"],
+        &["--signal-source=cgroupfs", "--kernel-eviction=false", "--evict-static-pods"],
     );
     let keeper = a.add_manifest("keeper.yaml", &memory_pod("keeper", Some("system-node-critical")));
     let victim = a.add_manifest("victim.yaml", &memory_pod("victim", None));
@@ -300,7 +300,8 @@ fn scrape_as_prometheus(port: u16, path: &str) -> (String, String) {
 
 #[test]
 fn sighup_reloads_the_binarys_configuration() {
-    let mut setup = AgentSetup::new("", &["--signal-source=cgroupfs", "--kernel-eviction=false"]);
+    let mut setup =
+        AgentSetup::new("", &["--signal-source=cgroupfs", "--kernel-eviction=false", "--evict-static-pods"]);
     let read_only = swiftlet_tests::node_process::free_port();
     setup.args.push(format!("--read-only-port={read_only}"));
     setup.add_manifest("keeper.yaml", &memory_pod("keeper", Some("system-node-critical")));

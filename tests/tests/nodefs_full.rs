@@ -14,7 +14,6 @@
 //! leaves the old file whole.
 
 use std::{
-    ffi::CString,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -22,11 +21,12 @@ use std::{
 use serde_json::Value;
 use swiftlet::cri::{ImageService, api};
 use swiftlet_tests::{
-    agent::{AgentProcess, AgentSetup, unmount_under},
+    agent::{AgentProcess, AgentSetup},
     containerd::TestContainerd,
     https::Https,
     kubelet::free_port,
     registry::Registry,
+    tmpfs::SmallFs,
 };
 
 const BUSYBOX: &str = "swiftlet.local/busybox:1.35";
@@ -34,48 +34,6 @@ const MI: u64 = 1 << 20;
 /// The small disk, and the hard threshold on it.
 const DISK: u64 = 160 * MI;
 const THRESHOLD: u64 = 56 * MI;
-
-/// A tmpfs mounted by the test, unmounted (with everything under it) on drop.
-struct SmallFs {
-    dir: tempfile::TempDir,
-}
-
-impl SmallFs {
-    fn mount(size: u64, inodes: u64) -> SmallFs {
-        swiftlet_tests::prereq::require_root();
-        let dir = tempfile::Builder::new().prefix("swiftlet-nodefs-").tempdir().expect("temp dir");
-        let target = CString::new(dir.path().to_str().unwrap()).unwrap();
-        let opts = CString::new(format!("size={size},nr_inodes={inodes},mode=0755")).unwrap();
-        // SAFETY: mounting a fresh tmpfs on our own temporary directory.
-        let rc = unsafe { libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), 0, opts.as_ptr().cast()) };
-        assert_eq!(rc, 0, "mount tmpfs on {}: {}", dir.path().display(), std::io::Error::last_os_error());
-        SmallFs { dir }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// (available bytes, total bytes, free inodes)
-    fn stat(&self) -> (u64, u64, u64) {
-        let s = swiftlet::signals::node::statfs(self.path()).expect("statfs");
-        (s.available_bytes, s.capacity_bytes, s.inodes_free)
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        unmount_under(self.path());
-        let target = CString::new(self.path().to_str().unwrap()).unwrap();
-        // SAFETY: unmounting the tmpfs this guard mounted (EINVAL: already
-        // unmounted with what was under it).
-        if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0
-            && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL)
-        {
-            eprintln!("warning: cannot unmount {}: {}", self.path().display(), std::io::Error::last_os_error());
-        }
-    }
-}
 
 /// The log without colour codes.
 fn plain(log: &str) -> String {
@@ -229,6 +187,7 @@ fn a_full_nodefs_reclaims_first_then_evicts_the_filler_and_state_survives_a_sigk
         ),
         &[
             "--signal-source=cgroupfs",
+            "--evict-static-pods",
             &format!("--container-runtime-endpoint={}", ctd.endpoint()),
             &format!("--root-dir={}", root_dir.display()),
             &format!("--cert-dir={}", root_dir.join("pki").display()),

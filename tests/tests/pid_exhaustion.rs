@@ -87,7 +87,8 @@ fn set_pid_threshold(a: &TestAgent, pid_available: &str) {
 #[test]
 fn a_fork_bomb_is_capped_and_its_pod_evicted_while_the_node_stays_responsive() {
     let limit = pid_limit();
-    let a = TestAgent::start(&config(NEVER), &["--signal-source=cgroupfs"]);
+    // Standalone: static pods are all there is, so they may be evicted.
+    let a = TestAgent::start(&config(NEVER), &["--signal-source=cgroupfs", "--evict-static-pods"]);
     let steady = a.add_manifest("steady.yaml", &steady());
     a.wait_status(&steady, Duration::from_secs(60), "steady ready", ready_unrestarted);
 

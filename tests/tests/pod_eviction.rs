@@ -54,7 +54,8 @@ fn oom_kills(a: &TestAgent) -> u64 {
 
 fn evicts_the_best_effort_pod(kernel_eviction: bool, killed_by: &str) {
     let flag = format!("--kernel-eviction={kernel_eviction}");
-    let a = TestAgent::start(&config(), &["--signal-source=ebpf", &flag]);
+    // Standalone: static pods are all there is, so they may be evicted.
+    let a = TestAgent::start(&config(), &["--signal-source=ebpf", &flag, "--evict-static-pods"]);
     let steady = a.add_manifest("steady.yaml", &steady());
     a.wait_status(&steady, Duration::from_secs(60), "steady Running", |s| s.phase.as_deref() == Some("Running"));
     let hog = a.add_manifest("hog.yaml", &hog());

@@ -60,7 +60,11 @@ pub fn run_prepared(tc: &setup::EbpfToolchain, args: Args) -> Result<()> {
     let profile = if args.debug { "debug" } else { "release" };
     step(format!("building the benchmark runner ({profile})"));
     let mut build = Command::new("cargo");
-    build.current_dir(root).env("PATH", tc.path_env()).arg("build");
+    // The commit every result names (SWIFTLET_COMMIT, read at compile time).
+    let commit = cmd::output(Command::new("git").current_dir(root).args(["describe", "--always", "--dirty"]))
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".into());
+    build.current_dir(root).env("PATH", tc.path_env()).env("SWIFTLET_COMMIT", &commit).arg("build");
     if !args.debug {
         build.arg("--release");
     }

@@ -1,21 +1,27 @@
-//! `cargo xtask run`: the demo. Starts our own containerd and swiftlet in
-//! standalone mode on the static pods in examples/, streams its log, and on
-//! Ctrl-C stops everything and removes what it created.
+//! `cargo xtask run`: the demo. Starts our own containerd, the fake API
+//! server, and swiftlet as its node; creates the pods in examples/ through
+//! the API server (so a user watches them, and the eviction, with kubectl
+//! as in a cluster); streams the agent's log; on Ctrl-C stops everything
+//! and removes what it created.
 
 use std::{
-    process::{Command, Stdio},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
     sync::atomic::{AtomicBool, Ordering},
     thread,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 
 use crate::{
     cmd::{self, note, step},
     containerd::Containerd,
     setup,
 };
+
+/// The demo node's name.
+const NODE: &str = "swiftlet-demo";
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -51,7 +57,7 @@ pub fn run(args: Args) -> Result<()> {
     let tc = setup::all()?;
     setup::build_ebpf(&tc)?;
     let root = cmd::workspace_root();
-    step("building swiftlet");
+    step("building swiftlet and the fake API server");
     cmd::run(Command::new("cargo").current_dir(root).env("PATH", tc.path_env()).args([
         "build",
         "-p",
@@ -60,36 +66,82 @@ pub fn run(args: Args) -> Result<()> {
         "swiftlet-tests",
         "--bins",
     ]))?;
+    let kubectl = setup::ensure_kubectl()?;
     install_handlers();
     let ctd = Containerd::start_interruptible(root, "run")?;
     let run_root = root.join("target").join("run");
     std::fs::create_dir_all(&run_root)?;
-    let cgroup_root = format!("swiftlet-demo-{}", std::process::id());
+    // Dropped after swiftlet (declared later): whatever ends the demo, its
+    // cgroups and mounts go, and containerd (declared before) goes last.
+    let cleanup =
+        DemoCleanup { cgroup: format!("swiftlet-demo-{}", std::process::id()), root_dir: run_root.join("root") };
+    let cgroup_root = cleanup.cgroup.clone();
     let config = demo_config(&run_root)?;
-    step("starting swiftlet in standalone mode on examples/ (Ctrl-C stops everything)");
+
+    step("starting the fake API server");
+    let kubeconfig = run_root.join("kubeconfig");
+    let _ = std::fs::remove_file(&kubeconfig);
+    let mut apiserver = Stopped(Some(spawn_in_group(
+        Command::new(root.join("target/debug/fake-apiserver"))
+            .arg("--tls")
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .stdout(Stdio::null()),
+    )?));
+    wait_for("the fake API server's kubeconfig", Duration::from_secs(30), || kubeconfig.exists())?;
+
+    step(format!("starting swiftlet as node {NODE} (Ctrl-C stops everything)"));
     note(format!("kubelet configuration: {}", config.display()));
-    note("pods are limited to 1.5 GiB with evictionHard memory.available<768Mi: watch memory-hog get evicted");
-    note("at the threshold crossing (about 40 s in), while `steady` and `web` keep running");
-    note("try: curl http://127.0.0.1:8080/   and   ls target/run/logs/");
     let mut swiftlet = Command::new(root.join("target/debug/swiftlet"));
     swiftlet
         .arg(format!("--config={}", config.display()))
-        .arg(format!("--pod-manifest-path={}", root.join("examples").display()))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!("--hostname-override={NODE}"))
         .arg(format!("--container-runtime-endpoint={}", ctd.endpoint()))
         .arg(format!("--root-dir={}", run_root.join("root").display()))
         .arg(format!("--cgroup-root=/{cgroup_root}"))
-        .arg("--register-node=false")
         .args(&args.extra)
         .env("PATH", format!("{}:{}", root.join("target/debug").display(), std::env::var("PATH").unwrap_or_default()))
         .stdin(Stdio::null());
-    // Its own process group: Ctrl-C reaches us, and we stop it in order.
-    std::os::unix::process::CommandExt::process_group(&mut swiftlet, 0);
-    let mut child = swiftlet.spawn().context("cannot start target/debug/swiftlet")?;
-    note(format!(
-        "watch the pods' memory live from another terminal: sudo target/debug/swiftlet top --agent-pid {}",
-        child.id()
-    ));
-    note("(with one agent on the machine, `sudo target/debug/swiftlet top` alone finds it)");
+    let mut child = Stopped(Some(spawn_in_group(&mut swiftlet).context("cannot start target/debug/swiftlet")?));
+    if let Some(agent) = child.0.as_ref() {
+        note(format!(
+            "watch the pods' memory live from another terminal: sudo target/debug/swiftlet top --agent-pid {}",
+            agent.id()
+        ));
+        note("(with one agent on the machine, `sudo target/debug/swiftlet top` alone finds it)");
+    }
+    let kubectl_cmd = |args: &[&str]| {
+        let mut c = Command::new(&kubectl);
+        c.arg(format!("--kubeconfig={}", kubeconfig.display())).args(args);
+        c
+    };
+    wait_for("the node registered", Duration::from_secs(60), || {
+        kubectl_cmd(&["get", "node", NODE])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })?;
+    step("creating the pods of examples/ through the API server");
+    for manifest in example_manifests(&root.join("examples"))? {
+        let text = std::fs::read_to_string(&manifest)?;
+        // The fake API server has no scheduler (the pods name their node)
+        // and no /openapi/v2, which older kubectls validate against.
+        let Some(pod) = with_node(&text, NODE) else {
+            bail!("{}: no top-level `spec:` to bind to the node", manifest.display());
+        };
+        let mut create = kubectl_cmd(&["create", "--validate=false", "-f", "-"]).stdin(Stdio::piped()).spawn()?;
+        std::io::Write::write_all(create.stdin.as_mut().context("kubectl stdin")?, pod.as_bytes())?;
+        drop(create.stdin.take());
+        if !create.wait()?.success() {
+            bail!("kubectl create of {} failed", manifest.display());
+        }
+    }
+    note("pods are limited to 1.5 GiB with evictionHard memory.available<768Mi: memory-hog is evicted at the");
+    note("threshold crossing (about 40 s in) while `steady` and `web` keep running. Watch it as a cluster user:");
+    note(format!("  kubectl --kubeconfig {} get nodes,pods -w", kubeconfig.display()));
+    note(format!("  kubectl --kubeconfig {} get events", kubeconfig.display()));
+    note("try: curl http://127.0.0.1:8080/   and   ls target/run/logs/");
     let status = loop {
         if let Some(s) = child.try_wait()? {
             break Some(s);
@@ -101,23 +153,103 @@ pub fn run(args: Args) -> Result<()> {
     };
     match status {
         Some(s) => note(format!("swiftlet exited ({s})")),
-        None => {
-            step("stopping swiftlet");
-            // SAFETY: signalling the process we started, by its PID.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while child.try_wait()?.is_none() && Instant::now() < deadline {
-                thread::sleep(Duration::from_millis(100));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        None => step("stopping swiftlet and the fake API server"),
     }
+    child.stop();
+    apiserver.stop();
     step("stopping containerd and removing the demo's cgroups");
+    drop(cleanup);
     drop(ctd);
-    remove_cgroup_tree(&cgroup_root);
     note("nothing left running");
     Ok(())
+}
+
+/// The demo's cgroup tree (killed and removed) and the root dir's shared
+/// bind mount swiftlet leaves, as the kubelet does (unmounted), when dropped.
+struct DemoCleanup {
+    cgroup: String,
+    root_dir: PathBuf,
+}
+
+impl Drop for DemoCleanup {
+    fn drop(&mut self) {
+        remove_cgroup_tree(&self.cgroup);
+        if let Ok(c) = std::ffi::CString::new(self.root_dir.as_os_str().as_encoded_bytes()) {
+            // SAFETY: unmounting the demo's own root dir (EINVAL when it is
+            // not a mount point: nothing to do).
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
+/// A child in its own process group (Ctrl-C reaches us, and we stop it in
+/// order), stopped with SIGTERM (then SIGKILL) when dropped.
+struct Stopped(Option<Child>);
+
+impl Stopped {
+    fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        match &mut self.0 {
+            Some(c) => c.try_wait(),
+            None => Ok(None),
+        }
+    }
+
+    fn stop(&mut self) {
+        let Some(mut child) = self.0.take() else { return };
+        // SAFETY: signalling the process we started, by its PID.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn spawn_in_group(c: &mut Command) -> std::io::Result<Child> {
+    std::os::unix::process::CommandExt::process_group(c, 0);
+    c.spawn()
+}
+
+fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !ok() {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            bail!("interrupted while waiting for {what}");
+        }
+        if Instant::now() > deadline {
+            bail!("{what} did not happen within {timeout:?}");
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+/// The pod manifests of examples/, in name order.
+fn example_manifests(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// The manifest with `nodeName: <node>` as the first field of its
+/// top-level `spec:`; None without one.
+fn with_node(manifest: &str, node: &str) -> Option<String> {
+    let at = if manifest.starts_with("spec:\n") { 0 } else { manifest.find("\nspec:\n")? + 1 };
+    let after = at + "spec:\n".len();
+    Some(format!("{}  nodeName: {node}\n{}", &manifest[..after], &manifest[after..]))
 }
 
 /// The demo's KubeletConfiguration: pods limited to 1.5 GiB of this
@@ -188,4 +320,23 @@ fn kill_and_remove(dir: &std::path::Path) {
         thread::sleep(Duration::from_millis(50));
     }
     eprintln!("warning: cannot remove {}", dir.display());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifests_are_bound_to_the_node() {
+        let m = "# a comment\napiVersion: v1\nkind: Pod\nmetadata:\n  name: x\nspec:\n  containers: []\n";
+        assert_eq!(
+            with_node(m, "n1").unwrap(),
+            "# a comment\napiVersion: v1\nkind: Pod\nmetadata:\n  name: x\nspec:\n  nodeName: n1\n  containers: []\n"
+        );
+        assert_eq!(with_node("spec:\n  a: 1\n", "n").unwrap(), "spec:\n  nodeName: n\n  a: 1\n");
+        assert_eq!(with_node("kind: Pod\n", "n"), None);
+        for f in example_manifests(&cmd::workspace_root().join("examples")).unwrap() {
+            assert!(with_node(&std::fs::read_to_string(&f).unwrap(), "n").is_some(), "{}", f.display());
+        }
+    }
 }

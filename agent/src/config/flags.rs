@@ -209,6 +209,12 @@ pub static FLAGS: &[FlagDef] = &[
     ),
     cfg("event-burst", &["eventBurst"], Int, "Maximum size of a burst of event records"),
     cfg("event-qps", &["eventRecordQPS"], Int, "Event records per second (0 for no limit)"),
+    only(
+        "evict-static-pods",
+        Bool,
+        Some("false"),
+        "swiftlet: let eviction take static pods below system-cluster-critical priority, for standalone nodes where static pods are all there is (the kubelet never evicts static or mirror pods)",
+    ),
     cfg(
         "eviction-hard",
         &["evictionHard"],
@@ -232,6 +238,12 @@ pub static FLAGS: &[FlagDef] = &[
         &["evictionPressureTransitionPeriod"],
         Duration,
         "How long a pressure condition is held after its signal clears",
+    ),
+    only(
+        "eviction-realtime-priority",
+        Int,
+        Some("10"),
+        "swiftlet: SCHED_FIFO priority (1-99) of the thread that reads kernel events and kills at a hard threshold's crossing, so a busy node does not delay it; 0 leaves it in the normal scheduler",
     ),
     cfg(
         "eviction-soft",

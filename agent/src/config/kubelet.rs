@@ -320,7 +320,7 @@ impl Default for KubeletConfiguration {
             kube_api_burst: 100,
             serialize_image_pulls: true,
             max_parallel_image_pulls: None,
-            eviction_hard: crate::eviction::signal::default_hard_thresholds(),
+            eviction_hard: super::thresholds::default_hard_thresholds(),
             eviction_soft: vec![],
             eviction_soft_grace_period: BTreeMap::new(),
             eviction_minimum_reclaim: BTreeMap::new(),

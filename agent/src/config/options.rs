@@ -73,6 +73,13 @@ pub struct SwiftletOptions {
     /// --node-shutdown-marker: its appearance means the node is shutting
     /// down (None: only systemd and init are asked).
     pub node_shutdown_marker: Option<PathBuf>,
+    /// --evict-static-pods: static pods below system-cluster-critical may
+    /// be evicted (off: as the kubelet, never).
+    pub evict_static_pods: bool,
+    /// --eviction-realtime-priority: the signal source's reader thread
+    /// (which kills at a crossing) runs under SCHED_FIFO at this priority;
+    /// None: the normal scheduler.
+    pub eviction_realtime_priority: Option<u8>,
 }
 
 impl Default for SwiftletOptions {
@@ -83,6 +90,8 @@ impl Default for SwiftletOptions {
             housekeeping_interval: Duration::from_secs(10),
             standalone: false,
             node_shutdown_marker: Some(PathBuf::from("/run/swiftlet/node-shutdown")),
+            evict_static_pods: false,
+            eviction_realtime_priority: Some(10),
         }
     }
 }
@@ -197,6 +206,13 @@ pub fn read(cx: &Ctx, parsed: &ParsedFlags) -> Result<(KubeletFlags, SwiftletOpt
     if let Some(n) = parsed.get("node-shutdown-marker") {
         let raw = cx.string(n, "")?;
         s.node_shutdown_marker = (!raw.is_empty()).then(|| PathBuf::from(raw));
+    }
+    if let Some(n) = parsed.get("evict-static-pods") {
+        s.evict_static_pods = cx.boolean(n, "")?;
+    }
+    if let Some(n) = parsed.get("eviction-realtime-priority") {
+        let p = cx.int_in(n, "", 0, 99)?;
+        s.eviction_realtime_priority = (p > 0).then_some(p as u8);
     }
     for name in ["help", "version"] {
         if let Some(n) = parsed.get(name) {

@@ -12,7 +12,8 @@ use std::{
 use super::*;
 use crate::{
     cm::naming::CgroupDriver,
-    eviction::signal::{EvictionSignal, EvictionThreshold, ThresholdValue, default_hard_thresholds},
+    config::thresholds::default_hard_thresholds,
+    eviction::signal::{EvictionSignal, EvictionThreshold, ThresholdValue},
     quantity::Quantity,
     signals::SourceChoice,
 };
@@ -234,6 +235,11 @@ fn every_flag_form() {
                 && !c.swiftlet.kernel_eviction
                 && c.swiftlet.housekeeping_interval == Duration::from_secs(2)
         }),
+        (&[], |c| !c.swiftlet.evict_static_pods && c.swiftlet.eviction_realtime_priority == Some(10)),
+        (&["--evict-static-pods", "--eviction-realtime-priority=0"], |c| {
+            c.swiftlet.evict_static_pods && c.swiftlet.eviction_realtime_priority.is_none()
+        }),
+        (&["--eviction-realtime-priority=50"], |c| c.swiftlet.eviction_realtime_priority == Some(50)),
         (&["--feature-gates=A=true,B=false"], |c| {
             c.kubelet.feature_gates == BTreeMap::from([("A".into(), true), ("B".into(), false)])
         }),
@@ -777,6 +783,12 @@ fn error_messages() {
             file(""),
             vec!["--image-gc-high-threshold=150"],
             "flag --image-gc-high-threshold: 150 must be between 0 and 100".into(),
+        ),
+        (
+            "flag realtime priority out of range",
+            file(""),
+            vec!["--eviction-realtime-priority=100"],
+            "flag --eviction-realtime-priority: 100 must be between 0 and 99".into(),
         ),
         (
             "flag soft without grace",

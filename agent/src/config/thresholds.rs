@@ -12,13 +12,23 @@ use crate::{
 };
 
 /// The kubelet's Linux default hard thresholds, as the config file would
-/// spell them (`eviction::signal::default_hard_thresholds()` parsed).
+/// spell them: the one table of defaults ([`default_hard_thresholds`]
+/// reads it).
 pub const DEFAULT_EVICTION_HARD: [(&str, &str); 4] = [
     ("memory.available", "100Mi"),
     ("nodefs.available", "10%"),
     ("nodefs.inodesFree", "5%"),
     ("imagefs.available", "15%"),
 ];
+
+/// [`DEFAULT_EVICTION_HARD`] as thresholds, in signal order.
+pub fn default_hard_thresholds() -> Vec<EvictionThreshold> {
+    let parsed: BTreeMap<EvictionSignal, ThresholdValue> = DEFAULT_EVICTION_HARD
+        .iter()
+        .filter_map(|(signal, value)| parse_threshold(signal, value).ok().flatten())
+        .collect();
+    hard_thresholds(&parsed, &BTreeMap::new())
+}
 
 pub fn parse_signal(name: &str) -> Result<EvictionSignal, String> {
     EvictionSignal::from_name(name).ok_or_else(|| {
@@ -149,19 +159,24 @@ pub fn format_value(v: &ThresholdValue) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eviction::signal::default_hard_thresholds;
 
     fn q(s: &str) -> ThresholdValue {
         ThresholdValue::Quantity(s.parse().unwrap())
     }
 
     #[test]
-    fn default_statements_are_the_default_thresholds() {
-        let parsed: BTreeMap<_, _> =
-            DEFAULT_EVICTION_HARD.iter().map(|(s, v)| parse_threshold(s, v).unwrap().unwrap()).collect();
-        let mut want = default_hard_thresholds();
-        want.sort_by_key(|t| t.signal);
-        assert_eq!(hard_thresholds(&parsed, &BTreeMap::new()), want);
+    fn the_default_table_parses_whole() {
+        let q = |v: &str| ThresholdValue::Quantity(v.parse().unwrap());
+        let hard = |signal, value| EvictionThreshold { signal, value, grace_period: Duration::ZERO, min_reclaim: None };
+        assert_eq!(
+            default_hard_thresholds(),
+            [
+                hard(EvictionSignal::MemoryAvailable, q("100Mi")),
+                hard(EvictionSignal::NodeFsAvailable, ThresholdValue::Percentage(0.10)),
+                hard(EvictionSignal::NodeFsInodesFree, ThresholdValue::Percentage(0.05)),
+                hard(EvictionSignal::ImageFsAvailable, ThresholdValue::Percentage(0.15)),
+            ]
+        );
     }
 
     #[test]

@@ -20,11 +20,14 @@ impl Usage {
     }
 }
 
-/// One container's memory, for eviction messages.
+/// One container of a pod, for eviction messages: its memory request, and
+/// its cgroup, whose usage is read only for the pods evicted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ContainerUsage {
+pub struct ContainerRef {
     pub name: String,
-    pub memory: Usage,
+    pub memory_request: u64,
+    /// Its cgroup (relative path); None when unknown.
+    pub cgroup: Option<String>,
 }
 
 /// A pod as the eviction manager sees it.
@@ -39,10 +42,12 @@ pub struct Candidate {
     /// terminationGracePeriodSeconds, for soft evictions.
     pub termination_grace_secs: u64,
     pub memory: Usage,
-    pub processes: u64,
+    /// Tasks, threads included: what counts against pid.available (a pod
+    /// with one process and thousands of threads holds thousands of pids).
+    pub tasks: u64,
     pub disk: Usage,
     pub inodes: u64,
-    pub containers: Vec<ContainerUsage>,
+    pub containers: Vec<ContainerRef>,
     /// Already being evicted: its usage is as good as reclaimed, and it is
     /// not picked again.
     pub in_flight: bool,
@@ -58,9 +63,9 @@ pub fn by_memory(a: &Candidate, b: &Candidate) -> Ordering {
         .then(b.memory.above_request().cmp(&a.memory.above_request()))
 }
 
-/// PIDs: lower priority first, then more processes first.
-pub fn by_processes(a: &Candidate, b: &Candidate) -> Ordering {
-    a.priority.cmp(&b.priority).then(b.processes.cmp(&a.processes))
+/// PIDs: lower priority first, then more tasks first.
+pub fn by_tasks(a: &Candidate, b: &Candidate) -> Ordering {
+    a.priority.cmp(&b.priority).then(b.tasks.cmp(&a.tasks))
 }
 
 /// Disk bytes: over request first, then priority, then usage.
@@ -129,12 +134,12 @@ mod tests {
     #[test]
     fn pid_and_disk_tables() {
         let mut a = pod("a", 0, 0, 0);
-        a.processes = 10;
+        a.tasks = 10;
         let mut b = pod("b", 0, 0, 0);
-        b.processes = 500;
+        b.tasks = 500;
         let mut c = pod("c", -1, 0, 0);
-        c.processes = 1;
-        assert_eq!(order(vec![a.clone(), b.clone(), c.clone()], by_processes), ["c", "b", "a"]);
+        c.tasks = 1;
+        assert_eq!(order(vec![a.clone(), b.clone(), c.clone()], by_tasks), ["c", "b", "a"]);
 
         a.disk = Usage { request: 0, usage: 10 };
         b.disk = Usage { request: 1000, usage: 500 };
@@ -146,5 +151,23 @@ mod tests {
         b.inodes = 30;
         c.inodes = 300;
         assert_eq!(order(vec![a, b, c], by_inodes), ["b", "a", "c"]);
+    }
+
+    /// Threads count: one process with 30,000 threads holds 30,000 pids, its
+    /// neighbour with five single-threaded processes five.
+    #[test]
+    fn the_thread_bomb_goes_first() {
+        let cases: [(&str, u64, u64, &str); 3] = [
+            ("threads outnumber processes", 30_000, 5, "bomb"),
+            ("a few threads against many processes", 3, 40, "neighbour"),
+            ("equal tasks: the stable order", 5, 5, "bomb"),
+        ];
+        for (name, bomb_tasks, neighbour_tasks, first) in cases {
+            let mut bomb = pod("bomb", 0, 0, 0);
+            bomb.tasks = bomb_tasks;
+            let mut neighbour = pod("neighbour", 0, 0, 0);
+            neighbour.tasks = neighbour_tasks;
+            assert_eq!(order(vec![bomb, neighbour], by_tasks)[0], first, "{name}");
+        }
     }
 }

@@ -2,9 +2,7 @@
 
 use std::{fmt, time::Duration};
 
-use thiserror::Error;
-
-use crate::quantity::{Quantity, QuantityError};
+use crate::quantity::Quantity;
 
 /// The seven eviction signals.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -105,7 +103,8 @@ impl NodeCondition {
     }
 }
 
-/// A threshold value: an absolute quantity or a fraction of capacity.
+/// A threshold value: an absolute quantity or a fraction of capacity. Read
+/// from configuration by `config::thresholds` (the one parser).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ThresholdValue {
     Quantity(Quantity),
@@ -113,34 +112,7 @@ pub enum ThresholdValue {
     Percentage(f64),
 }
 
-#[derive(Debug, Error, Clone, PartialEq)]
-pub enum ThresholdValueError {
-    #[error("`{0}` is not a percentage between 0% and 100%")]
-    Percentage(String),
-    #[error(transparent)]
-    Quantity(#[from] QuantityError),
-    #[error("`{0}` is negative")]
-    Negative(String),
-}
-
 impl ThresholdValue {
-    /// Parses `100Mi` or `10%` (or `10.5%`).
-    pub fn parse(s: &str) -> Result<ThresholdValue, ThresholdValueError> {
-        let s = s.trim();
-        if let Some(p) = s.strip_suffix('%') {
-            let v: f64 = p.trim().parse().map_err(|_| ThresholdValueError::Percentage(s.to_owned()))?;
-            if !(0.0..=100.0).contains(&v) || !v.is_finite() {
-                return Err(ThresholdValueError::Percentage(s.to_owned()));
-            }
-            return Ok(ThresholdValue::Percentage(v / 100.0));
-        }
-        let q = Quantity::parse(s)?;
-        if q.is_negative() {
-            return Err(ThresholdValueError::Negative(s.to_owned()));
-        }
-        Ok(ThresholdValue::Quantity(q))
-    }
-
     /// The value in the signal's unit, given the capacity percentages are of.
     pub fn resolve(&self, capacity: u64) -> u64 {
         match self {
@@ -183,18 +155,6 @@ impl EvictionThreshold {
     }
 }
 
-/// The upstream default hard thresholds: memory.available<100Mi,
-/// nodefs.available<10%, nodefs.inodesFree<5%, imagefs.available<15%.
-pub fn default_hard_thresholds() -> Vec<EvictionThreshold> {
-    let t = |signal, value| EvictionThreshold { signal, value, grace_period: Duration::ZERO, min_reclaim: None };
-    vec![
-        t(EvictionSignal::MemoryAvailable, ThresholdValue::Quantity(Quantity::from_units(100 << 20))),
-        t(EvictionSignal::NodeFsAvailable, ThresholdValue::Percentage(0.10)),
-        t(EvictionSignal::NodeFsInodesFree, ThresholdValue::Percentage(0.05)),
-        t(EvictionSignal::ImageFsAvailable, ThresholdValue::Percentage(0.15)),
-    ]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,17 +166,6 @@ mod tests {
         }
         assert_eq!(EvictionSignal::from_name("foo.available"), None);
         assert_eq!(EvictionSignal::from_name("Memory.available"), None);
-    }
-
-    #[test]
-    fn values() {
-        assert_eq!(ThresholdValue::parse("10%").unwrap(), ThresholdValue::Percentage(0.10));
-        assert_eq!(ThresholdValue::parse("0%").unwrap(), ThresholdValue::Percentage(0.0));
-        assert_eq!(ThresholdValue::parse("100Mi").unwrap().resolve(0), 100 << 20);
-        assert_eq!(ThresholdValue::parse("10%").unwrap().resolve(1000), 100);
-        for bad in ["101%", "-1%", "abc%", "%", "abc", "2Gx", "-1Gi", "NaN%"] {
-            assert!(ThresholdValue::parse(bad).is_err(), "`{bad}` must be rejected");
-        }
     }
 
     #[test]

@@ -14,12 +14,52 @@
 //! containers first releases their images. "Unused images" is every image
 //! no container refers to, past the minimum GC age.
 
-use std::{future::Future, pin::Pin, sync::Arc};
+use std::{
+    future::Future,
+    path::{Path, PathBuf},
+    pin::Pin,
+    sync::Arc,
+};
 
 use tracing::{info, warn};
 
 use super::collector::ContainerGc;
-use crate::{eviction::driver::NodeReclaimer, eviction::signal::EvictionSignal, images::ImageGc};
+use crate::{cri::ImageService, eviction::driver::NodeReclaimer, eviction::signal::EvictionSignal, images::ImageGc};
+
+/// Where the runtime keeps its images, as the kubelet learns it (the CRI
+/// ImageFsInfo's mountpoint): Some when that is a filesystem of its own,
+/// None when it is nodefs (the filesystem of `nodefs`, the root dir) or
+/// the runtime says nothing usable. imagefs is then watched there, and
+/// its pressure reclaims images as the table above says.
+pub async fn locate_imagefs(images: &dyn ImageService, nodefs: &Path) -> Option<PathBuf> {
+    let filesystems = match images.image_fs_info().await {
+        Ok(f) => f,
+        Err(e) => {
+            warn!("ImageFsInfo failed; imagefs is taken to be nodefs: {e}");
+            return None;
+        }
+    };
+    let mountpoint =
+        filesystems.iter().find_map(|f| f.fs_id.as_ref().map(|id| id.mountpoint.clone()).filter(|m| !m.is_empty()))?;
+    let mountpoint = PathBuf::from(mountpoint);
+    match separate_filesystems(nodefs, &mountpoint) {
+        Ok(true) => {
+            info!(imagefs = %mountpoint.display(), "the runtime's images are on a filesystem of their own");
+            Some(mountpoint)
+        }
+        Ok(false) => None,
+        Err(e) => {
+            warn!(imagefs = %mountpoint.display(), "cannot tell the image filesystem from nodefs: {e}");
+            None
+        }
+    }
+}
+
+/// Whether two paths lie on different filesystems (device ids differ).
+fn separate_filesystems(a: &Path, b: &Path) -> std::io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    Ok(std::fs::metadata(a)?.dev() != std::fs::metadata(b)?.dev())
+}
 
 /// What one reclaim freed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -124,6 +164,22 @@ mod tests {
         fn is_active(&self, _uid: &str) -> bool {
             false
         }
+    }
+
+    #[tokio::test]
+    async fn imagefs_is_where_the_runtime_says_if_it_is_not_nodefs() {
+        let nodefs = std::env::temp_dir();
+        let same = nodefs.join("imagefs-on-nodefs");
+        std::fs::create_dir_all(&same).unwrap();
+        // (ImageFsInfo's mountpoint, where imagefs is watched)
+        let cases: [(&str, Option<&str>); 4] =
+            [(same.to_str().unwrap(), None), ("/proc", Some("/proc")), ("", None), ("/no/such/mountpoint", None)];
+        for (mountpoint, want) in cases {
+            let rt = FakeRuntime::new();
+            rt.set_image_fs(mountpoint, Some(1), Some(1));
+            assert_eq!(locate_imagefs(&rt, &nodefs).await.as_deref(), want.map(Path::new), "{mountpoint:?}");
+        }
+        let _ = std::fs::remove_dir(&same);
     }
 
     #[tokio::test(start_paused = true)]

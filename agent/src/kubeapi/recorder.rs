@@ -16,7 +16,7 @@
 //! a small trait so tests run without a server.
 
 use std::{
-    collections::{BTreeSet, HashMap, VecDeque},
+    collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
     hash::Hash,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -403,8 +403,22 @@ impl ApiEventRecorder {
 
 impl EventRecorder for ApiEventRecorder {
     fn record(&self, object: &ObjectReference, event_type: EventType, reason: &str, message: &str) {
+        self.record_annotated(object, event_type, reason, message, &BTreeMap::new());
+    }
+
+    fn record_annotated(
+        &self,
+        object: &ObjectReference,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+        annotations: &BTreeMap<String, String>,
+    ) {
         let now = Timestamp::now();
-        let event = build_event(&self.node, object, event_type, reason, message, now);
+        let mut event = build_event(&self.node, object, event_type, reason, message, now);
+        if !annotations.is_empty() {
+            event.metadata.annotations = Some(annotations.clone());
+        }
         let outcome = self.correlator.lock().unwrap_or_else(|p| p.into_inner()).correlate(event, now, Instant::now());
         if outcome == Outcome::Skip {
             debug!(reason, "event dropped by the spam filter");
@@ -424,6 +438,19 @@ impl EventRecorder for TeeRecorder {
     fn record(&self, object: &ObjectReference, event_type: EventType, reason: &str, message: &str) {
         for r in &self.0 {
             r.record(object, event_type, reason, message);
+        }
+    }
+
+    fn record_annotated(
+        &self,
+        object: &ObjectReference,
+        event_type: EventType,
+        reason: &str,
+        message: &str,
+        annotations: &BTreeMap<String, String>,
+    ) {
+        for r in &self.0 {
+            r.record_annotated(object, event_type, reason, message, annotations);
         }
     }
 }

@@ -50,6 +50,13 @@ pub struct KillPathLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `executed`, or the check that refused the plan (`no_plan`,
+    /// `victim_gone`, `plan_too_old`, ...).
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModeLabels {
     pub mode: String,
 }
@@ -93,6 +100,9 @@ pub struct Metrics {
     pub oom_kills: Family<OomScopeLabels, Counter>,
     /// Evictions that found nothing evictable.
     pub evictions_without_victim: Counter,
+    /// Upward crossings of the lines that kill, by what the kernel did
+    /// with the victim plan.
+    pub kernel_plan_outcomes: Family<OutcomeLabels, Counter>,
     /// The kubelet's runtime, relist and cgroup manager metrics.
     pub kubelet: KubeletMetrics,
     /// The volume manager's operations.
@@ -195,6 +205,12 @@ impl Metrics {
             "Eviction decisions that found no evictable pod",
             evictions_without_victim.clone(),
         );
+        let kernel_plan_outcomes = Family::default();
+        registry.register(
+            "swiftlet_kernel_plan_outcomes",
+            "Crossings of the hard memory and PID lines, by what the kernel did with the victim plan (executed, or the check that refused it)",
+            kernel_plan_outcomes.clone(),
+        );
         let kubelet = KubeletMetrics::register(&mut registry);
         let storage = StorageMetrics::default();
         storage.register(&mut registry);
@@ -221,6 +237,7 @@ impl Metrics {
             signal_strategy,
             oom_kills,
             evictions_without_victim,
+            kernel_plan_outcomes,
         }
     }
 

@@ -14,11 +14,18 @@
 //! Strict (`SupplementalGroupsPolicyNotSupported`) and user namespaces
 //! (`UserNamespacesNotSupported`).
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Toleration};
 
 use super::{security, sysctl::Allowlist};
 use crate::{
-    cm::{hierarchy::pod_requests, hugepages, qos::is_critical},
+    cm::{
+        hierarchy::pod_requests,
+        hugepages,
+        qos::{QosClass, is_critical, qos_class},
+    },
+    eviction::signal::NodeCondition,
     quantity::Quantity,
 };
 
@@ -175,6 +182,45 @@ pub fn admit(pod: &Pod, active: &[&Pod], allocatable: &Capacity) -> Result<(), R
     Ok(())
 }
 
+/// The eviction manager's admit handler, as the kubelet's: while the node
+/// reports pressure conditions, critical pods are admitted; under memory
+/// pressure alone, pods other than BestEffort are too, and BestEffort pods
+/// that tolerate the memory-pressure taint; everything else is refused
+/// with reason `Evicted`, naming the conditions.
+pub fn admit_under_pressure(pod: &Pod, conditions: &BTreeSet<NodeCondition>) -> Result<(), Rejection> {
+    if conditions.is_empty() || is_critical(pod) {
+        return Ok(());
+    }
+    if conditions.len() == 1 && conditions.contains(&NodeCondition::MemoryPressure) {
+        let spec = pod.spec.as_ref();
+        let best_effort = spec.is_none_or(|s| qos_class(s) == QosClass::BestEffort);
+        let tolerates = spec
+            .and_then(|s| s.tolerations.as_ref())
+            .is_some_and(|t| t.iter().any(|t| tolerates_no_schedule(t, NodeCondition::MemoryPressure.taint_key())));
+        if !best_effort || tolerates {
+            return Ok(());
+        }
+    }
+    let names: Vec<&str> = conditions.iter().map(|c| c.type_name()).collect();
+    Err(Rejection { reason: "Evicted".into(), message: format!("The node had condition: [{}]. ", names.join(" ")) })
+}
+
+/// Whether `t` tolerates the NoSchedule taint `key` (with no value), as
+/// ToleratesTaint does.
+fn tolerates_no_schedule(t: &Toleration, key: &str) -> bool {
+    let effect_ok = t.effect.as_deref().is_none_or(|e| e.is_empty() || e == "NoSchedule");
+    let key_ok = match t.key.as_deref() {
+        None | Some("") => t.operator.as_deref() == Some("Exists"),
+        Some(k) => k == key,
+    };
+    let value_ok = match t.operator.as_deref() {
+        Some("Exists") => true,
+        None | Some("") | Some("Equal") => t.value.as_deref().unwrap_or("").is_empty(),
+        Some(_) => false,
+    };
+    effect_ok && key_ok && value_ok
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::{
@@ -241,6 +287,73 @@ mod tests {
         for (name, p, active, want) in cases {
             let got = admit(&p, &active, &cap).err().map(|r| format!("{}: {}", r.reason, r.message));
             assert_eq!(got.as_deref(), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn pressure_table() {
+        use NodeCondition::*;
+        let tolerating = |key: Option<&str>, op: &str, effect: Option<&str>| {
+            let mut p = pod("", "");
+            p.spec.as_mut().unwrap().tolerations = Some(vec![Toleration {
+                key: key.map(Into::into),
+                operator: Some(op.into()),
+                effect: effect.map(Into::into),
+                ..Default::default()
+            }]);
+            p
+        };
+        let mut static_pod = pod("", "");
+        static_pod.metadata.annotations =
+            Some([("kubernetes.io/config.source".to_string(), "file".to_string())].into());
+        let memory = BTreeSet::from([MemoryPressure]);
+        let taint = "node.kubernetes.io/memory-pressure";
+        let cases: Vec<(&str, Pod, BTreeSet<NodeCondition>, Option<&str>)> = vec![
+            ("no pressure", pod("", ""), BTreeSet::new(), None),
+            (
+                "memory: best effort refused",
+                pod("", ""),
+                memory.clone(),
+                Some("The node had condition: [MemoryPressure]. "),
+            ),
+            ("memory: burstable admitted", pod("", "64Mi"), memory.clone(), None),
+            (
+                "memory: tolerates the taint",
+                tolerating(Some(taint), "Exists", Some("NoSchedule")),
+                memory.clone(),
+                None,
+            ),
+            ("memory: tolerates everything", tolerating(None, "Exists", None), memory.clone(), None),
+            (
+                "memory: tolerates another taint",
+                tolerating(Some("node.kubernetes.io/disk-pressure"), "Exists", None),
+                memory.clone(),
+                Some("The node had condition: [MemoryPressure]. "),
+            ),
+            (
+                "memory: NoExecute only",
+                tolerating(Some(taint), "Exists", Some("NoExecute")),
+                memory.clone(),
+                Some("The node had condition: [MemoryPressure]. "),
+            ),
+            (
+                "disk: burstable refused",
+                pod("", "64Mi"),
+                BTreeSet::from([DiskPressure]),
+                Some("The node had condition: [DiskPressure]. "),
+            ),
+            (
+                "memory and pids: burstable refused",
+                pod("100m", "64Mi"),
+                BTreeSet::from([MemoryPressure, PidPressure]),
+                Some("The node had condition: [MemoryPressure PIDPressure]. "),
+            ),
+            ("critical: admitted", static_pod, BTreeSet::from([DiskPressure, PidPressure]), None),
+        ];
+        for (name, p, conditions, want) in cases {
+            let got = admit_under_pressure(&p, &conditions).err();
+            assert_eq!(got.as_ref().map(|r| r.message.as_str()), want, "{name}");
+            assert!(got.is_none_or(|r| r.reason == "Evicted"), "{name}");
         }
     }
 

@@ -7,7 +7,7 @@
 //! (`PodView`), and to the eviction manager (`PodProvider`, `PodEvictor`).
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     sync::{Arc, Mutex, RwLock, Weak},
     time::{Duration, Instant},
 };
@@ -36,7 +36,10 @@ use crate::{
     },
     cri::{api, labels},
     events::{EventType, pod_ref},
-    eviction::driver::{EvictionContainer, EvictionPod, EvictionRequest, PodEvictor, PodProvider},
+    eviction::{
+        driver::{EvictionContainer, EvictionPod, EvictionRequest, PodEvictor, PodProvider},
+        signal::NodeCondition,
+    },
     gc::ActivePods,
 };
 
@@ -84,6 +87,11 @@ struct Inner {
     refuse_new: Mutex<Option<admission::Rejection>>,
     /// What the host offers pods (sysctls, AppArmor, runtime features).
     host: RwLock<admission::HostSupport>,
+    /// The node's pressure conditions, for the eviction admit handler.
+    pressure: Mutex<Option<watch::Receiver<BTreeSet<NodeCondition>>>>,
+    /// --evict-static-pods: static pods may be evicted (see
+    /// [`PodManager::set_evict_static_pods`]).
+    evict_static: std::sync::atomic::AtomicBool,
     this: Weak<Inner>,
 }
 
@@ -130,6 +138,8 @@ impl PodManager {
             tombstones: Mutex::new(HashMap::new()),
             refuse_new: Mutex::new(None),
             host: RwLock::new(admission::HostSupport::default()),
+            pressure: Mutex::new(None),
+            evict_static: std::sync::atomic::AtomicBool::new(false),
             this: this.clone(),
         });
         PodManager { inner }
@@ -244,6 +254,22 @@ impl PodManager {
     pub fn refuse_new_pods(&self, rejection: Option<admission::Rejection>) {
         *lock(&self.inner.refuse_new) = rejection;
     }
+
+    /// The node's pressure conditions: while they hold, admission refuses
+    /// what the kubelet's eviction admit handler refuses.
+    pub fn set_node_conditions(&self, conditions: watch::Receiver<BTreeSet<NodeCondition>>) {
+        *lock(&self.inner.pressure) = Some(conditions);
+    }
+
+    /// Lets eviction take static pods below system-cluster-critical
+    /// (`--evict-static-pods`, for standalone nodes); by default they are
+    /// critical and never evicted, as with the kubelet.
+    pub fn set_evict_static_pods(&self, on: bool) {
+        self.inner.evict_static.store(on, std::sync::atomic::Ordering::Relaxed);
+        for e in lock(&self.inner.pods).values_mut() {
+            e.eviction = None;
+        }
+    }
 }
 
 impl Inner {
@@ -313,9 +339,11 @@ impl Inner {
                 .or_insert_with(|| Timestamp::now().to_string());
             let active: Vec<&Pod> = pods.values().filter(|e| e.active && !e.orphan).map(|e| &e.pod).collect();
             pending.remove(id);
+            let pressure = lock(&self.pressure).as_ref().map(|c| c.borrow().clone()).unwrap_or_default();
             let verdict = match lock(&self.refuse_new).clone() {
                 Some(r) => Err(r),
                 None => admission::admit_host(&pod, &read(&self.host))
+                    .and_then(|()| admission::admit_under_pressure(&pod, &pressure))
                     .and_then(|()| admission::admit(&pod, &active, &lock(&self.capacity))),
             };
             // The device manager's admit handler: devices for every
@@ -575,11 +603,12 @@ impl PodProvider for PodManager {
     fn eviction_pods(&self) -> Vec<EvictionPod> {
         let mut pods = lock(&self.inner.pods);
         let cgroups = &self.inner.deps.cgroups;
+        let evict_static = self.inner.evict_static.load(std::sync::atomic::Ordering::Relaxed);
         pods.iter_mut()
             .filter(|(_, e)| e.active && !e.orphan && e.handle.is_some())
             .filter_map(|(id, e)| {
                 if e.eviction.is_none() {
-                    e.eviction = eviction_pod(id, e, cgroups);
+                    e.eviction = eviction_pod(id, e, cgroups, evict_static);
                 }
                 e.eviction.clone()
             })
@@ -587,7 +616,7 @@ impl PodProvider for PodManager {
     }
 }
 
-fn eviction_pod(id: &str, e: &Entry, cgroups: &PodCgroups) -> Option<EvictionPod> {
+fn eviction_pod(id: &str, e: &Entry, cgroups: &PodCgroups, evict_static: bool) -> Option<EvictionPod> {
     let spec = e.pod.spec.as_ref()?;
     let pod_cgroup = cgroups.pod_cgroup(qos_class(spec), id);
     let prio = priority(&e.pod);
@@ -604,7 +633,13 @@ fn eviction_pod(id: &str, e: &Entry, cgroups: &PodCgroups) -> Option<EvictionPod
         name: e.pod.metadata.name.clone().unwrap_or_default(),
         cgroup: pod_cgroup.clone(),
         priority: prio,
-        critical: prio >= SYSTEM_CRITICAL_PRIORITY || is_mirror(&e.pod),
+        // The kubelet's IsCriticalPod: static and mirror pods too, unless
+        // static pods were let go (mirror pods are never ours to evict).
+        critical: if evict_static {
+            prio >= SYSTEM_CRITICAL_PRIORITY || is_mirror(&e.pod)
+        } else {
+            crate::cm::qos::is_critical(&e.pod)
+        },
         termination_grace_secs: spec.termination_grace_period_seconds.unwrap_or(30).max(0) as u64,
         memory_request: pod_requests(spec).1.max(0) as u64,
         ephemeral_storage_request: ephemeral,
@@ -633,7 +668,15 @@ impl PodEvictor for PodManager {
         };
         e.active = false;
         e.evicted = true;
-        self.inner.deps.recorder.record(&pod_ref(&e.pod), EventType::Warning, "Evicted", &request.message);
+        // One Evicted event, with the kubelet's annotations (the starved
+        // resource, the offending containers and their usage).
+        self.inner.deps.recorder.record_annotated(
+            &pod_ref(&e.pod),
+            EventType::Warning,
+            "Evicted",
+            &request.message,
+            &request.annotations,
+        );
         if let Some(h) = &e.handle {
             let _ = h.tx.send(Msg::Evict {
                 grace: Duration::from_secs(request.grace_period_secs),

@@ -15,7 +15,7 @@ use tokio::sync::broadcast;
 use crate::{
     eviction::driver::{EvictionRequest, PodEvictor},
     pods::source::PodView,
-    signals::{Direction, Signal, SignalEvent, Target, monotonic_ns},
+    signals::{Direction, KillOutcome, Signal, SignalEvent, Target, monotonic_ns},
 };
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -62,6 +62,10 @@ pub struct DebugEvent {
     pub killed: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Upward crossings of a line that kills: what the kernel did with the
+    /// victim plan (executed, or the check that refused it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_plan: Option<&'static str>,
 }
 
 fn signal_name(s: Signal) -> &'static str {
@@ -99,7 +103,18 @@ pub fn from_signal(e: &SignalEvent, resolve: &dyn Fn(&str) -> Option<PodRef>) ->
     let with_cgroup =
         |d: DebugEvent, cg: Option<&String>| DebugEvent { pod: cg.and_then(|c| resolve(c)), cgroup: cg.cloned(), ..d };
     Some(match e {
-        SignalEvent::Crossing { target, signal, direction, value, threshold, at_ns, received_ns, pid, .. } => {
+        SignalEvent::Crossing {
+            target,
+            signal,
+            direction,
+            value,
+            threshold,
+            at_ns,
+            received_ns,
+            pid,
+            kernel_outcome,
+            ..
+        } => {
             let cg = match target {
                 Target::Node => None,
                 Target::Cgroup(c) => Some(c),
@@ -119,6 +134,7 @@ pub fn from_signal(e: &SignalEvent, resolve: &dyn Fn(&str) -> Option<PodRef>) ->
                     value: Some(*value),
                     threshold: Some(*threshold),
                     pid: (*pid != 0).then_some(*pid),
+                    kernel_plan: (*kernel_outcome != KillOutcome::NotAttempted).then(|| kernel_outcome.name()),
                     ..Default::default()
                 },
                 cg,
@@ -273,6 +289,7 @@ mod tests {
             received_ns: now + 1000,
             pid: 42,
             kernel_generation: 0,
+            kernel_outcome: crate::signals::KillOutcome::NotAttempted,
         };
         let d = from_signal(&e, &resolve).unwrap();
         let v = serde_json::to_value(&d).unwrap();

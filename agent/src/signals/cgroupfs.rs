@@ -326,6 +326,7 @@ fn poll_once(shared: &Shared) {
                     received_ns: now,
                     pid: 0,
                     kernel_generation: 0,
+                    kernel_outcome: crate::signals::KillOutcome::NotAttempted,
                 });
             }
         }

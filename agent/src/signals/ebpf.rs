@@ -8,7 +8,7 @@
 
 use std::{
     collections::HashMap,
-    os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::PathBuf,
     sync::{
         Arc, Mutex, RwLock,
@@ -19,28 +19,31 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, FEntry, FExit, TracePoint},
 };
 use swiftlet_common::{
-    CgroupSlot, Control, EventKind, MAX_SLOTS, NODE_MEMORY_BATCH, NODE_SLOT, NodePending, ProcCpu, VictimPlan,
-    slot_flags,
+    CgroupSlot, Control, MAX_SLOTS, NODE_MEMORY_BATCH, NODE_SLOT, NodePending, ProcCpu, VictimPlan, slot_flags,
 };
 use tracing::{debug, info, warn};
 
 use super::{
-    CgroupKind, CgroupUsage, Direction, EventSink, NodeUsage, Signal, SignalError, SignalEvent, SignalSource, Snapshot,
+    CgroupKind, CgroupUsage, EventSink, KernelVictim, NodeUsage, Signal, SignalError, SignalSource, Snapshot,
     SourceMode, Target, Threshold,
     btf::Btf,
-    layout, monotonic_ns, node, page_size,
+    layout,
+    mapped::MappedArray,
+    node, page_size,
+    plans::{self, PlanTable},
     probe::{self, InactiveHook, KernelFeatures, MarkVictim, MemoryStrategy},
+    ring,
 };
 use crate::cgroups::CgroupFs;
 
 /// The kernel programs, built by the agent's build script.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/swiftlet-ebpf.o"));
 
-/// The embedded object, before kfunc patching.
+/// The embedded object.
 pub fn object() -> &'static [u8] {
     OBJECT
 }
@@ -91,78 +94,35 @@ pub struct EbpfOptions {
     /// ([`NODE_MEMORY_BATCH`]). An observer that must see the node's line
     /// crossed at the very page (the eviction race) uses 1.
     pub node_memory_batch: Option<u32>,
-}
-
-/// A shared mapping of a BPF array map created with BPF_F_MMAPABLE.
-struct MappedArray<T> {
-    ptr: *mut T,
-    len: usize,
-    bytes: usize,
-}
-
-// SAFETY: the mapping is shared memory that lives until drop; all access
-// goes through raw pointers with volatile or atomic operations.
-unsafe impl<T> Send for MappedArray<T> {}
-unsafe impl<T> Sync for MappedArray<T> {}
-
-impl<T> MappedArray<T> {
-    fn new(map: &MapData, len: usize) -> std::io::Result<MappedArray<T>> {
-        let page = page_size() as usize;
-        let bytes = (std::mem::size_of::<T>() * len).div_ceil(page) * page;
-        // SAFETY: mapping a BPF array map's fd, as the kernel documents for
-        // BPF_F_MMAPABLE maps; the length covers whole pages of the array.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                map.fd().as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(MappedArray { ptr: ptr.cast(), len, bytes })
-    }
-
-    fn at(&self, index: u32) -> *mut T {
-        assert!((index as usize) < self.len, "slot index {index} out of range");
-        // SAFETY: in bounds, checked above.
-        unsafe { self.ptr.add(index as usize) }
-    }
-}
-
-impl<T> Drop for MappedArray<T> {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what `new` mapped.
-        unsafe { libc::munmap(self.ptr.cast(), self.bytes) };
-    }
+    /// Run the ring buffer's reader thread under SCHED_FIFO at this
+    /// priority (1..=99): the eviction fast path kills on that thread, and
+    /// on a node whose cores are busy it would otherwise wait its turn.
+    pub reader_priority: Option<u8>,
 }
 
 #[derive(Clone, Debug)]
-struct SlotEntry {
-    index: u32,
-    cgroup_id: u64,
+pub(super) struct SlotEntry {
+    pub(super) index: u32,
+    pub(super) cgroup_id: u64,
 }
 
 #[derive(Default)]
-struct Registry {
-    by_path: HashMap<String, SlotEntry>,
-    by_id: HashMap<u64, String>,
+pub(super) struct Registry {
+    pub(super) by_path: HashMap<String, SlotEntry>,
+    pub(super) by_id: HashMap<u64, String>,
     /// Free slot indices; slot 0 is the node's and never free.
     free: Vec<u32>,
 }
 
-struct Shared {
+/// What the source shares with its reader thread.
+pub(super) struct Shared {
     slots: MappedArray<CgroupSlot>,
     control: MappedArray<Control>,
-    registry: RwLock<Registry>,
-    sink: RwLock<Option<Arc<dyn EventSink>>>,
-    events_received: AtomicU64,
-    events_undecodable: AtomicU64,
-    unknown_cgroup_events: AtomicU64,
+    pub(super) registry: RwLock<Registry>,
+    pub(super) sink: RwLock<Option<Arc<dyn EventSink>>>,
+    pub(super) events_received: AtomicU64,
+    pub(super) events_undecodable: AtomicU64,
+    pub(super) unknown_cgroup_events: AtomicU64,
 }
 
 pub struct EbpfSource {
@@ -170,7 +130,9 @@ pub struct EbpfSource {
     cgroupfs: CgroupFs,
     page: u64,
     cgroup_slot: Mutex<BpfHashMap<MapData, u64, u32>>,
-    plans: Mutex<Array<MapData, VictimPlan>>,
+    plans: PlanTable<MappedArray<VictimPlan>>,
+    /// This instance's refresh tag (see `REFRESH_TAG_SHIFT`).
+    refresh_tag: u32,
     watch_exit: Mutex<BpfHashMap<MapData, u32, u32>>,
     /// The process programs' per-CPU state: the node task deltas each CPU
     /// holds back from the node slot.
@@ -180,8 +142,6 @@ pub struct EbpfSource {
     /// The node's memory figures are the seed plus the kernel's deltas (its
     /// per-node statistics out of reach): the pending deltas complete them.
     node_from_deltas: bool,
-    /// Victim plans by kernel line: (plan index, generation written).
-    plan_lines: Mutex<HashMap<(Target, Signal), (u32, u64)>>,
     strategies: Strategies,
     /// Program names and ids, for the run-time metrics.
     program_names: Vec<String>,
@@ -245,21 +205,16 @@ impl EbpfSource {
         let exit_has_group_dead: u32 = u32::from(btf.tracepoint_args("sched_process_exit").unwrap_or(1) >= 2);
         let log_level: u8 = if opts.kernel_log { 0xff } else { 0 };
 
-        let mut object = match &opts.object {
+        let object = match &opts.object {
             Some(p) => std::fs::read(p).map_err(|e| err(&p.display().to_string(), e))?,
             None => OBJECT.to_vec(),
         };
-        let patched = super::kfunc::patch(&mut object, &btf).map_err(|e| err("patching kfunc calls", e))?;
-        let kfunc_kill = u32::from(patched.all_resolved());
-        let mut missing: Vec<&str> =
-            patched.calls.iter().filter(|(_, id)| id.is_none()).map(|(n, _)| n.as_str()).collect();
-        missing.sort_unstable();
-        missing.dedup();
+        let pidns = pid_namespace().map_err(|e| err("the agent's pid namespace (/proc/self/ns/pid)", e))?;
+        let refresh_tag = next_refresh_tag();
 
         // Feature probes: what this kernel offers, and from that the
         // strategies to try per signal, most exact first.
-        let mut features = KernelFeatures::from_btf(&btf, &layout);
-        features.kill_kfuncs = kfunc_kill == 1;
+        let features = KernelFeatures::from_btf(&btf, &layout);
         let (memory_candidates, refused) = probe::memory_candidates(&features, opts.memory_strategy);
         let mut passed_over: Vec<String> = refused.iter().map(|(s, why)| format!("{s}: {why}")).collect();
         if memory_candidates.is_empty() {
@@ -283,7 +238,9 @@ impl EbpfSource {
             .override_global("MARK_VICTIM_PID_ONLY", &mark_victim_pid_only, true)
             .override_global("AYA_LOG_LEVEL", &log_level, false)
             .override_global("AGENT_TGID", &std::process::id(), true)
-            .override_global("KFUNC_KILL", &kfunc_kill, true)
+            .override_global("AGENT_PIDNS_DEV", &pidns.0, true)
+            .override_global("AGENT_PIDNS_INO", &pidns.1, true)
+            .override_global("REFRESH_TAG", &refresh_tag, true)
             .override_global("NODE_MEMORY_BATCH", &node_memory_batch, true)
             .override_global("NODE_LINE_SLACK", &node_line_slack, true)
             .load(&object)
@@ -347,17 +304,8 @@ impl EbpfSource {
                 }
             }
         };
-        if !missing.is_empty() {
-            passed_over.push(format!("kill {}: the kernel lacks kfuncs {missing:?}", probe::KILL_KFUNCS));
-        }
-        let strategies = Strategies {
-            memory,
-            processes: probe::PROCESSES,
-            inodes,
-            oom,
-            kill: if kfunc_kill == 1 { probe::KILL_KFUNCS } else { probe::KILL_HELPER },
-            passed_over,
-        };
+        let strategies =
+            Strategies { memory, processes: probe::PROCESSES, inodes, oom, kill: probe::KILL_HELPER, passed_over };
 
         let take = |ebpf: &mut Ebpf, name: &str| ebpf.take_map(name).ok_or_else(|| err(name, "map missing"));
         let slots_map = take(&mut ebpf, "SLOTS")?;
@@ -374,7 +322,13 @@ impl EbpfSource {
         // can go.
         drop((slots_map, control_map));
         let cgroup_slot = BpfHashMap::try_from(take(&mut ebpf, "CGROUP_SLOT")?).map_err(|e| err("CGROUP_SLOT", e))?;
-        let plans = Array::try_from(take(&mut ebpf, "PLANS")?).map_err(|e| err("PLANS", e))?;
+        let plans_map = take(&mut ebpf, "PLANS")?;
+        let aya::maps::Map::Array(plans_data) = &plans_map else {
+            return Err(err("PLANS", "not an array"));
+        };
+        let plans = MappedArray::<VictimPlan>::new(plans_data, swiftlet_common::MAX_PLANS as usize)
+            .map_err(|e| err("mmap PLANS", e))?;
+        drop(plans_map);
         let watch_exit = BpfHashMap::try_from(take(&mut ebpf, "WATCH_EXIT")?).map_err(|e| err("WATCH_EXIT", e))?;
         let ring = RingBuf::try_from(take(&mut ebpf, "EVENTS")?).map_err(|e| err("EVENTS", e))?;
         let proc_cpu = PerCpuArray::try_from(take(&mut ebpf, "PROC_CPU")?).map_err(|e| err("PROC_CPU", e))?;
@@ -404,7 +358,7 @@ impl EbpfSource {
         // The node's memory figures come from the kernel's per-node
         // statistics when their layout is known, else from deltas on a seed.
         let node_from_deltas = !features.node_stat;
-        seed_node(&shared, &cgroupfs, page, node_from_deltas);
+        seed_node(&shared, &cgroupfs, page, node_from_deltas, refresh_tag);
 
         // SAFETY: eventfd has no preconditions; the fd is owned below.
         let stop_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -415,16 +369,17 @@ impl EbpfSource {
         let stop = unsafe { OwnedFd::from_raw_fd(stop_fd) };
         let reader_stop = stop.try_clone()?;
         let reader_shared = shared.clone();
+        let priority = opts.reader_priority;
         let reader = std::thread::Builder::new()
             .name("swiftlet-ringbuf".into())
-            .spawn(move || read_events(ring, reader_stop, reader_shared, page))?;
+            .spawn(move || ring::read_events(ring, reader_stop, reader_shared, page, priority))?;
         let kernel_log = match logger {
             Some(logger) => {
                 let log_stop = stop.try_clone()?;
                 Some(
                     std::thread::Builder::new()
                         .name("swiftlet-bpflog".into())
-                        .spawn(move || forward_kernel_log(logger, log_stop))?,
+                        .spawn(move || ring::forward_kernel_log(logger, log_stop))?,
                 )
             }
             None => None,
@@ -444,12 +399,12 @@ impl EbpfSource {
             cgroupfs,
             page,
             cgroup_slot: Mutex::new(cgroup_slot),
-            plans: Mutex::new(plans),
+            plans: PlanTable::new(plans),
+            refresh_tag,
             watch_exit: Mutex::new(watch_exit),
             proc_cpu: Mutex::new(proc_cpu),
             node_pending: Mutex::new(node_pending),
             node_from_deltas,
-            plan_lines: Mutex::new(HashMap::new()),
             strategies,
             program_names,
             stop,
@@ -525,34 +480,25 @@ impl EbpfSource {
         unsafe { std::ptr::write_volatile(&mut (*self.shared.control.at(0)).kernel_eviction, u32::from(on)) };
     }
 
-    /// Withdraws the victim plans of lines on a cgroup that is going away
-    /// and frees their plan slots.
-    fn drop_plan_lines(&self, cgroup: &str) {
-        let mut lines = self.plan_lines.lock().unwrap_or_else(|p| p.into_inner());
-        let gone: Vec<(Target, Signal)> =
-            lines.keys().filter(|(t, _)| matches!(t, Target::Cgroup(c) if c == cgroup)).cloned().collect();
-        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        for key in gone {
-            if let Some((index, _)) = lines.remove(&key)
-                && let Ok(current) = plans.get(&index, 0)
-            {
-                let _ = plans.set(
-                    index,
-                    VictimPlan {
-                        generation: current.generation.max(current.executed_generation),
-                        executed_generation: current.generation.max(current.executed_generation),
-                        ..VictimPlan::default()
-                    },
-                    0,
-                );
-            }
-        }
-    }
-
     /// Runs the in-kernel refresh of every registered slot (what a snapshot
     /// does first).
     pub fn refresh(&self) {
-        refresh_kernel_side(self.high_water());
+        refresh_kernel_side(self.refresh_tag, self.high_water());
+    }
+
+    /// Runs of this instance's refresh program so far.
+    pub fn refresh_runs(&self) -> u64 {
+        // SAFETY: mapped control block; a plain read of a counter.
+        unsafe { std::ptr::read_volatile(&(*self.shared.control.at(0)).refresh_runs) }
+    }
+
+    /// The cgroup id of the victim the kernel holds doomed, if any.
+    pub fn doomed(&self) -> Option<u64> {
+        // SAFETY: mapped control block; plain reads.
+        unsafe {
+            let c = self.shared.control.at(0);
+            (std::ptr::read_volatile(&(*c).doomed_memcg) != 0).then(|| std::ptr::read_volatile(&(*c).doomed_cgroup_id))
+        }
     }
 
     /// One past the highest slot in use.
@@ -588,7 +534,7 @@ fn proc_table_entries(pid_max: std::io::Result<u64>) -> u32 {
 /// the reading are counted on top of it. With the layout of the kernel's
 /// per-node statistics, the kernel reads the node's memory itself (the
 /// refresh program, run here).
-fn seed_node(shared: &Shared, cgroupfs: &CgroupFs, page: u64, node_from_deltas: bool) {
+fn seed_node(shared: &Shared, cgroupfs: &CgroupFs, page: u64, node_from_deltas: bool, refresh_tag: u32) {
     let s = shared.slots.at(NODE_SLOT);
     let tasks = node::tasks().unwrap_or(0);
     // SAFETY: mapped slot; counters are updated atomically by the kernel.
@@ -607,7 +553,7 @@ fn seed_node(shared: &Shared, cgroupfs: &CgroupFs, page: u64, node_from_deltas: 
                 .fetch_add((stat.inactive_file / page) as i64, Ordering::SeqCst);
         }
     } else {
-        refresh_kernel_side(1);
+        refresh_kernel_side(refresh_tag, 1);
     }
 }
 
@@ -702,46 +648,14 @@ impl Drop for EbpfSource {
     }
 }
 
-/// Blocks until either fd is readable (or `timeout_ms` passes); true when
-/// `stop` fired.
-fn wait_readable(fd: i32, stop: &OwnedFd, timeout_ms: i32) -> std::io::Result<(bool, bool)> {
-    let mut fds = [
-        libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-    ];
-    loop {
-        // SAFETY: fds is a valid array of two pollfds.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
-        if n >= 0 {
-            return Ok((fds[0].revents != 0, fds[1].revents != 0));
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
-/// Drains aya-log records from the kernel into the agent's log.
-fn forward_kernel_log(mut logger: aya_log::EbpfLogger<&'static dyn log::Log>, stop: OwnedFd) {
-    let fd = logger.as_raw_fd();
-    loop {
-        match wait_readable(fd, &stop, -1) {
-            Ok((_, true)) | Err(_) => return,
-            Ok((true, false)) => logger.flush(),
-            Ok((false, false)) => {}
-        }
-    }
-}
-
 /// Runs the kernel's refresh program (attached to getpgid's entry and
-/// filtered to our tgid) for every batch of slots up to `high_water`: the
-/// raw syscall, with the batch's first slot as its argument (the call's
-/// answer, usually ESRCH, does not matter).
-pub fn refresh_kernel_side(high_water: u32) {
+/// filtered to our tgid and this instance's tag) for every batch of slots
+/// up to `high_water`: the raw syscall, with the tag and the batch's first
+/// slot as its argument (the call's answer, usually ESRCH, does not matter).
+fn refresh_kernel_side(tag: u32, high_water: u32) {
     let mut start = 0;
     loop {
-        refresh_batch(start);
+        refresh_batch(tag, start);
         start += swiftlet_common::REFRESH_BATCH;
         if start >= high_water {
             break;
@@ -750,9 +664,25 @@ pub fn refresh_kernel_side(high_water: u32) {
 }
 
 /// One run of the refresh program: the REFRESH_BATCH slots from `start` on.
-fn refresh_batch(start: u32) {
+fn refresh_batch(tag: u32, start: u32) {
+    let arg = (tag << swiftlet_common::REFRESH_TAG_SHIFT) | start;
     // SAFETY: getpgid takes a pid and only reads.
-    unsafe { libc::syscall(libc::SYS_getpgid, start as libc::pid_t) };
+    unsafe { libc::syscall(libc::SYS_getpgid, arg as libc::pid_t) };
+}
+
+/// A tag no other instance in this process has (1..=REFRESH_TAG_MAX, then
+/// again from 1: instances loaded 32767 apart never live side by side).
+fn next_refresh_tag() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed) % swiftlet_common::REFRESH_TAG_MAX + 1
+}
+
+/// The device and inode of the agent's pid namespace, which the refresh
+/// program needs to see the agent's tgid as the agent does.
+fn pid_namespace() -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata("/proc/self/ns/pid")?;
+    Ok((m.dev(), m.ino()))
 }
 
 /// CPUs the kernel may bring online: the length of every per-CPU map.
@@ -861,7 +791,7 @@ impl SignalSource for EbpfSource {
             std::ptr::write_volatile(s, CgroupSlot { epoch, ..CgroupSlot::EMPTY });
         }
         self.shared.registry.write().unwrap_or_else(|p| p.into_inner()).free.push(entry.index);
-        self.drop_plan_lines(cgroup);
+        self.plans.drop_lines_of(cgroup);
     }
 
     fn set_threshold(&self, target: &Target, signal: Signal, threshold: Option<Threshold>) -> Result<(), SignalError> {
@@ -894,13 +824,13 @@ impl SignalSource for EbpfSource {
             // The kernel skips evaluating a cgroup whose page counter has not
             // moved, so the new line is evaluated now (the refresh program,
             // from this slot's batch) rather than at its next charge batch.
-            refresh_batch(index);
+            refresh_batch(self.refresh_tag, index);
         }
         Ok(())
     }
 
     fn snapshot(&self) -> Result<Snapshot, SignalError> {
-        refresh_kernel_side(self.high_water());
+        refresh_kernel_side(self.refresh_tag, self.high_water());
         let mut node = read_slot(&self.shared, NODE_SLOT);
         if self.node_from_deltas {
             let pending = self.pending_node_memory();
@@ -930,64 +860,45 @@ impl SignalSource for EbpfSource {
         *self.shared.sink.write().unwrap_or_else(|p| p.into_inner()) = Some(sink);
     }
 
-    fn set_kernel_victim(&self, target: &Target, signal: Signal, victim: Option<&str>) -> Result<bool, SignalError> {
-        let trigger = self.slot_index(target)?;
-        let victim = match victim {
+    fn set_kernel_victim(
+        &self,
+        target: &Target,
+        signal: Signal,
+        victim: Option<KernelVictim<'_>>,
+    ) -> Result<bool, SignalError> {
+        let trigger_slot = self.slot_index(target)?;
+        let wanted = match victim {
             Some(v) => {
                 let reg = self.shared.registry.read().unwrap_or_else(|p| p.into_inner());
-                let e = reg.by_path.get(v.trim_matches('/')).ok_or_else(|| SignalError::NotRegistered(v.to_owned()))?;
-                Some((e.index, e.cgroup_id))
+                let e = reg
+                    .by_path
+                    .get(v.cgroup.trim_matches('/'))
+                    .ok_or_else(|| SignalError::NotRegistered(v.cgroup.to_owned()))?;
+                Some(plans::Wanted {
+                    trigger_slot,
+                    signal,
+                    victim_slot: e.index,
+                    victim_cgroup_id: e.cgroup_id,
+                    planned_ns: v.planned_ns,
+                    max_age_ns: v.max_age.map_or(0, |d| d.as_nanos().clamp(1, u128::from(u64::MAX)) as u64),
+                })
             }
             None => None,
         };
-        let mut lines = self.plan_lines.lock().unwrap_or_else(|p| p.into_inner());
-        let index = match lines.get(&(target.clone(), signal)) {
-            Some(&(index, _)) => index,
-            // The lowest plan slot no line holds (lines of unregistered
-            // cgroups give theirs back).
-            None => (0..swiftlet_common::MAX_PLANS)
-                .find(|i| !lines.values().any(|(used, _)| used == i))
-                .ok_or_else(|| err("PLANS", "more kernel lines than plan slots"))?,
-        };
-        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        let current = plans.get(&index, 0).map_err(|e| err("PLANS", e))?;
-        let wanted = victim.map(|(slot, id)| (trigger, signal as u32, slot, id));
-        let have = (current.generation != 0 && current.executed_generation != current.generation).then_some((
-            current.trigger_slot,
-            current.signal,
-            current.victim_slot,
-            current.victim_cgroup_id,
-        ));
-        if wanted == have {
-            return Ok(true);
-        }
-        // A new generation for every change, above any this plan slot held
-        // before: the kernel executes each at most once, so a plan it used
-        // is never replayed, nor taken for executed.
-        let generation = current.generation.max(current.executed_generation) + 1;
-        let plan = match victim {
-            Some((victim_slot, victim_cgroup_id)) => VictimPlan {
-                generation,
-                executed_generation: current.executed_generation,
-                trigger_slot: trigger,
-                signal: signal as u32,
-                victim_slot,
-                _pad: 0,
-                victim_cgroup_id,
-            },
-            None => VictimPlan { executed_generation: current.executed_generation, ..VictimPlan::default() },
-        };
-        plans.set(index, plan, 0).map_err(|e| err("PLANS", e))?;
-        lines.insert((target.clone(), signal), (index, generation));
+        self.plans.set((target.clone(), signal), wanted).map_err(|e| err("PLANS", e))?;
         Ok(true)
     }
 
-    fn kernel_kill_finished(&self) {
-        // SAFETY: mapped control block; the kernel only reads these once set.
+    fn kernel_kill_finished(&self, cgroup_id: u64) {
+        // SAFETY: mapped control block; the mark is cleared only if it is
+        // still this victim's (the kernel may have doomed another since).
         unsafe {
             let c = self.shared.control.at(0);
-            std::ptr::write_volatile(&mut (*c).doomed_memcg, 0);
-            std::ptr::write_volatile(&mut (*c).doomed_slot, 0);
+            let memcg = AtomicU64::from_ptr(&raw mut (*c).doomed_memcg);
+            let current = memcg.load(Ordering::SeqCst);
+            if current != 0 && std::ptr::read_volatile(&(*c).doomed_cgroup_id) == cgroup_id {
+                let _ = memcg.compare_exchange(current, 0, Ordering::SeqCst, Ordering::SeqCst);
+            }
         }
     }
 
@@ -1002,110 +913,11 @@ impl SignalSource for EbpfSource {
             ("ring_drops", c.ring_drops),
             ("proc_table_full", c.proc_table_full),
             ("kernel_kills", c.kernel_kills),
+            ("refresh_runs", c.refresh_runs),
             ("events_received", self.shared.events_received.load(Ordering::Relaxed)),
             ("events_undecodable", self.shared.events_undecodable.load(Ordering::Relaxed)),
             ("unknown_cgroup_events", self.shared.unknown_cgroup_events.load(Ordering::Relaxed)),
         ]
-    }
-}
-
-/// The reader thread: blocks in poll(2) on the ring buffer and the stop
-/// eventfd, drains the ring, decodes records and hands them to the sink.
-fn read_events(mut ring: RingBuf<MapData>, stop: OwnedFd, shared: Arc<Shared>, page: u64) {
-    let ring_fd = ring.as_raw_fd();
-    loop {
-        match wait_readable(ring_fd, &stop, -1) {
-            Ok((_, true)) => return,
-            Ok(_) => {}
-            Err(e) => {
-                warn!("ring buffer poll failed, reader stops: {e}");
-                return;
-            }
-        }
-        while let Some(item) = ring.next() {
-            let received_ns = monotonic_ns();
-            shared.events_received.fetch_add(1, Ordering::Relaxed);
-            match decode(&item, &shared, page, received_ns) {
-                Some(ev) => {
-                    let sink = shared.sink.read().unwrap_or_else(|p| p.into_inner()).clone();
-                    if let Some(sink) = sink {
-                        sink.on_event(ev);
-                    }
-                }
-                None => {
-                    shared.events_undecodable.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
-    }
-}
-
-fn decode(bytes: &[u8], shared: &Shared, page: u64, received_ns: u64) -> Option<SignalEvent> {
-    if bytes.len() < std::mem::size_of::<swiftlet_common::Event>() {
-        return None;
-    }
-    // SAFETY: length checked; the record is plain data written by the kernel.
-    let ev: swiftlet_common::Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-    let reg = shared.registry.read().unwrap_or_else(|p| p.into_inner());
-    let path = reg.by_id.get(&ev.cgroup_id).cloned();
-    // Kernel kills name the slot whose crossing triggered them.
-    let trigger = if ev.kind != EventKind::KernelKill as u32 {
-        None
-    } else if ev.direction == NODE_SLOT {
-        Some(Target::Node)
-    } else {
-        reg.by_path.iter().find(|(_, e)| e.index == ev.direction).map(|(p, _)| Target::Cgroup(p.clone()))
-    };
-    drop(reg);
-    match EventKind::from_u32(ev.kind)? {
-        EventKind::Crossing => {
-            let signal = Signal::from_u32(ev.signal)?;
-            let target = if ev.slot == NODE_SLOT {
-                Target::Node
-            } else {
-                match path {
-                    Some(p) => Target::Cgroup(p),
-                    None => {
-                        // Unregistered between the crossing and now.
-                        shared.unknown_cgroup_events.fetch_add(1, Ordering::Relaxed);
-                        return None;
-                    }
-                }
-            };
-            let scale = if signal == Signal::MemoryWorkingSet { page } else { 1 };
-            Some(SignalEvent::Crossing {
-                target,
-                signal,
-                direction: if ev.direction == swiftlet_common::DIRECTION_UP { Direction::Up } else { Direction::Down },
-                value: ev.value * scale,
-                threshold: ev.threshold * scale,
-                at_ns: ev.ts_ns,
-                received_ns,
-                pid: ev.pid,
-                kernel_generation: ev.aux,
-            })
-        }
-        EventKind::OomVictim => Some(SignalEvent::OomKill {
-            cgroup: path,
-            cgroup_id: ev.cgroup_id,
-            pid: ev.pid,
-            at_ns: ev.ts_ns,
-            received_ns,
-        }),
-        EventKind::CgroupRemoved => Some(SignalEvent::CgroupRemoved { cgroup: path?, at_ns: ev.ts_ns }),
-        EventKind::ProcessExit => Some(SignalEvent::ProcessExit { pid: ev.pid, at_ns: ev.ts_ns, received_ns }),
-        EventKind::KernelKill => Some(SignalEvent::KernelKill {
-            target: trigger?,
-            cgroup: path,
-            cgroup_id: ev.cgroup_id,
-            signal: Signal::from_u32(ev.signal)?,
-            pid: ev.pid,
-            generation: ev.aux,
-            crossing_ns: ev.value,
-            crossing_value: ev.threshold * if ev.signal == Signal::MemoryWorkingSet as u32 { page } else { 1 },
-            at_ns: ev.ts_ns,
-            received_ns,
-        }),
     }
 }
 

@@ -33,6 +33,8 @@ pub fn kernel_layout(btf: &Btf) -> Result<KernelLayout, BtfError> {
         nr_file_pages: as_u32(btf.enum_value("node_stat_item", "NR_FILE_PAGES")?),
         memory_hierarchy_id: memory_hierarchy_id().unwrap_or(0),
         task_flags: btf.member_offset("task_struct", "flags")?,
+        cgroup_level: btf.member_offset("cgroup", "level")?,
+        cgroup_ancestors: btf.member_offset("cgroup", "ancestors")?,
         valid: 1,
         ..charge_layout(btf).unwrap_or_default()
     };
@@ -144,6 +146,7 @@ mod tests {
         let l = kernel_layout(&btf).unwrap();
         assert_eq!(l.valid, 1);
         assert!(l.memcg_usage > 0 && l.task_cgroups > 0 && l.kn_id > 0);
+        assert!(l.cgroup_ancestors > l.cgroup_level, "{l:?}");
         assert_ne!(l.nr_inactive_file, l.nr_anon_mapped);
         // Every kernel we support has the page-counter layout too.
         assert_eq!(l.charge_valid, 1, "{:?}", charge_layout(&btf).err());

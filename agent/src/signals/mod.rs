@@ -12,15 +12,19 @@ pub mod btf;
 pub mod cgroupfs;
 pub mod ebpf;
 pub mod hysteresis;
-pub mod kfunc;
 pub mod layout;
+mod mapped;
+#[cfg(test)]
+pub mod memory;
 pub mod node;
 pub mod notify;
+mod plans;
 pub mod probe;
+mod ring;
 
 use std::{collections::HashMap, sync::Arc, time::Instant};
 
-pub use swiftlet_common::Signal;
+pub use swiftlet_common::{KillOutcome, Signal};
 use thiserror::Error;
 
 use crate::cgroups::CgroupError;
@@ -129,6 +133,13 @@ pub struct Snapshot {
     pub taken_at: Instant,
 }
 
+impl Snapshot {
+    /// No figures at all (for code that needs a snapshot's shape only).
+    pub fn empty() -> Snapshot {
+        Snapshot { node: NodeUsage::default(), cgroups: HashMap::new(), taken_at: Instant::now() }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Direction {
     Up,
@@ -156,6 +167,9 @@ pub enum SignalEvent {
         /// Non-zero when the kernel executed the victim plan at this
         /// crossing (the plan generation); the agent's fast path stands down.
         kernel_generation: u32,
+        /// What the kernel did with the victim plan at this crossing (always
+        /// `NotAttempted` from sources that cannot kill).
+        kernel_outcome: KillOutcome,
     },
     /// The kernel OOM killer chose a victim.
     OomKill {
@@ -188,6 +202,17 @@ pub enum SignalEvent {
         at_ns: u64,
         received_ns: u64,
     },
+}
+
+/// A victim plan for the kernel (see [`SignalSource::set_kernel_victim`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelVictim<'a> {
+    /// The victim pod's cgroup (registered).
+    pub cgroup: &'a str,
+    /// CLOCK_MONOTONIC ns when the pods were ranked for this plan.
+    pub planned_ns: u64,
+    /// How old the plan may be at the crossing; None: any age.
+    pub max_age: Option<std::time::Duration>,
 }
 
 /// Receives events as the source sees them. Called on the source's reader
@@ -225,13 +250,18 @@ pub trait SignalSource: Send + Sync {
     /// Names the pod (registered cgroup) the kernel should kill the moment
     /// `target`'s `signal` line is crossed; None withdraws it. Returns false
     /// when this source cannot kill in the kernel.
-    fn set_kernel_victim(&self, _target: &Target, _signal: Signal, _victim: Option<&str>) -> Result<bool, SignalError> {
+    fn set_kernel_victim(
+        &self,
+        _target: &Target,
+        _signal: Signal,
+        _victim: Option<KernelVictim<'_>>,
+    ) -> Result<bool, SignalError> {
         Ok(false)
     }
 
-    /// The agent has finished an eviction the kernel started: stop
-    /// signalling the victim's tasks.
-    fn kernel_kill_finished(&self) {}
+    /// The agent has finished an eviction the kernel started on the cgroup
+    /// `cgroup_id`: stop signalling its tasks.
+    fn kernel_kill_finished(&self, _cgroup_id: u64) {}
 
     /// Counters for the metrics endpoint: (name, value).
     fn counters(&self) -> Vec<(&'static str, u64)> {

@@ -103,13 +103,10 @@ pub struct KernelFeatures {
     pub mark_victim: Option<MarkVictim>,
     /// Tracepoints ext4/ext4_allocate_inode and ext4_free_inode (tracefs).
     pub ext4_tracepoints: bool,
-    /// Every kfunc the kill pass calls.
-    pub kill_kfuncs: bool,
 }
 
 impl KernelFeatures {
-    /// Reads BTF and sysfs. `kill_kfuncs` is filled in by the loader (it
-    /// needs the object's kfunc calls).
+    /// Reads BTF and sysfs.
     pub fn from_btf(btf: &Btf, layout: &KernelLayout) -> KernelFeatures {
         KernelFeatures {
             memcg_tracepoint: btf.tracepoint_args("mod_memcg_lruvec_state").is_some(),
@@ -130,7 +127,6 @@ impl KernelFeatures {
             ext4_tracepoints: ["ext4_allocate_inode", "ext4_free_inode"]
                 .iter()
                 .all(|t| tracefs_event_exists("ext4", t)),
-            kill_kfuncs: false,
         }
     }
 }
@@ -205,8 +201,11 @@ pub fn oom_strategy(f: &KernelFeatures) -> Option<&'static str> {
 pub const PROCESSES: &str = "tp_btf:sched_process_fork/exit+cgroup_attach_task";
 pub const INODES_EXT4: &str = "tracepoint:ext4_allocate_inode/free_inode";
 pub const NONE: &str = "none";
-pub const KILL_KFUNCS: &str = "kfunc:bpf_iter_task+bpf_send_signal_task (+current task, doomed drain at exit)";
-pub const KILL_HELPER: &str = "helper:bpf_send_signal (current task; doomed tasks on their next charge)";
+/// The in-kernel kill, on every supported kernel: the allocating task at
+/// the crossing, the victim's other tasks at their next charge, and the
+/// whole cgroup by the agent once it reads the kill record.
+pub const KILL_HELPER: &str =
+    "helper:bpf_send_signal (current task; doomed tasks on their next charge; cgroup by the agent)";
 
 #[cfg(test)]
 mod tests {
@@ -224,13 +223,12 @@ mod tests {
             process_tracepoints: true,
             mark_victim: Some(MarkVictim::Task),
             ext4_tracepoints: true,
-            kill_kfuncs: true,
         }
     }
 
     /// Debian's 6.1 cloud kernel: no memcg tracepoints, classic LRU.
     fn debian_61() -> KernelFeatures {
-        KernelFeatures { memcg_tracepoint: false, mark_victim: Some(MarkVictim::Pid), kill_kfuncs: false, ..host_618() }
+        KernelFeatures { memcg_tracepoint: false, mark_victim: Some(MarkVictim::Pid), ..host_618() }
     }
 
     /// Debian's 6.12 cloud kernel: no memcg tracepoints, multi-gen LRU on.

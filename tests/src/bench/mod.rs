@@ -32,6 +32,11 @@ impl Ctx {
     }
 }
 
+/// The fewest samples a p99 is reported over: with fewer, the 99th
+/// percentile by nearest rank is the maximum (or next to it), and the
+/// figure says max only.
+pub const MIN_SAMPLES_FOR_P99: usize = 200;
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Figure {
     pub name: String,
@@ -39,6 +44,7 @@ pub struct Figure {
     pub samples: usize,
     /// Set for distributions.
     pub p50: Option<f64>,
+    /// Only over [`MIN_SAMPLES_FOR_P99`] samples or more.
     pub p99: Option<f64>,
     pub max: Option<f64>,
     /// Set for single values (ratios, averages).
@@ -55,7 +61,7 @@ impl Figure {
             unit: unit.into(),
             samples: s.len(),
             p50: percentile(&s, 0.50),
-            p99: percentile(&s, 0.99),
+            p99: if s.len() >= MIN_SAMPLES_FOR_P99 { percentile(&s, 0.99) } else { None },
             max: s.last().copied(),
             value: None,
         }
@@ -87,10 +93,42 @@ pub struct Table {
     pub rows: Vec<Vec<String>>,
 }
 
+/// What a result was measured with: the commit and build the binary came
+/// from, and how loaded the machine was (the 1-minute load average before
+/// and after the bench).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RunContext {
+    pub commit: String,
+    pub profile: String,
+    pub load_before: String,
+    pub load_after: String,
+}
+
+impl RunContext {
+    /// The commit and profile of this binary (`SWIFTLET_COMMIT` is set by
+    /// `cargo xtask bench` when it builds the runner).
+    pub fn of_this_build() -> RunContext {
+        RunContext {
+            commit: option_env!("SWIFTLET_COMMIT").unwrap_or("unknown").to_owned(),
+            profile: if cfg!(debug_assertions) { "debug" } else { "release" }.to_owned(),
+            ..Default::default()
+        }
+    }
+}
+
+/// The load averages (1, 5, 15 minutes) from /proc/loadavg.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct BenchResult {
     pub name: String,
     pub title: String,
+    /// Commit, build and load this result was measured with.
+    pub context: RunContext,
     pub figures: Vec<Figure>,
     pub tables: Vec<Table>,
     /// Plot file names, relative to the output directory.
@@ -116,6 +154,11 @@ pub fn all() -> Vec<(&'static str, &'static str, BenchFn)> {
             "eviction-race-node",
             "the same race on node memory.available with earlyoom (locks most of RAM: run it alone)",
             race::race_node,
+        ),
+        (
+            "eviction-busy",
+            "the userspace kill with both cores busy: reader thread in the normal scheduler vs SCHED_FIFO",
+            race::busy,
         ),
         ("pod-start", "pod start latency vs the same CRI calls made directly", pods::pod_start),
         ("pods-110", "110 pause pods started, listed, deleted; agent RSS and idle CPU", pods::pods_110),
@@ -176,6 +219,15 @@ pub fn render(results: &[BenchResult], quick: bool, date: &str) -> String {
     }
     for r in results {
         let _ = writeln!(md, "\n## {}\n\n{}\n", r.name, r.title);
+        let c = &r.context;
+        let _ = writeln!(
+            md,
+            "Measured with commit {}, {} build, load average {} before and {} after.\n",
+            if c.commit.is_empty() { "unknown" } else { &c.commit },
+            if c.profile.is_empty() { "unknown" } else { &c.profile },
+            if c.load_before.is_empty() { "unknown" } else { &c.load_before },
+            if c.load_after.is_empty() { "unknown" } else { &c.load_after },
+        );
         if !r.figures.is_empty() {
             let _ =
                 writeln!(md, "| figure | unit | samples | p50 | p99 | max | value |\n|---|---|---|---|---|---|---|");
@@ -223,5 +275,11 @@ mod tests {
         assert_eq!(percentile(&[], 0.5), None);
         let f = Figure::distribution("x", "µs", &[3.0, 1.0, 2.0]);
         assert_eq!((f.p50, f.max, f.samples), (Some(2.0), Some(3.0), 3));
+        // Under 200 samples the p99 would be the maximum: not reported.
+        assert_eq!(f.p99, None);
+        let f = Figure::distribution("x", "µs", &(1..=199).map(f64::from).collect::<Vec<_>>());
+        assert_eq!((f.p99, f.max), (None, Some(199.0)));
+        let f = Figure::distribution("x", "µs", &(1..=200).map(f64::from).collect::<Vec<_>>());
+        assert_eq!((f.p99, f.max), (Some(198.0), Some(200.0)));
     }
 }

@@ -28,13 +28,13 @@ fn load(tc: &TestCgroup) -> Result<Arc<EbpfSource>> {
 }
 
 /// Busy threads on every core, for the "loaded" condition.
-struct Spinners {
+pub(crate) struct Spinners {
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Spinners {
-    fn start() -> Spinners {
+    pub(crate) fn start() -> Spinners {
         let stop = Arc::new(AtomicBool::new(false));
         let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
         let threads = (0..n)

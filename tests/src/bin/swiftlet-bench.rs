@@ -88,15 +88,24 @@ fn run() -> Result<()> {
     }) {
         eprintln!("==> bench {name}: {about}");
         let t = Instant::now();
+        let load_before = bench::load_average();
         match f(&ctx) {
-            Ok(r) => {
+            Ok(mut r) => {
+                r.context = bench::RunContext {
+                    load_before: load_before.clone(),
+                    load_after: bench::load_average(),
+                    ..bench::RunContext::of_this_build()
+                };
+                eprintln!(
+                    "    commit {}, {} build, load average {} → {}",
+                    r.context.commit, r.context.profile, r.context.load_before, r.context.load_after
+                );
                 for fig in &r.figures {
                     let v = match (fig.p50, fig.value) {
-                        (Some(p50), _) => format!(
-                            "p50 {p50:.3} p99 {:.3} max {:.3}",
-                            fig.p99.unwrap_or(f64::NAN),
-                            fig.max.unwrap_or(f64::NAN)
-                        ),
+                        (Some(p50), _) => match fig.p99 {
+                            Some(p99) => format!("p50 {p50:.3} p99 {p99:.3} max {:.3}", fig.max.unwrap_or(f64::NAN)),
+                            None => format!("p50 {p50:.3} max {:.3}", fig.max.unwrap_or(f64::NAN)),
+                        },
                         (None, Some(v)) => format!("{v:.3}"),
                         _ => "-".into(),
                     };
@@ -200,9 +209,17 @@ fn from_json(v: &serde_json::Value) -> Option<BenchResult> {
                 .collect()
         })
         .unwrap_or_default();
+    let c = v.get("context");
+    let cs = |k: &str| c.and_then(|c| c.get(k)).and_then(|x| x.as_str()).unwrap_or_default().to_owned();
     Some(BenchResult {
         name: s("name")?,
         title: s("title")?,
+        context: bench::RunContext {
+            commit: cs("commit"),
+            profile: cs("profile"),
+            load_before: cs("load_before"),
+            load_after: cs("load_after"),
+        },
         figures,
         tables,
         plots: strings("plots"),

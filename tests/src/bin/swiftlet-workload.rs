@@ -126,6 +126,51 @@ fn main() {
                 }
             }
         }
+        Some("forkstorm") => {
+            // A tree of processes that all fork at once: this one forks
+            // `width` children, each of which forks `width` more, and so on
+            // `depth` levels down; every process then sleeps. A kill that
+            // reads the cgroup's tasks while this runs races many forks.
+            let width: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(30);
+            let depth: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(2);
+            let mut level = 0;
+            let mut i = 0;
+            while level < depth && i < width {
+                // SAFETY: the child goes on with plain code (no locks held:
+                // this process is single-threaded).
+                match unsafe { libc::fork() } {
+                    0 => {
+                        level += 1;
+                        i = 0;
+                    }
+                    _ => i += 1,
+                }
+            }
+            loop {
+                // SAFETY: no preconditions.
+                unsafe { libc::pause() };
+            }
+        }
+        Some("threads") => {
+            // One process holding `n` threads that sleep: a thread bomb.
+            let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100);
+            let mut started = 0;
+            for _ in 0..n {
+                let spawned = std::thread::Builder::new().stack_size(64 * 1024).spawn(|| {
+                    loop {
+                        std::thread::sleep(Duration::from_secs(3600));
+                    }
+                });
+                if spawned.is_err() {
+                    break;
+                }
+                started += 1;
+            }
+            println!("threads {started}");
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
         Some("fileloop") => {
             let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1000);
             let dir = PathBuf::from(args.get(2).map(String::as_str).unwrap_or("."));

@@ -55,6 +55,15 @@ pub const CHECKS: &[Check] = &[
     check("OOM kill event", "signals", "oom_kill_in_a_test_cgroup_is_reported", false),
     check("kill: userspace fast path", "eviction", "besteffort_hog_is_evicted_before_the_oom_killer_ebpf", false),
     check("kill: in the kernel", "eviction", "the_kernel_kills_the_planned_victim_at_the_crossing", false),
+    check("kill: the doomed mark dies with its cgroup", "kill_safety", "a_doomed_mark_dies_with_its_cgroup", false),
+    check(
+        "kill: at any depth below the pod",
+        "kill_safety",
+        "the_allocating_task_is_killed_at_any_depth_below_the_pod",
+        false,
+    ),
+    check("kill: refresh in a pid namespace", "kill_safety", "the_refresh_knows_the_agent_in_a_pid_namespace", false),
+    check("kill: one kill ends a fork storm", "kill_safety", "one_kill_ends_a_fork_storm", false),
     check("fallback: auto → cgroupfs", "signals", "auto_mode_falls_back_to_cgroupfs_when_ebpf_cannot_load", false),
     check(
         "fallback: cgroupfs poll 100ms evicts",

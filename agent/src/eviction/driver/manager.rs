@@ -1,0 +1,508 @@
+//! The manager's task: registrations and kernel lines, the ranking of the
+//! pods for each line (the plan), and each step of an eviction: observe,
+//! decide (the pure core), kill (through [`Shared::kill`]) and record.
+
+use std::{
+    collections::{BTreeSet, HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use super::{
+    DiskUsageMeter, DriverConfig, Edges, EvictionPod, EvictionRequest, KillPath, PID_PLAN_MAX_AGE, Plan, PlannedVictim,
+    Shared, Wake, lock,
+};
+use crate::{
+    eviction::{
+        core::{self, Action, Evaluation, EvictionConfig, Observation, Observations, State, Victim},
+        observe::{FsFigures, KernelLine, kernel_lines, observe},
+        ranking::{self, Candidate, ContainerRef, Usage},
+        signal::{EvictionSignal, EvictionThreshold, NodeCondition, ThresholdValue},
+    },
+    metrics::{ConditionLabels, EvictionSignalLabels, Metrics, SignalLabels, ThresholdLabels},
+    quantity::Quantity,
+    signals::{CgroupKind, KernelVictim, Snapshot, monotonic_ns, node},
+};
+
+/// How long a victim counts as being evicted at most, should its cgroup
+/// never empty.
+const IN_FLIGHT_FOR: Duration = Duration::from_secs(300);
+
+pub(super) struct Manager {
+    cfg: Mutex<DriverConfig>,
+    edges: Edges,
+    metrics: Arc<Metrics>,
+    shared: Arc<Shared>,
+    lines: Mutex<Vec<KernelLine>>,
+    disk_meter: Mutex<Option<Arc<dyn DiskUsageMeter>>>,
+    registered: Mutex<HashSet<String>>,
+    conditions: watch::Sender<BTreeSet<NodeCondition>>,
+}
+
+impl Manager {
+    pub(super) fn new(cfg: DriverConfig, edges: Edges, metrics: Arc<Metrics>, shared: Arc<Shared>) -> Manager {
+        Manager {
+            cfg: Mutex::new(cfg),
+            edges,
+            metrics,
+            shared,
+            lines: Mutex::new(vec![]),
+            disk_meter: Mutex::new(None),
+            registered: Mutex::new(HashSet::new()),
+            conditions: watch::channel(BTreeSet::new()).0,
+        }
+    }
+
+    fn cfg(&self) -> DriverConfig {
+        lock(&self.cfg).clone()
+    }
+
+    pub(super) fn conditions(&self) -> watch::Receiver<BTreeSet<NodeCondition>> {
+        self.conditions.subscribe()
+    }
+
+    pub(super) fn set_disk_meter(&self, meter: Arc<dyn DiskUsageMeter>) {
+        *lock(&self.disk_meter) = Some(meter);
+    }
+
+    pub(super) fn reconfigure(&self, eviction: EvictionConfig) {
+        lock(&self.cfg).eviction = eviction;
+        self.program_lines();
+    }
+
+    /// (housekeeping, plan) periods.
+    pub(super) fn periods(&self) -> (Duration, Duration) {
+        let c = lock(&self.cfg);
+        (c.housekeeping_interval, c.plan_interval)
+    }
+
+    /// Registers the pods, programs the lines and makes the first plan.
+    pub(super) fn start(&self) {
+        // kubepods' line needs kubepods registered.
+        self.sync_registrations();
+        self.program_lines();
+        self.rank();
+    }
+
+    /// Handles what the reader thread forwarded; returns the crossing's
+    /// timestamp when it was one (for the crossing → decision time).
+    pub(super) fn on_wake(&self, state: &mut State, wake: Wake) -> Option<u64> {
+        match wake {
+            Wake::Crossing { at_ns, value, signal, killed } => {
+                state.crossed(signal, tokio::time::Instant::now().into_std());
+                if let Some(v) = killed {
+                    self.record_kill(&v, signal, KillPath::Agent, value);
+                }
+                Some(at_ns)
+            }
+            Wake::KernelKill { cgroup, cgroup_id, signal, value, crossing_ns, at_ns } => {
+                match self.victim_of(&cgroup) {
+                    Some(v) => {
+                        let claimed = self.shared.claim(&v, signal.unwrap_or(EvictionSignal::MemoryAvailable));
+                        // Survivors (tasks the kernel could not signal from
+                        // the crossing's context) go through the cgroup.
+                        self.shared.kill(&v, KillPath::Kernel, Some(crossing_ns), Some(at_ns));
+                        self.edges.source.kernel_kill_finished(cgroup_id);
+                        match (claimed, signal) {
+                            (true, Some(signal)) => self.record_kill(&v, signal, KillPath::Kernel, value),
+                            (true, None) => warn!(pod = v.name, "the kernel killed for a line the agent no longer has"),
+                            (false, _) => {}
+                        }
+                    }
+                    None => {
+                        warn!(
+                            cgroup,
+                            "the kernel killed a victim the agent no longer plans for; killing through the cgroup"
+                        );
+                        let _ = self.shared.killer.kill_all(&cgroup);
+                        self.edges.source.kernel_kill_finished(cgroup_id);
+                    }
+                }
+                None
+            }
+            Wake::CgroupRemoved(cgroup) => {
+                self.edges.source.unregister(&cgroup);
+                lock(&self.registered).remove(&cgroup);
+                None
+            }
+            Wake::Other => None,
+        }
+    }
+
+    /// The planned (or in-flight) victim whose pod cgroup is `cgroup`.
+    fn victim_of(&self, cgroup: &str) -> Option<PlannedVictim> {
+        let planned = lock(&self.shared.plan).victims.values().flatten().find(|v| v.cgroup == cgroup).cloned();
+        planned.or_else(|| {
+            lock(&self.shared.in_flight).values().find(|f| f.victim.cgroup == cgroup).map(|f| f.victim.clone())
+        })
+    }
+
+    /// Records a victim killed at a crossing (by the kernel or the fast
+    /// path). `used` is the value that crossed the line: the message
+    /// reports what the decision saw, not what is left after the kill.
+    fn record_kill(&self, v: &PlannedVictim, signal: EvictionSignal, killed: KillPath, used: u64) {
+        let cfg = self.cfg();
+        let threshold = cfg.eviction.thresholds.iter().find(|t| t.signal == signal && t.is_hard()).cloned().unwrap_or(
+            EvictionThreshold {
+                signal,
+                value: ThresholdValue::Quantity(Quantity::ZERO),
+                grace_period: Duration::ZERO,
+                min_reclaim: None,
+            },
+        );
+        let capacity = line_capacity(&cfg, signal);
+        let observed = Observation { available: capacity as i64 - used as i64, capacity };
+        let candidate = match self.edges.pods.eviction_pods().into_iter().find(|p| p.uid == v.uid) {
+            Some(p) => candidate(&p, &Snapshot::empty(), None, true),
+            None => Candidate {
+                uid: v.uid.clone(),
+                namespace: v.namespace.clone(),
+                name: v.name.clone(),
+                ..Default::default()
+            },
+        };
+        let meter = |cg: &str| self.edges.cgroups.working_set(cg);
+        info!(pod = format!("{}/{}", v.namespace, v.name), %signal, killed_by = killed.as_str(), "evicted at the crossing");
+        self.record(core::victim(&cfg.eviction, &threshold, &observed, &candidate, &meter), signal, killed);
+    }
+
+    /// The one place an eviction is recorded: counted, logged, and handed
+    /// to the pod manager as the request the victim's description makes.
+    fn record(&self, v: Victim, signal: EvictionSignal, killed: KillPath) {
+        self.metrics
+            .kubelet_evictions
+            .get_or_create(&EvictionSignalLabels { eviction_signal: signal.name().into() })
+            .inc();
+        info!(pod = format!("{}/{}", v.namespace, v.name), %signal, killed_by = killed.as_str(), "evicting: {}", v.message);
+        self.edges.evictor.evict(EvictionRequest {
+            uid: v.uid,
+            namespace: v.namespace,
+            name: v.name,
+            signal,
+            grace_period_secs: v.grace_period_secs,
+            message: v.message,
+            annotations: v.annotations,
+            killed,
+        });
+    }
+
+    /// One full evaluation: observe, decide, kill, record; then the plan
+    /// is made again from the same snapshot. Returns when to evaluate again
+    /// for soft grace periods.
+    pub(super) async fn evaluate(&self, state: &mut State, crossing_ns: Option<u64>) -> Option<tokio::time::Instant> {
+        let cfg = self.cfg();
+        let pods = self.sync_registrations();
+        let snapshot = match self.edges.source.snapshot() {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("eviction: cannot read signals: {e}");
+                return None;
+            }
+        };
+        let obs = self.observe(&snapshot, &cfg);
+        let tasks = needs_tasks(&cfg).then_some(&*self.edges.cgroups);
+        let candidates = self.candidates(&pods, &snapshot, tasks);
+        let meter = |cg: &str| self.edges.cgroups.working_set(cg);
+        let now = || tokio::time::Instant::now().into_std();
+        let mut eval = state.evaluate(&cfg.eviction, now(), &obs, &candidates, false, &meter);
+        if let Action::ReclaimNodeResources(t) = &eval.action {
+            // The condition first, as the kubelet: reclaim can take a while.
+            self.publish(&obs, &eval);
+            info!(signal = %t.signal, "disk pressure: reclaiming dead containers and unused images first");
+            if let Some(r) = &self.edges.reclaimer {
+                r.reclaim(t.signal).await;
+            }
+            let after = self.edges.source.snapshot().unwrap_or_else(|_| snapshot.clone());
+            let obs = self.observe(&after, &cfg);
+            let candidates = self.with_disk_usage(candidates.clone()).await;
+            eval = state.evaluate(&cfg.eviction, now(), &obs, &candidates, true, &meter);
+        }
+        if let Some(at) = crossing_ns {
+            self.metrics.crossing_to_decision.observe(monotonic_ns().saturating_sub(at) as f64 / 1e9);
+        }
+        self.publish(&obs, &eval);
+        if let Action::Evict(ev) = eval.action {
+            if ev.victims.is_empty() {
+                self.metrics.evictions_without_victim.inc();
+                warn!(signal = %ev.threshold.signal, "eviction threshold met but no pod can be evicted");
+            }
+            for v in ev.victims {
+                let Some(p) = pods.iter().find(|p| p.uid == v.uid) else { continue };
+                let planned = planned(p);
+                if !self.shared.claim(&planned, ev.threshold.signal) {
+                    continue;
+                }
+                let killed = if ev.threshold.is_hard() {
+                    self.shared.kill(&planned, KillPath::Agent, crossing_ns, None);
+                    KillPath::Agent
+                } else {
+                    KillPath::Graceful
+                };
+                self.record(v, ev.threshold.signal, killed);
+            }
+        }
+        self.rank_from(&pods, &snapshot);
+        eval.next_deadline.map(tokio::time::Instant::from_std)
+    }
+
+    /// Ranks the pods for every kernel line (the plan): published for the
+    /// fast path, and its first victims handed to the kernel.
+    pub(super) fn rank(&self) {
+        let pods = self.sync_registrations();
+        match self.edges.source.snapshot() {
+            Ok(snapshot) => self.rank_from(&pods, &snapshot),
+            Err(e) => debug!("no plan this time: cannot read signals: {e}"),
+        }
+    }
+
+    fn rank_from(&self, pods: &[EvictionPod], snapshot: &Snapshot) {
+        let cfg = self.cfg();
+        // Only pods under kubepods are ever planned: the kernel kills what
+        // the plan names, so nothing else may get there.
+        let kubepods = format!("{}/", cfg.node.kubepods_cgroup);
+        let pods: Vec<&EvictionPod> = pods.iter().filter(|p| p.cgroup.starts_with(&kubepods)).collect();
+        let lines = lock(&self.lines).clone();
+        let tasks = lines.iter().any(|l| l.eviction_signal == EvictionSignal::PidAvailable);
+        let reader = tasks.then_some(&*self.edges.cgroups);
+        let candidates: Vec<(Candidate, &EvictionPod)> =
+            pods.iter().map(|p| (candidate(p, snapshot, reader, false), *p)).filter(|(c, _)| c.evictable).collect();
+        let ranked_ns = monotonic_ns();
+        let mut victims = HashMap::new();
+        for line in &lines {
+            let signal = line.eviction_signal;
+            let (order, max_age): (fn(&Candidate, &Candidate) -> std::cmp::Ordering, _) = match signal {
+                EvictionSignal::PidAvailable => (ranking::by_tasks, Some(PID_PLAN_MAX_AGE)),
+                _ => (ranking::by_memory, None),
+            };
+            let mut ranked: Vec<&(Candidate, &EvictionPod)> = candidates.iter().collect();
+            ranked.sort_by(|a, b| order(&a.0, &b.0));
+            let list: Vec<PlannedVictim> = ranked.iter().map(|(_, p)| planned(p)).collect();
+            // The kernel gets the first victim, unless one evicted for this
+            // signal is still dying (see `Shared::dying_for`).
+            let dying = self.shared.dying_for(signal);
+            let victim = list.first().filter(|_| cfg.kernel_eviction && !dying).map(|v| KernelVictim {
+                cgroup: &v.cgroup,
+                planned_ns: ranked_ns,
+                max_age,
+            });
+            if let Err(e) = self.edges.source.set_kernel_victim(&line.target, line.signal, victim) {
+                debug!("cannot hand the {signal} victim to the kernel: {e}");
+            }
+            victims.insert(signal, list);
+        }
+        *lock(&self.shared.plan) = Arc::new(Plan { lines, victims, ranked_ns });
+    }
+
+    fn observe(&self, snapshot: &Snapshot, cfg: &DriverConfig) -> Observations {
+        let nodefs = node::statfs(&cfg.nodefs_path).ok();
+        let imagefs = match &cfg.imagefs_path {
+            Some(p) => node::statfs(p).ok(),
+            None => nodefs,
+        };
+        observe(snapshot, &cfg.node, FsFigures { nodefs, imagefs })
+    }
+
+    /// Candidates for every pod, plus the in-flight victims the pod manager
+    /// no longer lists, whose memory is still on its way out.
+    fn candidates(
+        &self,
+        pods: &[EvictionPod],
+        snapshot: &Snapshot,
+        tasks: Option<&dyn super::CgroupReader>,
+    ) -> Vec<Candidate> {
+        let mut out: Vec<Candidate> = pods
+            .iter()
+            .map(|p| Candidate { in_flight: self.shared.is_in_flight(&p.uid), ..candidate(p, snapshot, tasks, true) })
+            .collect();
+        for (uid, f) in lock(&self.shared.in_flight).iter() {
+            if pods.iter().any(|p| &p.uid == uid) {
+                continue;
+            }
+            let usage = snapshot.cgroups.get(&f.victim.cgroup).copied().unwrap_or_default();
+            out.push(Candidate {
+                uid: uid.clone(),
+                namespace: f.victim.namespace.clone(),
+                name: f.victim.name.clone(),
+                memory: Usage { request: 0, usage: usage.working_set_bytes },
+                tasks: tasks.and_then(|r| r.tasks(&f.victim.cgroup)).unwrap_or(usage.processes),
+                inodes: usage.inodes.map_or(0, |i| i.max(0) as u64),
+                in_flight: true,
+                ..Default::default()
+            });
+        }
+        out
+    }
+
+    /// Registers new pod cgroups with the signal source and drops gone
+    /// ones; forgets in-flight victims whose processes are all gone;
+    /// returns the pods.
+    fn sync_registrations(&self) -> Vec<EvictionPod> {
+        let pods = self.edges.pods.eviction_pods();
+        let kubepods = lock(&self.cfg).node.kubepods_cgroup.clone();
+        lock(&self.shared.in_flight).retain(|uid, f| {
+            let listed = pods.iter().any(|p| &p.uid == uid);
+            (listed || self.edges.cgroups.has_processes(&f.victim.cgroup)) && f.since.elapsed() < IN_FLIGHT_FOR
+        });
+        // Runs every plan interval: the common case, nothing to change,
+        // allocates nothing per pod.
+        let in_flight: Vec<String> = lock(&self.shared.in_flight).values().map(|f| f.victim.cgroup.clone()).collect();
+        let mut want: HashSet<&str> = pods.iter().map(|p| p.cgroup.as_str()).collect();
+        want.extend(in_flight.iter().map(String::as_str));
+        want.insert(kubepods.as_str());
+        let mut registered = lock(&self.registered);
+        for cg in want.iter().filter(|cg| !registered.contains(**cg)).copied().collect::<Vec<_>>() {
+            let kind = if cg == kubepods { CgroupKind::Kubepods } else { CgroupKind::Pod };
+            match self.edges.source.register(cg, kind) {
+                Ok(()) => {
+                    registered.insert(cg.to_owned());
+                }
+                // A pod whose cgroup is not created yet: next time.
+                Err(e) => debug!("cannot register {cg} yet: {e}"),
+            }
+        }
+        registered.retain(|cg| {
+            let keep = want.contains(cg.as_str());
+            if !keep {
+                self.edges.source.unregister(cg);
+            }
+            keep
+        });
+        pods
+    }
+
+    fn program_lines(&self) {
+        let cfg = self.cfg();
+        let lines = kernel_lines(&cfg.eviction.thresholds, &cfg.node);
+        let old = std::mem::replace(&mut *lock(&self.lines), lines.clone());
+        for l in &old {
+            if !lines.iter().any(|n| n.target == l.target && n.signal == l.signal) {
+                let _ = self.edges.source.set_threshold(&l.target, l.signal, None);
+                let _ = self.edges.source.set_kernel_victim(&l.target, l.signal, None);
+            }
+        }
+        for l in &lines {
+            if let Err(e) = self.edges.source.set_threshold(&l.target, l.signal, Some(l.threshold)) {
+                warn!("cannot program the {} line: {e}", l.eviction_signal);
+            }
+        }
+        for t in &cfg.eviction.thresholds {
+            if !matches!(
+                t.signal,
+                EvictionSignal::MemoryAvailable
+                    | EvictionSignal::AllocatableMemoryAvailable
+                    | EvictionSignal::PidAvailable
+            ) {
+                continue;
+            }
+            self.metrics
+                .threshold
+                .get_or_create(&ThresholdLabels {
+                    signal: t.signal.name().into(),
+                    kind: if t.is_hard() { "hard" } else { "soft" }.into(),
+                })
+                .set(t.value.resolve(line_capacity(&cfg, t.signal)) as i64);
+        }
+    }
+
+    /// The candidates with their measured disk bytes and inodes, for the
+    /// disk-pressure ranking.
+    async fn with_disk_usage(&self, mut candidates: Vec<Candidate>) -> Vec<Candidate> {
+        let Some(meter) = lock(&self.disk_meter).clone() else { return candidates };
+        let uids: Vec<String> = candidates.iter().map(|c| c.uid.clone()).collect();
+        let usage = meter.measure(&uids).await;
+        for c in &mut candidates {
+            if let Some(u) = usage.get(&c.uid) {
+                c.disk.usage = u.bytes;
+                c.inodes = u.inodes;
+            }
+        }
+        debug!(?usage, "pods' disk usage for the disk-pressure ranking");
+        candidates
+    }
+
+    fn publish(&self, obs: &Observations, eval: &Evaluation) {
+        for (signal, o) in obs {
+            self.metrics
+                .signal_available
+                .get_or_create(&SignalLabels { signal: signal.name().into() })
+                .set(o.available);
+        }
+        for c in NodeCondition::ALL {
+            self.metrics
+                .node_condition
+                .get_or_create(&ConditionLabels { condition: c.type_name().into() })
+                .set(i64::from(eval.conditions.contains(&c)));
+        }
+        for (name, v) in self.edges.source.counters() {
+            self.metrics.signal_counters.get_or_create(&crate::metrics::NameLabels { name: name.into() }).set(v as i64);
+        }
+        self.conditions.send_if_modified(|c| {
+            if *c != eval.conditions {
+                info!(conditions = ?eval.conditions.iter().map(|c| c.type_name()).collect::<Vec<_>>(), "node pressure conditions changed");
+                *c = eval.conditions.clone();
+                true
+            } else {
+                false
+            }
+        });
+    }
+}
+
+/// Whether any threshold is on pid.available, which ranks pods by tasks.
+fn needs_tasks(cfg: &DriverConfig) -> bool {
+    cfg.eviction.thresholds.iter().any(|t| t.signal == EvictionSignal::PidAvailable)
+}
+
+/// What a line's percentages are of, and what its used amount is taken from.
+fn line_capacity(cfg: &DriverConfig, signal: EvictionSignal) -> u64 {
+    match signal {
+        EvictionSignal::MemoryAvailable => cfg.node.memory_capacity,
+        EvictionSignal::AllocatableMemoryAvailable => cfg.node.allocatable_memory,
+        EvictionSignal::PidAvailable => cfg.node.pid_limit,
+        _ => 0,
+    }
+}
+
+fn planned(p: &EvictionPod) -> PlannedVictim {
+    PlannedVictim { uid: p.uid.clone(), namespace: p.namespace.clone(), name: p.name.clone(), cgroup: p.cgroup.clone() }
+}
+
+/// A pod as the decision sees it, from a snapshot; its tasks from `tasks`
+/// (threads counted) when given, else its processes; its containers (for
+/// messages) when asked.
+fn candidate(
+    p: &EvictionPod,
+    snapshot: &Snapshot,
+    tasks: Option<&dyn super::CgroupReader>,
+    with_containers: bool,
+) -> Candidate {
+    let usage = snapshot.cgroups.get(&p.cgroup).copied().unwrap_or_default();
+    Candidate {
+        uid: p.uid.clone(),
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+        priority: p.priority,
+        evictable: !p.critical,
+        termination_grace_secs: p.termination_grace_secs,
+        memory: Usage { request: p.memory_request, usage: usage.working_set_bytes },
+        tasks: tasks.and_then(|r| r.tasks(&p.cgroup)).unwrap_or(usage.processes),
+        disk: Usage { request: p.ephemeral_storage_request, usage: p.disk_usage.unwrap_or(0) },
+        inodes: p.inodes_used.or(usage.inodes.map(|i| i.max(0) as u64)).unwrap_or(0),
+        containers: if with_containers {
+            p.containers
+                .iter()
+                .map(|c| ContainerRef {
+                    name: c.name.clone(),
+                    memory_request: c.memory_request,
+                    cgroup: c.cgroup.clone(),
+                })
+                .collect()
+        } else {
+            vec![]
+        },
+        in_flight: false,
+    }
+}

@@ -1,0 +1,388 @@
+//! Table tests of the driver, as upstream's eviction_manager_test.go drives
+//! its manager with fakes: an in-memory signal source the tests inject
+//! crossings into, in-memory cgroups that record kills, a recording pod
+//! manager, the real metrics registry, and tokio's paused clock.
+
+use std::{
+    collections::BTreeSet,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::sync::watch;
+
+use super::{
+    DriverConfig, Edges, EvictionContainer, EvictionManager, EvictionPod, EvictionRequest, KillPath, PodEvictor,
+    PodProvider, edge::fake::FakeCgroups,
+};
+use crate::{
+    eviction::{
+        core::EvictionConfig,
+        observe::NodeInfo,
+        signal::{EvictionSignal, EvictionThreshold, NodeCondition, ThresholdValue},
+    },
+    metrics::Metrics,
+    quantity::Quantity,
+    signals::{
+        CgroupUsage, Direction, KillOutcome, NodeUsage, Signal, SignalEvent, Target, memory::MemorySource, monotonic_ns,
+    },
+};
+
+const MI: u64 = 1 << 20;
+const CAPACITY: u64 = 4096 * MI;
+const ALLOCATABLE: u64 = 1024 * MI;
+const PID_LIMIT: u64 = 32768;
+const KUBEPODS: &str = "kubepods";
+
+#[derive(Default)]
+struct Pods {
+    pods: Mutex<Vec<EvictionPod>>,
+    requests: Mutex<Vec<EvictionRequest>>,
+}
+
+impl PodProvider for Pods {
+    fn eviction_pods(&self) -> Vec<EvictionPod> {
+        let gone: Vec<String> = self.requests.lock().unwrap().iter().map(|r| r.uid.clone()).collect();
+        self.pods.lock().unwrap().iter().filter(|p| !gone.contains(&p.uid)).cloned().collect()
+    }
+}
+
+impl PodEvictor for Pods {
+    fn evict(&self, request: EvictionRequest) {
+        self.requests.lock().unwrap().push(request);
+    }
+}
+
+fn pod(name: &str, memory_request: u64) -> EvictionPod {
+    let cgroup = format!("{KUBEPODS}/pod{name}");
+    EvictionPod {
+        uid: name.into(),
+        namespace: "default".into(),
+        name: name.into(),
+        cgroup: cgroup.clone(),
+        termination_grace_secs: 30,
+        memory_request,
+        containers: vec![EvictionContainer {
+            name: format!("{name}-c"),
+            memory_request,
+            cgroup: Some(format!("{cgroup}/c")),
+        }],
+        ..Default::default()
+    }
+}
+
+fn hard(signal: EvictionSignal, value: ThresholdValue) -> EvictionThreshold {
+    EvictionThreshold { signal, value, grace_period: Duration::ZERO, min_reclaim: None }
+}
+
+fn quantity(v: u64) -> ThresholdValue {
+    ThresholdValue::Quantity(Quantity::from_units(v as i64))
+}
+
+struct Harness {
+    source: Arc<MemorySource>,
+    cgroups: Arc<FakeCgroups>,
+    pods: Arc<Pods>,
+    metrics: Arc<Metrics>,
+    manager: EvictionManager,
+    stop: watch::Sender<bool>,
+}
+
+impl Harness {
+    /// The manager running on `thresholds` over `pods`, each pod using
+    /// `usage` MiB (its container the same), kubepods their sum.
+    async fn start(thresholds: Vec<EvictionThreshold>, pods: &[(EvictionPod, u64)], kernel: bool) -> Harness {
+        let source = Arc::new(MemorySource::new(kernel));
+        let cgroups = Arc::new(FakeCgroups::default());
+        let h_pods = Arc::new(Pods::default());
+        for (p, usage_mi) in pods {
+            h_pods.pods.lock().unwrap().push(p.clone());
+            cgroups.populated.lock().unwrap().insert(p.cgroup.clone());
+            cgroups.working_sets.lock().unwrap().insert(format!("{}/c", p.cgroup), usage_mi * MI);
+            source.set_cgroup(
+                &p.cgroup,
+                CgroupUsage { working_set_bytes: usage_mi * MI, processes: 1, ..Default::default() },
+            );
+        }
+        let kubepods_mi: u64 = pods.iter().map(|(_, u)| u).sum();
+        source.set_cgroup(KUBEPODS, CgroupUsage { working_set_bytes: kubepods_mi * MI, ..Default::default() });
+        source.set_node(NodeUsage { working_set_bytes: 1024 * MI, tasks: 300, ..Default::default() });
+        let cfg = DriverConfig {
+            eviction: EvictionConfig {
+                thresholds,
+                pressure_transition_period: Duration::from_secs(60),
+                max_pod_grace_period_secs: 10,
+            },
+            node: NodeInfo {
+                memory_capacity: CAPACITY,
+                allocatable_memory: ALLOCATABLE,
+                pid_limit: PID_LIMIT,
+                kubepods_cgroup: KUBEPODS.into(),
+            },
+            nodefs_path: std::env::temp_dir(),
+            imagefs_path: None,
+            housekeeping_interval: Duration::from_secs(10),
+            plan_interval: Duration::from_secs(1),
+            kernel_eviction: kernel,
+        };
+        let metrics = Arc::new(Metrics::new());
+        let (manager, event_loop) = EvictionManager::build(
+            cfg,
+            Edges {
+                source: source.clone(),
+                cgroups: cgroups.clone(),
+                killer: cgroups.clone(),
+                pods: h_pods.clone(),
+                evictor: h_pods.clone(),
+                reclaimer: None,
+            },
+            metrics.clone(),
+        );
+        let (stop, stop_rx) = watch::channel(false);
+        tokio::spawn(event_loop.run(stop_rx));
+        settle().await;
+        Harness { source, cgroups, pods: h_pods, metrics, manager, stop }
+    }
+
+    fn requests(&self) -> Vec<EvictionRequest> {
+        self.pods.requests.lock().unwrap().clone()
+    }
+
+    fn conditions(&self) -> BTreeSet<NodeCondition> {
+        self.manager.conditions().borrow().clone()
+    }
+
+    /// A metric's value from the exposition ("name{labels}" as written).
+    fn metric(&self, series: &str) -> Option<f64> {
+        let text = self.metrics.encode();
+        text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
+    fn crossing(&self, target: Target, signal: Signal, value: u64, at_ns: u64) {
+        self.source.inject(SignalEvent::Crossing {
+            target,
+            signal,
+            direction: Direction::Up,
+            value,
+            threshold: value,
+            at_ns,
+            received_ns: at_ns,
+            pid: 0,
+            kernel_generation: 0,
+            kernel_outcome: KillOutcome::NoPlan,
+        });
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+/// Lets the manager's task run what it was woken for (the paused clock
+/// moves on only when every task is idle).
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(1)).await;
+}
+
+fn allocatable_line() -> Vec<EvictionThreshold> {
+    vec![hard(EvictionSignal::AllocatableMemoryAvailable, quantity(256 * MI))]
+}
+
+/// The pods of most cases: a BestEffort hog and a Guaranteed pod within
+/// its request.
+fn hog_and_steady() -> Vec<(EvictionPod, u64)> {
+    vec![(pod("hog", 0), 600), (pod("steady", 256 * MI), 128)]
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crossing_with_a_plan_kills_once_and_records_once() {
+    let h = Harness::start(allocatable_line(), &hog_and_steady(), false).await;
+    assert_eq!(h.manager.plan(EvictionSignal::AllocatableMemoryAvailable)[0].uid, "hog");
+    h.source.set_cgroup(KUBEPODS, CgroupUsage { working_set_bytes: 800 * MI, ..Default::default() });
+    h.crossing(Target::Cgroup(KUBEPODS.into()), Signal::MemoryWorkingSet, 800 * MI, monotonic_ns());
+    // The fast path killed on the injecting (reader) thread, before any await.
+    assert_eq!(h.cgroups.kills(), ["kubepods/podhog"]);
+    settle().await;
+    assert!(h.conditions().contains(&NodeCondition::MemoryPressure));
+    // The line crossed again while the hog dies (the signal wavering at
+    // it): the evaluation judges, counting what the hog gives back.
+    h.crossing(Target::Cgroup(KUBEPODS.into()), Signal::MemoryWorkingSet, 790 * MI, monotonic_ns());
+    settle().await;
+    assert_eq!(h.cgroups.kills(), ["kubepods/podhog"], "no second victim while the first dies");
+    // The hog's processes exit and its memory is freed; housekeeping and
+    // plan ticks later, still one of everything.
+    h.cgroups.emptied("kubepods/podhog");
+    h.source.set_cgroup(KUBEPODS, CgroupUsage { working_set_bytes: 128 * MI, ..Default::default() });
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    assert_eq!(h.cgroups.kills(), ["kubepods/podhog"], "one kill");
+    let requests = h.requests();
+    assert_eq!(requests.len(), 1, "one request: {requests:?}");
+    let r = &requests[0];
+    assert_eq!((r.uid.as_str(), r.killed, r.grace_period_secs), ("hog", KillPath::Agent, 0));
+    assert_eq!(r.signal, EvictionSignal::AllocatableMemoryAvailable);
+    assert_eq!(
+        r.message,
+        "The node was low on resource: memory. Threshold quantity: 256Mi, available: 224Mi. Signal: \
+         allocatableMemory.available. Container hog-c was using 600Mi, request is 0, has larger consumption of memory. "
+    );
+    assert_eq!(r.annotations["offending_containers"], "hog-c");
+    assert_eq!(r.annotations["offending_containers_usage"], "600Mi");
+    assert_eq!(r.annotations["starved_resource"], "memory");
+    assert_eq!(h.metric("swiftlet_eviction_crossing_to_kill_seconds_count{path=\"agent\"}"), Some(1.0));
+    assert_eq!(h.metric("kubelet_evictions_total{eviction_signal=\"allocatableMemory.available\"}"), Some(1.0));
+    assert!(h.conditions().contains(&NodeCondition::MemoryPressure), "held for the transition period");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kernel_kill_is_finished_by_the_agent_and_recorded_once() {
+    let h = Harness::start(allocatable_line(), &hog_and_steady(), true).await;
+    let plan = h.source.plan(&Target::Cgroup(KUBEPODS.into()), Signal::MemoryWorkingSet).expect("a kernel plan");
+    assert_eq!((plan.cgroup.as_str(), plan.max_age), ("kubepods/podhog", None));
+    let at = monotonic_ns();
+    h.source.inject(SignalEvent::KernelKill {
+        target: Target::Cgroup(KUBEPODS.into()),
+        cgroup: Some("kubepods/podhog".into()),
+        cgroup_id: 77,
+        signal: Signal::MemoryWorkingSet,
+        pid: 4242,
+        generation: 1,
+        crossing_ns: at,
+        crossing_value: 800 * MI,
+        at_ns: at + 40_000,
+        received_ns: at + 90_000,
+    });
+    h.source.inject(SignalEvent::Crossing {
+        target: Target::Cgroup(KUBEPODS.into()),
+        signal: Signal::MemoryWorkingSet,
+        direction: Direction::Up,
+        value: 800 * MI,
+        threshold: 768 * MI,
+        at_ns: at,
+        received_ns: at + 95_000,
+        pid: 4242,
+        kernel_generation: 1,
+        kernel_outcome: KillOutcome::Executed,
+    });
+    assert!(h.cgroups.kills().is_empty(), "the fast path stands down when the kernel killed");
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    assert_eq!(h.cgroups.kills(), ["kubepods/podhog"], "survivors killed through the cgroup, once");
+    assert_eq!(h.source.kills_finished(), [77], "the doomed mark released");
+    let requests = h.requests();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!((requests[0].uid.as_str(), requests[0].killed), ("hog", KillPath::Kernel));
+    assert_eq!(requests[0].annotations["offending_containers"], "hog-c");
+    // The kernel's own timestamps: 40 µs.
+    assert_eq!(h.metric("swiftlet_eviction_crossing_to_kill_seconds_sum{path=\"kernel\"}"), Some(0.00004));
+    assert_eq!(h.metric("swiftlet_kernel_plan_outcomes_total{outcome=\"executed\"}"), Some(1.0));
+}
+
+/// PID lines: a plan older than `PID_PLAN_MAX_AGE` is not used at the
+/// crossing; the pods are ranked again by their tasks (threads counted),
+/// so the thread bomb goes, not the pod that had more tasks when the plan
+/// was made.
+#[tokio::test(start_paused = true)]
+async fn a_crossing_with_a_stale_pid_plan_ranks_again() {
+    // (crossing this long after the plan, the fast path kills)
+    let cases: [(Duration, bool); 2] = [(Duration::from_millis(20), true), (Duration::from_secs(1), false)];
+    for (age, fast) in cases {
+        let pids = vec![hard(EvictionSignal::PidAvailable, quantity(1000))];
+        let h = Harness::start(pids, &[(pod("bomb", 0), 10), (pod("neighbour", 0), 10)], false).await;
+        // When the plan was made, the neighbour held more tasks.
+        h.cgroups.tasks.lock().unwrap().extend([("kubepods/podbomb".into(), 1), ("kubepods/podneighbour".into(), 5)]);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(h.manager.plan(EvictionSignal::PidAvailable)[0].uid, "neighbour");
+        let ranked_ns = h.manager.shared.plan.lock().unwrap().ranked_ns;
+        // Then one process of the bomb started 30,000 threads.
+        h.cgroups.tasks.lock().unwrap().insert("kubepods/podbomb".into(), 30_000);
+        h.source.set_node(NodeUsage { working_set_bytes: 1024 * MI, tasks: 31_800, ..Default::default() });
+        h.crossing(Target::Node, Signal::Processes, 31_800, ranked_ns + age.as_nanos() as u64);
+        settle().await;
+        let kills = h.cgroups.kills();
+        if fast {
+            // Trusted as it stood; the evaluation then takes the bomb too,
+            // the neighbour's five tasks being far from enough.
+            assert_eq!(kills, ["kubepods/podneighbour", "kubepods/podbomb"], "a fresh plan is trusted ({age:?})");
+        } else {
+            assert_eq!(kills, ["kubepods/podbomb"], "ranked again at the crossing ({age:?})");
+            let r = &h.requests()[0];
+            assert!(
+                r.message.starts_with("The node was low on resource: pids. Threshold quantity: 1000, available: 968.")
+            );
+            assert_eq!(r.annotations["starved_resource"], "pids");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_soft_threshold_acts_after_its_grace_period_only() {
+    let soft = EvictionThreshold {
+        signal: EvictionSignal::MemoryAvailable,
+        value: quantity(3500 * MI),
+        grace_period: Duration::from_secs(30),
+        min_reclaim: None,
+    };
+    let h = Harness::start(vec![soft], &hog_and_steady(), false).await;
+    // (seconds since the threshold was first met, a request by then)
+    for (at, evicted) in [(0, false), (29, false), (31, true)] {
+        h.manager.poke();
+        settle().await;
+        assert!(h.conditions().contains(&NodeCondition::MemoryPressure), "{at}s: the condition does not wait");
+        assert_eq!(!h.requests().is_empty(), evicted, "{at}s");
+        tokio::time::sleep(Duration::from_secs(if at == 0 { 29 } else { 2 })).await;
+    }
+    let r = &h.requests()[0];
+    assert_eq!((r.uid.as_str(), r.killed, r.grace_period_secs), ("hog", KillPath::Graceful, 10));
+    assert!(h.cgroups.kills().is_empty(), "a soft eviction stops the pod through the runtime");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_condition_is_held_for_the_transition_period() {
+    let h = Harness::start(allocatable_line(), &hog_and_steady(), false).await;
+    h.source.set_cgroup(KUBEPODS, CgroupUsage { working_set_bytes: 800 * MI, ..Default::default() });
+    h.manager.poke();
+    settle().await;
+    assert!(h.conditions().contains(&NodeCondition::MemoryPressure));
+    h.source.set_cgroup(KUBEPODS, CgroupUsage { working_set_bytes: 200 * MI, ..Default::default() });
+    let recovered = tokio::time::Instant::now();
+    // Housekeeping runs every 10 s; the period is 60 s from the last time
+    // the threshold was seen met.
+    for (secs, held) in [(10, true), (55, true), (65, false)] {
+        tokio::time::sleep_until(recovered + Duration::from_secs(secs)).await;
+        h.manager.poke();
+        settle().await;
+        assert_eq!(h.conditions().contains(&NodeCondition::MemoryPressure), held, "{secs}s after recovery");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn minimum_reclaim_evicts_enough_pods_at_once() {
+    let mut t = hard(EvictionSignal::MemoryAvailable, quantity(500 * MI));
+    t.min_reclaim = Some(quantity(200 * MI));
+    let pods = [(pod("a", 0), 100), (pod("b", 0), 100), (pod("c", 0), 100), (pod("d", 512 * MI), 50)];
+    let h = Harness::start(vec![t], &pods, false).await;
+    // 50 MiB below the line, plus 200 of minimum reclaim: three pods of 100.
+    h.source.set_node(NodeUsage { working_set_bytes: CAPACITY - 450 * MI, tasks: 300, ..Default::default() });
+    h.manager.poke();
+    settle().await;
+    let mut killed = h.cgroups.kills();
+    killed.sort();
+    assert_eq!(killed, ["kubepods/poda", "kubepods/podb", "kubepods/podc"]);
+    assert_eq!(h.requests().len(), 3);
+    assert!(h.requests().iter().all(|r| r.killed == KillPath::Agent));
+    assert_eq!(h.metric("kubelet_evictions_total{eviction_signal=\"memory.available\"}"), Some(3.0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn critical_pods_are_never_planned_or_evicted() {
+    let mut pods = hog_and_steady();
+    pods[0].0.critical = true;
+    let h = Harness::start(allocatable_line(), &pods, false).await;
+    assert!(h.manager.plan(EvictionSignal::AllocatableMemoryAvailable).iter().all(|v| v.uid != "hog"));
+    h.source.set_cgroup(KUBEPODS, CgroupUsage { working_set_bytes: 900 * MI, ..Default::default() });
+    h.crossing(Target::Cgroup(KUBEPODS.into()), Signal::MemoryWorkingSet, 900 * MI, monotonic_ns());
+    settle().await;
+    assert!(h.requests().iter().all(|r| r.uid != "hog"), "{:?}", h.requests());
+}

@@ -1,0 +1,173 @@
+//! The eBPF source's reader thread: drains the ring buffer the kernel
+//! programs write, decodes each record into a [`SignalEvent`] and hands it
+//! to the subscribed sink.
+
+use std::{
+    os::fd::{AsRawFd, OwnedFd},
+    sync::{Arc, atomic::Ordering},
+};
+
+use aya::maps::{MapData, RingBuf};
+use swiftlet_common::{EventKind, NODE_SLOT};
+use tracing::{debug, warn};
+
+use super::{Direction, KillOutcome, Signal, SignalEvent, Target, ebpf::Shared, monotonic_ns};
+
+/// The reader thread: blocks in poll(2) on the ring buffer and the stop
+/// eventfd, drains the ring, decodes records and hands them to the sink.
+/// With `priority`, it runs under SCHED_FIFO at that priority, so a crossing
+/// reaches the sink (and the eviction fast path, which kills on this
+/// thread) ahead of every ordinary thread on a busy node.
+pub(super) fn read_events(
+    mut ring: RingBuf<MapData>,
+    stop: OwnedFd,
+    shared: Arc<Shared>,
+    page: u64,
+    priority: Option<u8>,
+) {
+    if let Some(p) = priority {
+        match set_realtime(p) {
+            Ok(()) => debug!(priority = p, "ring buffer reader runs under SCHED_FIFO"),
+            Err(e) => warn!(priority = p, "ring buffer reader stays in the normal scheduler: SCHED_FIFO: {e}"),
+        }
+    }
+    let ring_fd = ring.as_raw_fd();
+    loop {
+        match wait_readable(ring_fd, &stop, -1) {
+            Ok((_, true)) => return,
+            Ok(_) => {}
+            Err(e) => {
+                warn!("ring buffer poll failed, reader stops: {e}");
+                return;
+            }
+        }
+        while let Some(item) = ring.next() {
+            let received_ns = monotonic_ns();
+            shared.events_received.fetch_add(1, Ordering::Relaxed);
+            match decode(&item, &shared, page, received_ns) {
+                Some(ev) => {
+                    let sink = shared.sink.read().unwrap_or_else(|p| p.into_inner()).clone();
+                    if let Some(sink) = sink {
+                        sink.on_event(ev);
+                    }
+                }
+                None => {
+                    shared.events_undecodable.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+/// Puts the calling thread under SCHED_FIFO at `priority` (1..=99).
+pub fn set_realtime(priority: u8) -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: i32::from(priority.clamp(1, 99)) };
+    // SAFETY: 0 names the calling thread; `param` is a valid sched_param.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn decode(bytes: &[u8], shared: &Shared, page: u64, received_ns: u64) -> Option<SignalEvent> {
+    if bytes.len() < std::mem::size_of::<swiftlet_common::Event>() {
+        return None;
+    }
+    // SAFETY: length checked; the record is plain data written by the kernel.
+    let ev: swiftlet_common::Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    let reg = shared.registry.read().unwrap_or_else(|p| p.into_inner());
+    let path = reg.by_id.get(&ev.cgroup_id).cloned();
+    // Kernel kills name the slot whose crossing triggered them.
+    let trigger = if ev.kind != EventKind::KernelKill as u32 {
+        None
+    } else if ev.direction == NODE_SLOT {
+        Some(Target::Node)
+    } else {
+        reg.by_path.iter().find(|(_, e)| e.index == ev.direction).map(|(p, _)| Target::Cgroup(p.clone()))
+    };
+    drop(reg);
+    match EventKind::from_u32(ev.kind)? {
+        EventKind::Crossing => {
+            let signal = Signal::from_u32(ev.signal)?;
+            let target = if ev.slot == NODE_SLOT {
+                Target::Node
+            } else {
+                match path {
+                    Some(p) => Target::Cgroup(p),
+                    None => {
+                        // Unregistered between the crossing and now.
+                        shared.unknown_cgroup_events.fetch_add(1, Ordering::Relaxed);
+                        return None;
+                    }
+                }
+            };
+            let scale = if signal == Signal::MemoryWorkingSet { page } else { 1 };
+            Some(SignalEvent::Crossing {
+                target,
+                signal,
+                direction: if ev.direction == swiftlet_common::DIRECTION_UP { Direction::Up } else { Direction::Down },
+                value: ev.value * scale,
+                threshold: ev.threshold * scale,
+                at_ns: ev.ts_ns,
+                received_ns,
+                pid: ev.pid,
+                kernel_generation: ev.aux,
+                kernel_outcome: KillOutcome::from_u32(ev.outcome).unwrap_or(KillOutcome::NotAttempted),
+            })
+        }
+        EventKind::OomVictim => Some(SignalEvent::OomKill {
+            cgroup: path,
+            cgroup_id: ev.cgroup_id,
+            pid: ev.pid,
+            at_ns: ev.ts_ns,
+            received_ns,
+        }),
+        EventKind::CgroupRemoved => Some(SignalEvent::CgroupRemoved { cgroup: path?, at_ns: ev.ts_ns }),
+        EventKind::ProcessExit => Some(SignalEvent::ProcessExit { pid: ev.pid, at_ns: ev.ts_ns, received_ns }),
+        EventKind::KernelKill => Some(SignalEvent::KernelKill {
+            target: trigger?,
+            cgroup: path,
+            cgroup_id: ev.cgroup_id,
+            signal: Signal::from_u32(ev.signal)?,
+            pid: ev.pid,
+            generation: ev.aux,
+            crossing_ns: ev.value,
+            crossing_value: ev.threshold * if ev.signal == Signal::MemoryWorkingSet as u32 { page } else { 1 },
+            at_ns: ev.ts_ns,
+            received_ns,
+        }),
+    }
+}
+
+/// Blocks until either fd is readable (or `timeout_ms` passes); true when
+/// `stop` fired.
+fn wait_readable(fd: i32, stop: &OwnedFd, timeout_ms: i32) -> std::io::Result<(bool, bool)> {
+    let mut fds = [
+        libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+    ];
+    loop {
+        // SAFETY: fds is a valid array of two pollfds.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+        if n >= 0 {
+            return Ok((fds[0].revents != 0, fds[1].revents != 0));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Drains aya-log records from the kernel into the agent's log.
+pub(super) fn forward_kernel_log(mut logger: aya_log::EbpfLogger<&'static dyn log::Log>, stop: OwnedFd) {
+    let fd = logger.as_raw_fd();
+    loop {
+        match wait_readable(fd, &stop, -1) {
+            Ok((_, true)) | Err(_) => return,
+            Ok((true, false)) => logger.flush(),
+            Ok((false, false)) => {}
+        }
+    }
+}
