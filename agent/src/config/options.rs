@@ -67,6 +67,36 @@ pub struct SwiftletOptions {
     /// --node-shutdown-marker: its appearance means the node is shutting
     /// down (None: only systemd and init are asked).
     pub node_shutdown_marker: Option<PathBuf>,
+    /// How the kubelet API holds up under abuse (--server-*,
+    /// --token-review-*, --container-logs-follows-per-user).
+    pub server: ServerLimits,
+}
+
+/// swiftlet's limits on the kubelet API (the kubelet has none of these).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerLimits {
+    pub max_connections: usize,
+    pub request_header_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub write_timeout: Duration,
+    /// TokenReviews per second (0: none are sent).
+    pub token_review_qps: u32,
+    pub token_review_burst: u32,
+    pub log_follows_per_user: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_connections: 1024,
+            request_header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(90),
+            write_timeout: Duration::from_secs(60),
+            token_review_qps: 10,
+            token_review_burst: 20,
+            log_follows_per_user: 10,
+        }
+    }
 }
 
 impl Default for SwiftletOptions {
@@ -77,6 +107,7 @@ impl Default for SwiftletOptions {
             housekeeping_interval: Duration::from_secs(10),
             standalone: false,
             node_shutdown_marker: Some(PathBuf::from("/run/swiftlet/node-shutdown")),
+            server: ServerLimits::default(),
         }
     }
 }
@@ -175,6 +206,7 @@ pub fn read(cx: &Ctx, parsed: &ParsedFlags) -> Result<(KubeletFlags, SwiftletOpt
         let raw = cx.string(n, "")?;
         s.node_shutdown_marker = (!raw.is_empty()).then(|| PathBuf::from(raw));
     }
+    read_server_limits(cx, parsed, &mut s.server)?;
     for name in ["help", "version"] {
         if let Some(n) = parsed.get(name) {
             let v = cx.string(n, "")?;
@@ -184,4 +216,40 @@ pub fn read(cx: &Ctx, parsed: &ParsedFlags) -> Result<(KubeletFlags, SwiftletOpt
         }
     }
     Ok((f, s, warnings))
+}
+
+fn read_server_limits(cx: &Ctx, parsed: &ParsedFlags, l: &mut ServerLimits) -> Result<(), ConfigError> {
+    let count = |name: &str, min: i64| -> Result<Option<i64>, ConfigError> {
+        parsed.get(name).map(|n| cx.int_in(n, "", min, i64::from(u32::MAX))).transpose()
+    };
+    let positive = |name: &str| -> Result<Option<Duration>, ConfigError> {
+        let Some(n) = parsed.get(name) else { return Ok(None) };
+        let d = cx.duration(n, "")?;
+        if d.is_zero() {
+            return Err(cx.err(n, "", "must be above zero"));
+        }
+        Ok(Some(d))
+    };
+    if let Some(v) = count("server-max-connections", 1)? {
+        l.max_connections = v as usize;
+    }
+    if let Some(d) = positive("server-request-header-timeout")? {
+        l.request_header_timeout = d;
+    }
+    if let Some(d) = positive("server-idle-timeout")? {
+        l.idle_timeout = d;
+    }
+    if let Some(d) = positive("server-write-timeout")? {
+        l.write_timeout = d;
+    }
+    if let Some(v) = count("token-review-qps", 0)? {
+        l.token_review_qps = v as u32;
+    }
+    if let Some(v) = count("token-review-burst", 1)? {
+        l.token_review_burst = v as u32;
+    }
+    if let Some(v) = count("container-logs-follows-per-user", 1)? {
+        l.log_follows_per_user = v as usize;
+    }
+    Ok(())
 }

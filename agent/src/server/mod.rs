@@ -14,10 +14,13 @@
 pub mod agent;
 pub mod auth;
 pub mod collectors;
+pub mod conn;
 pub mod events;
 pub mod exposition;
 pub mod health;
 pub mod http;
+pub mod listen;
+mod log_route;
 pub mod logs;
 pub mod spdy;
 pub mod stats;
@@ -46,7 +49,6 @@ use prometheus_client::{
 };
 use thiserror::Error;
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
-use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
 use self::{
@@ -119,6 +121,8 @@ pub struct Server {
     /// exec, attach, port-forward (the runtime's streaming calls are set
     /// with [`streaming::Streaming::set_runtime`]).
     pub streaming: streaming::Streaming,
+    /// Open `/containerLogs?follow=true` streams per user.
+    follows: log_route::Follows,
 }
 
 /// Encoded bodies by (endpoint, variant), with the stats pass they encode.
@@ -174,6 +178,7 @@ impl Server {
             probes: p.probes,
             encoded: Default::default(),
             streaming: Default::default(),
+            follows: Default::default(),
         }
     }
 
@@ -194,7 +199,7 @@ impl Server {
         )
         .await;
         match outcome {
-            Outcome::Allowed(_) => self.route(req).await,
+            Outcome::Allowed(user) => self.route(req, Some(&user.name)).await,
             Outcome::Unauthorized => http::text(StatusCode::UNAUTHORIZED, "Unauthorized"),
             Outcome::Forbidden(msg) => http::text(StatusCode::FORBIDDEN, msg),
             Outcome::Error(msg) => http::text(StatusCode::INTERNAL_SERVER_ERROR, msg),
@@ -213,7 +218,7 @@ impl Server {
         {
             return http::not_found();
         }
-        self.route(req).await
+        self.route(req, None).await
     }
 
     /// The unix socket's handler (no authentication: file permissions).
@@ -238,7 +243,8 @@ impl Server {
         r
     }
 
-    async fn route(&self, req: Request<Incoming>) -> Response<Body> {
+    /// `user`: who was authenticated (None on the read-only port).
+    async fn route(&self, req: Request<Incoming>, user: Option<&str>) -> Response<Body> {
         let path = req.uri().path().to_owned();
         if streaming::request::kind_of(&path).is_some() {
             if !self.debugging_handlers {
@@ -279,7 +285,7 @@ impl Server {
                 if !self.debugging_handlers {
                     return debug_disabled();
                 }
-                self.container_logs(p, &query).await
+                self.container_logs(p, &query, user.unwrap_or(auth::ANONYMOUS_USER)).await
             }
             "/debug/events" => debug_disabled(),
             _ => http::not_found(),
@@ -387,82 +393,6 @@ impl Server {
         let format = exposition::negotiate(accept);
         let body = exposition::encode(&[&self.metrics.registry, &self.extra], format);
         http::respond(StatusCode::OK, format.content_type(), body)
-    }
-
-    async fn container_logs(&self, path: &str, query: &[(String, String)]) -> Response<Body> {
-        let parts: Vec<&str> = path.trim_start_matches("/containerLogs/").split('/').collect();
-        let get = |i: usize| parts.get(i).map(|s| http::percent_decode(s)).filter(|s| !s.is_empty());
-        let (ns, pod_name, container) = match (get(0), get(1), get(2)) {
-            (Some(n), Some(p), Some(c)) if parts.len() == 3 => (n, p, c),
-            (None, ..) => return http::text(StatusCode::BAD_REQUEST, r#"{"message": "Missing podNamespace."}"#),
-            (_, None, _) => return http::text(StatusCode::BAD_REQUEST, r#"{"message": "Missing podID."}"#),
-            _ => return http::text(StatusCode::BAD_REQUEST, r#"{"message": "Missing container name."}"#),
-        };
-        let opts = match logs::parse_options(query, k8s_openapi::jiff::Timestamp::now()) {
-            Ok(o) => o,
-            Err((status, body)) => return http::text(status, body),
-        };
-        let find = {
-            let pods = self.pods.clone();
-            let (ns, pod_name) = (ns.clone(), pod_name.clone());
-            move || {
-                pods.pods().into_iter().find(|p| {
-                    p.metadata.namespace.as_deref().unwrap_or("default") == ns
-                        && p.metadata.name.as_deref() == Some(pod_name.as_str())
-                })
-            }
-        };
-        let Some(pod) = find() else {
-            return http::text(StatusCode::NOT_FOUND, format!("pod {pod_name:?} does not exist"));
-        };
-        let loc = match logs::locate(&pod, &container, opts.previous, &self.config.kubelet.pod_logs_dir) {
-            Ok(l) => l,
-            Err((status, body)) => return http::text(status, body),
-        };
-        let mut file = loc.path.clone();
-        if !file.exists()
-            && let (Some(rt), Some(id)) = (&self.runtime, &loc.container_id)
-            && let Ok(st) = rt.container_status(id).await
-            && !st.log_path.is_empty()
-        {
-            file = PathBuf::from(st.log_path);
-        }
-        if let Err(e) = std::fs::metadata(&file) {
-            return http::text(
-                StatusCode::BAD_REQUEST,
-                format!("failed to open log file {:?}: {e}", file.display().to_string()),
-            );
-        }
-        let (tx, body) = http::channel(64);
-        let container_id = loc.container_id.clone();
-        let running = move || {
-            // Still running while the pod still lists this container
-            // attempt as running.
-            find().and_then(|p| p.status).is_some_and(|s| {
-                s.container_statuses.iter().flatten().chain(s.init_container_statuses.iter().flatten()).any(|cs| {
-                    cs.name == container
-                        && cs.state.as_ref().is_some_and(|st| st.running.is_some())
-                        && cs.container_id.as_deref().map(|i| i.split_once("://").map(|(_, x)| x).unwrap_or(i))
-                            == container_id.as_deref()
-                })
-            })
-        };
-        let follow_running = loc.running;
-        tokio::task::spawn_blocking(move || {
-            let mut out = |b: &[u8]| {
-                if b.is_empty() {
-                    return !tx.is_closed();
-                }
-                tx.blocking_send(Bytes::copy_from_slice(b)).is_ok()
-            };
-            let still = || follow_running && running();
-            if let Err(e) = logs::read_logs(&file, &opts, &still, &mut out) {
-                let _ = tx.blocking_send(Bytes::from(format!("error reading {}: {e}\n", file.display())));
-            }
-        });
-        let mut r = Response::new(body);
-        r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-        r
     }
 
     fn debug_events(&self) -> Response<Body> {
@@ -576,6 +506,18 @@ impl Servers {
     }
 }
 
+/// The connection limits of a listener, from swiftlet's --server-* flags
+/// and the open-file limit in effect.
+fn limits(config: &Config) -> conn::Limits {
+    let l = &config.swiftlet.server;
+    conn::Limits {
+        max_connections: conn::effective_cap(l.max_connections, conn::open_file_limit()),
+        request_header_timeout: l.request_header_timeout,
+        idle_timeout: l.idle_timeout,
+        write_timeout: l.write_timeout,
+    }
+}
+
 async fn bind(ip: IpAddr, port: u16) -> Result<TcpListener, ServerError> {
     let addr = SocketAddr::new(ip, port);
     TcpListener::bind(addr).await.map_err(|source| ServerError::Listen { addr, source })
@@ -607,7 +549,8 @@ pub async fn start(server: Arc<Server>, shutdown: watch::Receiver<bool>) -> Resu
                 http::text(status, body)
             }
         };
-        tasks.push(tokio::spawn(http::serve_tcp(l, handler, shutdown.clone())));
+        let conns = conn::Connections::new(limits(&server.config));
+        tasks.push(tokio::spawn(listen::serve(l, conns, None, handler, shutdown.clone())));
         info!("healthz listening on http://{}/healthz", healthz.map(|a| a.to_string()).unwrap_or_default());
     }
     let mut secure = None;
@@ -628,7 +571,10 @@ pub async fn start(server: Arc<Server>, shutdown: watch::Receiver<bool>) -> Resu
         secure = l.local_addr().ok();
         let s = server.clone();
         let handler = move |req, conn| s.clone().handle_secure(req, conn);
-        tasks.push(tokio::spawn(http::serve_tls(l, TlsAcceptor::from(cfg), handler, shutdown.clone())));
+        let conns = conn::Connections::new(limits(&server.config));
+        info!(max_connections = conns.limits.max_connections, "kubelet API connection cap");
+        let (_keep, tls) = watch::channel(cfg);
+        tasks.push(tokio::spawn(listen::serve(l, conns, Some(tls), handler, shutdown.clone())));
         info!("kubelet API listening on https://{}", secure.map(|a| a.to_string()).unwrap_or_default());
     }
     let mut read_only = None;
@@ -637,7 +583,8 @@ pub async fn start(server: Arc<Server>, shutdown: watch::Receiver<bool>) -> Resu
         read_only = l.local_addr().ok();
         let s = server.clone();
         let handler = move |req, conn| s.clone().handle_read_only(req, conn);
-        tasks.push(tokio::spawn(http::serve_tcp(l, handler, shutdown.clone())));
+        let conns = conn::Connections::new(limits(&server.config));
+        tasks.push(tokio::spawn(listen::serve(l, conns, None, handler, shutdown.clone())));
         info!("read-only kubelet API listening on http://{}", read_only.map(|a| a.to_string()).unwrap_or_default());
     }
     let sock = debug_socket_path(&server.config.flags.root_dir);
@@ -646,7 +593,8 @@ pub async fn start(server: Arc<Server>, shutdown: watch::Receiver<bool>) -> Resu
         Ok(l) => {
             let s = server.clone();
             let handler = move |req, conn| s.clone().handle_local(req, conn);
-            tasks.push(tokio::spawn(http::serve_unix(l, handler, shutdown.clone())));
+            let conns = conn::Connections::new(limits(&server.config));
+            tasks.push(tokio::spawn(listen::serve(l, conns, None, handler, shutdown.clone())));
             debug_socket = Some(sock);
         }
         // The node's tools then attach by themselves; the agent runs on.
