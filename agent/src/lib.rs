@@ -14,6 +14,7 @@ pub mod gc;
 pub mod heap;
 pub mod host;
 pub mod images;
+pub mod kernel_tunables;
 pub mod kubeapi;
 pub mod logs;
 pub mod metrics;

@@ -41,6 +41,13 @@ fn main() -> ExitCode {
     for w in &config.warnings {
         warn!("{w}");
     }
+    // maxOpenFiles, as the kubelet sets it at start (a failure is logged).
+    if let Err(e) = swiftlet::kernel_tunables::set_open_file_limit(config.kubelet.max_open_files) {
+        tracing::error!(
+            "failed to set rlimit on max file handles to {} (maxOpenFiles): {e}",
+            config.kubelet.max_open_files
+        );
+    }
     match run(config, args, log_level) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -204,6 +204,11 @@ pub struct KubeletConfiguration {
     pub pods_per_core: u32,
     /// -1: no limit beyond the node's.
     pub pod_pids_limit: i64,
+    /// maxOpenFiles: the agent's own RLIMIT_NOFILE (soft and hard).
+    pub max_open_files: u64,
+    /// protectKernelDefaults: refuse to start when the kernel tunables
+    /// the kubelet checks differ from its values.
+    pub protect_kernel_defaults: bool,
     /// resolvConf; None when set to "" (no DNS from the host).
     pub resolv_conf: Option<PathBuf>,
     /// cpuCFSQuota
@@ -309,6 +314,8 @@ impl Default for KubeletConfiguration {
             max_pods: 110,
             pods_per_core: 0,
             pod_pids_limit: -1,
+            max_open_files: 1_000_000,
+            protect_kernel_defaults: false,
             resolv_conf: Some("/etc/resolv.conf".into()),
             cpu_cfs_quota: true,
             cpu_cfs_quota_period: Duration::from_millis(100),
@@ -455,6 +462,8 @@ impl KubeletConfiguration {
         put("maxPods", json!(self.max_pods));
         put("podsPerCore", json!(self.pods_per_core));
         put("podPidsLimit", json!(self.pod_pids_limit));
+        put("maxOpenFiles", json!(self.max_open_files));
+        put("protectKernelDefaults", json!(self.protect_kernel_defaults));
         put("resolvConf", json!(opt_path(&self.resolv_conf).unwrap_or_default()));
         put("cpuCFSQuota", json!(self.cpu_cfs_quota));
         put("cpuCFSQuotaPeriod", d(self.cpu_cfs_quota_period));
@@ -586,10 +595,8 @@ const ACCEPTED: &[(&str, Accepted, Option<&str>)] = &[
     ("hairpinMode", Accepted::Str, Some("\"promiscuous-bridge\"")),
     ("podCIDR", Accepted::Str, None),
     ("runOnce", Accepted::Bool, None),
-    ("maxOpenFiles", Accepted::Int, Some("1000000")),
     ("contentType", Accepted::Str, Some("\"application/vnd.kubernetes.protobuf\"")),
     ("enableControllerAttachDetach", Accepted::Bool, Some("true")),
-    ("protectKernelDefaults", Accepted::Bool, None),
     ("makeIPTablesUtilChains", Accepted::Bool, Some("true")),
     ("iptablesMasqueradeBit", Accepted::Int, Some("14")),
     ("iptablesDropBit", Accepted::Int, Some("15")),
@@ -793,6 +800,13 @@ pub fn read(cx: &Ctx, root: &Node) -> Result<KubeletConfiguration, ConfigError> 
     }
     if let Some(v) = o.int_in("podPidsLimit", i64::MIN, i64::MAX)? {
         c.pod_pids_limit = if v <= 0 { -1 } else { v };
+    }
+    // 0 is the default's zero value (kubeadm writes it): 1000000.
+    if let Some(v) = o.int_in("maxOpenFiles", 0, i64::MAX)?.filter(|v| *v > 0) {
+        c.max_open_files = v as u64;
+    }
+    if let Some(v) = o.boolean("protectKernelDefaults")? {
+        c.protect_kernel_defaults = v;
     }
     if let Some(n) = o.get("resolvConf") {
         let p = cx.path(n, "resolvConf")?;

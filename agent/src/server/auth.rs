@@ -66,6 +66,9 @@ pub enum AuthError {
     /// The review could not be made (API server unreachable, bad answer).
     #[error("{0}")]
     Webhook(String),
+    /// Over the TokenReview limits: refused without asking.
+    #[error("too many token reviews: try again later")]
+    RateLimited,
 }
 
 /// One way of telling who sent a request.
@@ -291,6 +294,8 @@ pub enum Outcome {
     Forbidden(String),
     /// 500 with the kubelet's message.
     Error(String),
+    /// 429: the credentials could not be checked now (TokenReview limits).
+    TooManyRequests,
 }
 
 /// Authenticates and authorizes one request, as the kubelet's auth filter.
@@ -306,6 +311,7 @@ pub async fn check(
     let user = match authn.authenticate(creds).await {
         Ok(Some(u)) => u,
         Ok(None) => return Outcome::Unauthorized,
+        Err(AuthError::RateLimited) => return Outcome::TooManyRequests,
         Err(e) => {
             tracing::debug!("unable to authenticate the request: {e}");
             return Outcome::Unauthorized;

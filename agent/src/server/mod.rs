@@ -22,6 +22,7 @@ pub mod http;
 pub mod listen;
 mod log_route;
 pub mod logs;
+pub mod review_cache;
 pub mod spdy;
 pub mod stats;
 pub mod streaming;
@@ -201,6 +202,11 @@ impl Server {
         match outcome {
             Outcome::Allowed(user) => self.route(req, Some(&user.name)).await,
             Outcome::Unauthorized => http::text(StatusCode::UNAUTHORIZED, "Unauthorized"),
+            Outcome::TooManyRequests => {
+                let mut r = http::text(StatusCode::TOO_MANY_REQUESTS, "Too many requests, please try again later.\n");
+                r.headers_mut().insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+                r
+            }
             Outcome::Forbidden(msg) => http::text(StatusCode::FORBIDDEN, msg),
             Outcome::Error(msg) => http::text(StatusCode::INTERNAL_SERVER_ERROR, msg),
         }
@@ -451,7 +457,11 @@ pub fn auth_from_config(config: &Config, client: Option<kube::Client>) -> Result
         None => None,
     };
     let token: Option<Arc<dyn Authenticator>> = match (&client, a.webhook_enabled) {
-        (Some(c), true) => Some(Arc::new(webhook::TokenReviewAuthenticator::new(c.clone(), a.webhook_cache_ttl))),
+        (Some(c), true) => {
+            let l = &config.swiftlet.server;
+            let limits = webhook::ReviewLimits { qps: l.token_review_qps, burst: l.token_review_burst };
+            Some(Arc::new(webhook::TokenReviewAuthenticator::new(c.clone(), a.webhook_cache_ttl, limits)))
+        }
         (None, true) => {
             warn!("authentication.webhook.enabled but no API server (standalone): bearer tokens are rejected");
             None
