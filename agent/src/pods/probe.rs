@@ -509,7 +509,7 @@ mod tests {
         let (other, other_seen) = capture(|_| "HTTP/1.1 500 X\r\nContent-Length: 0\r\n\r\n".into()).await;
         let (port, seen) = capture(move |req| {
             if req.starts_with("GET /old ") {
-                format!("HTTP/1.1 302 Found\r\nLocation: /new\r\nContent-Length: 0\r\n\r\n")
+                "HTTP/1.1 302 Found\r\nLocation: /new\r\nContent-Length: 0\r\n\r\n".into()
             } else if req.starts_with("GET /away ") {
                 // localhost is another host name than 127.0.0.1.
                 format!("HTTP/1.1 302 Found\r\nLocation: http://localhost:{other}/\r\nContent-Length: 0\r\n\r\n")
@@ -539,7 +539,7 @@ mod tests {
     fn exec_output_is_capped_and_escaped() {
         let m = exec_message(b"line\n\x1b[31mred\r\nforged", b"err");
         assert_eq!(m, "line\\n\\u{1b}[31mred\\r\\nforgederr");
-        let long = exec_message(&vec![b'a'; 20_000], &vec![b'b'; 100]);
+        let long = exec_message(&[b'a'; 20_000], &[b'b'; 100]);
         assert_eq!(long.len(), MAX_EXEC_OUTPUT);
         assert!(long.bytes().all(|b| b == b'a'));
     }
