@@ -2,6 +2,7 @@
 //! the kernel through eBPF. See docs/ARCHITECTURE.md for the map.
 
 pub mod app;
+pub mod certs;
 pub mod cgroups;
 pub mod cli;
 pub mod cloudprovider;

@@ -46,7 +46,11 @@ pub fn negotiate(accept: Option<&str>) -> Format {
 }
 
 /// Counters the kubelet exposes without the `_total` suffix.
-pub const LEGACY_COUNTERS: &[&str] = &["kubelet_evictions"];
+pub const LEGACY_COUNTERS: &[&str] = &[
+    "kubelet_evictions",
+    "kubelet_certificate_manager_client_expiration_renew_errors",
+    "kubelet_server_expiration_renew_errors",
+];
 
 /// Encodes the registries (their families must not overlap) in `format`.
 pub fn encode(registries: &[&Registry], format: Format) -> String {

@@ -28,6 +28,7 @@ pub mod stats;
 pub mod streaming;
 pub mod summary;
 pub mod tls;
+mod tls_config;
 pub mod webhook;
 
 use std::{
@@ -124,6 +125,8 @@ pub struct Server {
     pub streaming: streaming::Streaming,
     /// Open `/containerLogs?follow=true` streams per user.
     follows: log_route::Follows,
+    client_ca: Option<Arc<tls::ClientCa>>,
+    serving: Option<Arc<crate::certs::Manager>>,
 }
 
 /// Encoded bodies by (endpoint, variant), with the stats pass they encode.
@@ -148,6 +151,12 @@ pub struct ServerParts {
     pub authz: Arc<dyn Authorizer>,
     /// The prober's registry for /metrics/probes.
     pub probes: Registry,
+    /// `--client-ca-file`, followed (the same one `auth_from_config` got).
+    pub client_ca: Option<Arc<tls::ClientCa>>,
+    /// The serving certificate's manager with serverTLSBootstrap.
+    pub serving: Option<Arc<crate::certs::Manager>>,
+    /// The certificate managers' metrics (kubelet_certificate_manager_*).
+    pub certificates: crate::certs::CertificateMetrics,
 }
 
 impl Server {
@@ -160,6 +169,7 @@ impl Server {
         let node: Family<NodeLabels, Gauge> = Family::default();
         node.get_or_create(&NodeLabels { node: p.node_name.clone() }).set(1);
         extra.register("kubelet_node_name", "[ALPHA] The node's name. The count is always 1", node);
+        extra.register_collector(Box::new(p.certificates));
         let k = &p.config.kubelet;
         Server {
             fine_grained_authz: k.feature_gates.get("KubeletFineGrainedAuthz").copied().unwrap_or(true),
@@ -180,6 +190,8 @@ impl Server {
             encoded: Default::default(),
             streaming: Default::default(),
             follows: Default::default(),
+            client_ca: p.client_ca,
+            serving: p.serving,
         }
     }
 
@@ -447,15 +459,14 @@ fn metrics_response(registry: &Registry, accept: Option<&str>) -> Response<Body>
 /// is the API server connection (None in standalone mode: webhook
 /// authentication then rejects tokens, webhook authorization allows
 /// nothing, and both say so in the log).
-pub fn auth_from_config(config: &Config, client: Option<kube::Client>) -> Result<AuthPair, ServerError> {
+pub fn auth_from_config(
+    config: &Config,
+    client: Option<kube::Client>,
+    client_ca: Option<Arc<tls::ClientCa>>,
+) -> Result<AuthPair, ServerError> {
     let a = &config.kubelet.authentication;
-    let x509: Option<Arc<dyn Authenticator>> = match &a.client_ca_file {
-        Some(path) => {
-            let roots = tls::client_ca(path)?;
-            Some(Arc::new(auth::X509Authenticator::new(tls::client_chain_verifier(roots)?)))
-        }
-        None => None,
-    };
+    let x509: Option<Arc<dyn Authenticator>> =
+        client_ca.map(|ca| Arc::new(auth::X509Authenticator::following(ca)) as Arc<dyn Authenticator>);
     let token: Option<Arc<dyn Authenticator>> = match (&client, a.webhook_enabled) {
         (Some(c), true) => {
             let l = &config.swiftlet.server;
@@ -487,6 +498,11 @@ pub fn auth_from_config(config: &Config, client: Option<kube::Client>) -> Result
         }
     };
     Ok((authn, authz))
+}
+
+/// `--client-ca-file`, loaded (None without one).
+pub fn client_ca(config: &Config) -> Result<Option<Arc<tls::ClientCa>>, ServerError> {
+    Ok(config.kubelet.authentication.client_ca_file.as_deref().map(tls::ClientCa::load).transpose()?)
 }
 
 /// The unix socket of `swiftlet events` under the root dir.
@@ -565,25 +581,13 @@ pub async fn start(server: Arc<Server>, shutdown: watch::Receiver<bool>) -> Resu
     }
     let mut secure = None;
     if k.enable_server {
-        let cert = tls::serving_cert(
-            k.tls_cert_file.as_deref(),
-            k.tls_private_key_file.as_deref(),
-            &server.config.flags.cert_dir,
-            &server.node_name,
-        )?;
-        info!("serving certificate: {}", cert.source);
-        let roots = match &k.authentication.client_ca_file {
-            Some(p) => Some(tls::client_ca(p)?),
-            None => None,
-        };
-        let cfg = tls::server_config(cert, roots.as_deref(), &k.tls_cipher_suites, k.tls_min_version.as_deref())?;
+        let tls = server.tls_config(&shutdown, &mut tasks)?;
         let l = bind(k.address, k.port).await?;
         secure = l.local_addr().ok();
         let s = server.clone();
         let handler = move |req, conn| s.clone().handle_secure(req, conn);
         let conns = conn::Connections::new(limits(&server.config));
         info!(max_connections = conns.limits.max_connections, "kubelet API connection cap");
-        let (_keep, tls) = watch::channel(cfg);
         tasks.push(tokio::spawn(listen::serve(l, conns, Some(tls), handler, shutdown.clone())));
         info!("kubelet API listening on https://{}", secure.map(|a| a.to_string()).unwrap_or_default());
     }
