@@ -230,6 +230,15 @@ impl Agent {
     ) -> Result<Agent, StartError> {
         let node_name = config.node_name()?;
         let k = &config.kubelet;
+        // protectKernelDefaults: the kubelet's tunables, checked first.
+        match crate::kernel_tunables::check(k.protect_kernel_defaults) {
+            Err(e) => return Err(StartError::Io(std::io::Error::other(format!("protectKernelDefaults: {e}")))),
+            Ok(diffs) if !diffs.is_empty() => tracing::warn!(
+                "kernel tunables differ from the kubelet's (the kubelet would set them; swiftlet leaves the host's sysctls alone): {}",
+                diffs.join("; ")
+            ),
+            Ok(_) => {}
+        }
         // The root dir (pod state) is root-only.
         let root_dir = &config.flags.root_dir;
         if crate::host::ensure_private_dir(root_dir)

@@ -99,34 +99,29 @@ pub fn write_private(path: &Path, data: &[u8]) -> io::Result<()> {
 /// disk, renamed over `path`, and the directory flushed. On any failure
 /// (ENOSPC, EDQUOT, EIO) the temporary file is removed and `path` is left
 /// as it was.
+///
+/// The temporary name is random and the file is created with O_EXCL, so
+/// a symlink planted in the directory (a device-plugin pod can write the
+/// device-plugins directory) is never followed, and the name cannot be
+/// taken in advance; the rename replaces a planted symlink at `path`
+/// itself rather than writing through it.
 pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
-    use std::{
-        io::Write,
-        os::unix::fs::OpenOptionsExt,
-        sync::atomic::{AtomicU64, Ordering},
-    };
-    static NEXT: AtomicU64 = AtomicU64::new(0);
+    use std::{io::Write, os::unix::fs::PermissionsExt};
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
     let name = path.file_name().ok_or_else(|| io::Error::other(format!("{}: not a file name", path.display())))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}-{}",
-        name.to_string_lossy(),
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{}.tmp-", name.to_string_lossy()))
+        .permissions(std::fs::Permissions::from_mode(mode))
+        .tempfile_in(dir)?;
+    // A umask may have narrowed the mode the file was created with.
+    tmp.as_file().set_permissions(std::fs::Permissions::from_mode(mode))?;
+    tmp.write_all(data)?;
+    tmp.as_file().sync_all()?;
+    // On failure the temporary file is removed when `tmp` drops.
+    tmp.persist(path).map_err(|e| e.error)?;
     // The rename is durable once the directory is.
     std::fs::File::open(dir)?.sync_all()
 }

@@ -2,6 +2,7 @@
 //! the kernel through eBPF. See docs/ARCHITECTURE.md for the map.
 
 pub mod app;
+pub mod certs;
 pub mod cgroups;
 pub mod cli;
 pub mod cloudprovider;
@@ -14,6 +15,7 @@ pub mod gc;
 pub mod heap;
 pub mod host;
 pub mod images;
+pub mod kernel_tunables;
 pub mod kubeapi;
 pub mod logs;
 pub mod metrics;

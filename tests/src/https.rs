@@ -112,10 +112,13 @@ impl Https {
             .expect("TLS versions")
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(AnyServer(algs)));
-        let config = match identity {
+        let mut config = match identity {
             Some(id) => b.with_client_auth_cert(id.chain, id.key).expect("client certificate"),
             None => b.with_no_client_auth(),
         };
+        // A full handshake each time: `server_certs` is then the
+        // certificate the server serves now, not a resumed session's.
+        config.resumption = rustls::client::Resumption::disabled();
         Https { addr, config: Arc::new(config), token: None }
     }
 
@@ -174,6 +177,12 @@ impl Https {
 }
 
 impl Conn {
+    /// Whether the server has closed the connection (nothing is sent to
+    /// find out, so an idle connection stays idle).
+    pub fn is_closed(&self) -> bool {
+        self.send.is_closed()
+    }
+
     fn request(&self, path: &str, headers: &[(&str, &str)]) -> Result<Request<Empty<Bytes>>> {
         let mut b = Request::get(path).header("host", "localhost");
         if let Some(t) = &self.token {

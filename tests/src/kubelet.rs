@@ -167,7 +167,8 @@ impl InProcess {
             Some(k) => Some(server::agent::client_from_kubeconfig(k).await.expect("API client")),
             None => None,
         };
-        let (authn, authz) = server::auth_from_config(&config, client).expect("auth");
+        let client_ca = server::client_ca(&config).expect("client CA");
+        let (authn, authz) = server::auth_from_config(&config, client, client_ca.clone()).expect("auth");
         let server = Arc::new(Server::new(ServerParts {
             node_name: "test-node".into(),
             config: Arc::new(config.clone()),
@@ -184,6 +185,9 @@ impl InProcess {
             probes: Default::default(),
             volumes: None,
             running: None,
+            client_ca,
+            serving: None,
+            certificates: Default::default(),
         }));
         let (stop, rx) = watch::channel(false);
         let servers = server::start(server.clone(), rx).await.expect("start the servers");

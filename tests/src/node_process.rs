@@ -52,6 +52,49 @@ impl NodeProcess {
         NodeProcess::start_logging(config_yaml, extra, &rust_log)
     }
 
+    /// A node bootstrapped with a token against the fake API server (TLS),
+    /// its Lease renewed every second, :10250 on loopback `port`; returns
+    /// once the Lease exists. `config_extra` goes at the end of its
+    /// KubeletConfiguration.
+    pub fn on_fake_apiserver(
+        server: &crate::apiserver::FakeApiServer,
+        name: &str,
+        port: u16,
+        extra: &[String],
+        config_extra: &str,
+    ) -> NodeProcess {
+        let token = "swlhrd.0123456789abcdef";
+        server.set_token(
+            token,
+            crate::apiserver::auth::UserInfo::new("system:bootstrap:swlhrd", &["system:bootstrappers"]),
+        );
+        let bootstrap = server.dir().join(format!("bootstrap-{name}.kubeconfig"));
+        server.write_kubeconfig(&bootstrap, &crate::apiserver::Credentials::Token(token.into())).unwrap();
+        let state = server.dir().join(name);
+        std::fs::create_dir_all(&state).unwrap();
+        let mut args = vec![
+            format!("--bootstrap-kubeconfig={}", bootstrap.display()),
+            format!("--kubeconfig={}", state.join("kubelet.conf").display()),
+            format!("--cert-dir={}", state.join("pki").display()),
+            format!("--hostname-override={name}"),
+            format!("--port={port}"),
+            "--address=127.0.0.1".into(),
+        ];
+        args.extend(extra.iter().cloned());
+        let config = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nnodeStatusUpdateFrequency: 1s\n\
+             nodeLeaseDurationSeconds: 4\nevictionHard:\n  memory.available: 100Mi\n{config_extra}"
+        );
+        let mut agent = NodeProcess::start(Some(&config), &args);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while server.get(&crate::apiserver::resources::LEASES, "kube-node-lease", name).is_none() {
+            agent.assert_running();
+            assert!(std::time::Instant::now() < deadline, "no Lease within 60s\n{}", agent.log_text());
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        agent
+    }
+
     /// [`NodeProcess::start`] with its log filter (RUST_LOG) given.
     pub fn start_logging(config_yaml: Option<&str>, extra: &[String], rust_log: &str) -> NodeProcess {
         crate::prereq::require_root();

@@ -105,6 +105,9 @@ pub const IMPLEMENTED: &[&str] = &[
     "failCgroupV1",
     "singleProcessOOMKill",
     "maxOpenFiles",
+    "protectKernelDefaults",
+    "rotateCertificates",
+    "serverTLSBootstrap",
     "streamingConnectionIdleTimeout",
     // Limited with the reservations when enforceNodeAllocatable names them.
     "systemReservedCgroup",
@@ -166,13 +169,6 @@ pub const UNIMPLEMENTED: &[Unimplemented] = &[
     warned("staticPodURLHeader", Any, None, "static pods come only from staticPodPath"),
     warned("httpCheckFrequency", Duration, Some("\"20s\""), "static pods come only from staticPodPath"),
     warned("tlsCurvePreferences", Any, None, "TLS key exchange uses rustls's default curves"),
-    warned("rotateCertificates", Bool, Some("false"), "the client certificate is not renewed before it expires"),
-    warned(
-        "serverTLSBootstrap",
-        Bool,
-        Some("false"),
-        "the serving certificate is self-signed, not requested through a CSR",
-    ),
     warned(
         "imagePullCredentialsVerificationPolicy",
         Str,
@@ -240,7 +236,6 @@ pub const UNIMPLEMENTED: &[Unimplemented] = &[
         ..warned("contentType", Str, Some("\"application/json\""), "API requests are JSON")
     },
     warned("enableControllerAttachDetach", Bool, Some("true"), "volumes are never attached by the node"),
-    warned("protectKernelDefaults", Bool, Some("false"), "kernel tunables are neither checked nor set"),
     warned("makeIPTablesUtilChains", Bool, Some("false"), "no iptables chains are created"),
     Unimplemented { quiet: &["14"], ..warned("iptablesMasqueradeBit", Int, None, "no iptables chains are created") },
     Unimplemented { quiet: &["15"], ..warned("iptablesDropBit", Int, None, "no iptables chains are created") },

@@ -180,6 +180,12 @@ pub static FLAGS: &[FlagDef] = &[
         Duration,
         "Interval at which container logs are checked for rotation",
     ),
+    only(
+        "container-logs-follows-per-user",
+        Int,
+        Some("10"),
+        "swiftlet: /containerLogs?follow=true streams one authenticated user may hold open at once (more get 429)",
+    ),
     cfg(
         "container-runtime-endpoint",
         &["containerRuntimeEndpoint"],
@@ -514,6 +520,30 @@ pub static FLAGS: &[FlagDef] = &[
     cfg("seccomp-default", &["seccompDefault"], Bool, "Use RuntimeDefault as the default seccomp profile"),
     cfg("serialize-image-pulls", &["serializeImagePulls"], Bool, "Pull images one at a time"),
     only(
+        "server-idle-timeout",
+        Duration,
+        Some("1m30s"),
+        "swiftlet: a connection to the kubelet API with nothing in flight is closed after this long (the kubelet's IdleTimeout)",
+    ),
+    only(
+        "server-max-connections",
+        Int,
+        Some("1024"),
+        "swiftlet: connections the kubelet API holds open (at most half the open-file limit); when full, the oldest one still waiting for a request is closed",
+    ),
+    only(
+        "server-request-header-timeout",
+        Duration,
+        Some("10s"),
+        "swiftlet: time a client of the kubelet API has for its TLS handshake and then for a complete request",
+    ),
+    only(
+        "server-write-timeout",
+        Duration,
+        Some("1m0s"),
+        "swiftlet: a kubelet API response whose client reads nothing for this long is closed (upgraded streams excepted)",
+    ),
+    only(
         "signal-source",
         Str,
         Some("auto"),
@@ -558,6 +588,18 @@ pub static FLAGS: &[FlagDef] = &[
         &["tlsPrivateKeyFile"],
         Str,
         "File containing the x509 private key matching --tls-cert-file",
+    ),
+    only(
+        "token-review-burst",
+        Int,
+        Some("20"),
+        "swiftlet: TokenReviews sent at once before --token-review-qps applies",
+    ),
+    only(
+        "token-review-qps",
+        Int,
+        Some("10"),
+        "swiftlet: TokenReviews per second the webhook authenticator may send (its own limit, apart from kubeAPIQPS); bearer tokens beyond it get 429 at once",
     ),
     cfg(
         "topology-manager-policy",

@@ -199,6 +199,15 @@ pub struct KubeletConfiguration {
     pub pods_per_core: u32,
     /// -1: no limit beyond the node's.
     pub pod_pids_limit: i64,
+    /// protectKernelDefaults: refuse to start when the kernel tunables
+    /// the kubelet checks differ from its values.
+    pub protect_kernel_defaults: bool,
+    /// rotateCertificates: the client certificate is renewed by CSR before
+    /// it expires.
+    pub rotate_certificates: bool,
+    /// serverTLSBootstrap: the serving certificate is requested by CSR
+    /// (signer kubernetes.io/kubelet-serving) and rotated.
+    pub server_tls_bootstrap: bool,
     /// resolvConf; None when set to "" (no DNS from the host).
     pub resolv_conf: Option<PathBuf>,
     /// cpuCFSQuota
@@ -312,6 +321,9 @@ impl Default for KubeletConfiguration {
             max_pods: 110,
             pods_per_core: 0,
             pod_pids_limit: -1,
+            protect_kernel_defaults: false,
+            rotate_certificates: false,
+            server_tls_bootstrap: false,
             resolv_conf: Some("/etc/resolv.conf".into()),
             cpu_cfs_quota: true,
             cpu_cfs_quota_period: Duration::from_millis(100),
@@ -460,6 +472,9 @@ impl KubeletConfiguration {
         put("maxPods", json!(self.max_pods));
         put("podsPerCore", json!(self.pods_per_core));
         put("podPidsLimit", json!(self.pod_pids_limit));
+        put("protectKernelDefaults", json!(self.protect_kernel_defaults));
+        put("rotateCertificates", json!(self.rotate_certificates));
+        put("serverTLSBootstrap", json!(self.server_tls_bootstrap));
         put("resolvConf", json!(opt_path(&self.resolv_conf).unwrap_or_default()));
         put("cpuCFSQuota", json!(self.cpu_cfs_quota));
         put("cpuCFSQuotaPeriod", d(self.cpu_cfs_quota_period));
@@ -695,6 +710,15 @@ pub fn read(cx: &Ctx, root: &Node, warnings: &mut Vec<String>) -> Result<Kubelet
     }
     if let Some(v) = o.int_in("podPidsLimit", i64::MIN, i64::MAX)? {
         c.pod_pids_limit = if v <= 0 { -1 } else { v };
+    }
+    if let Some(v) = o.boolean("protectKernelDefaults")? {
+        c.protect_kernel_defaults = v;
+    }
+    if let Some(v) = o.boolean("rotateCertificates")? {
+        c.rotate_certificates = v;
+    }
+    if let Some(v) = o.boolean("serverTLSBootstrap")? {
+        c.server_tls_bootstrap = v;
     }
     if let Some(n) = o.get("resolvConf") {
         let p = cx.path(n, "resolvConf")?;

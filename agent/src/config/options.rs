@@ -80,6 +80,36 @@ pub struct SwiftletOptions {
     /// (which kills at a crossing) runs under SCHED_FIFO at this priority;
     /// None: the normal scheduler.
     pub eviction_realtime_priority: Option<u8>,
+    /// How the kubelet API holds up under abuse (--server-*,
+    /// --token-review-*, --container-logs-follows-per-user).
+    pub server: ServerLimits,
+}
+
+/// swiftlet's limits on the kubelet API (the kubelet has none of these).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerLimits {
+    pub max_connections: usize,
+    pub request_header_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub write_timeout: Duration,
+    /// TokenReviews per second (0: none are sent).
+    pub token_review_qps: u32,
+    pub token_review_burst: u32,
+    pub log_follows_per_user: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_connections: 1024,
+            request_header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(90),
+            write_timeout: Duration::from_secs(60),
+            token_review_qps: 10,
+            token_review_burst: 20,
+            log_follows_per_user: 10,
+        }
+    }
 }
 
 impl Default for SwiftletOptions {
@@ -92,6 +122,7 @@ impl Default for SwiftletOptions {
             node_shutdown_marker: Some(PathBuf::from("/run/swiftlet/node-shutdown")),
             evict_static_pods: false,
             eviction_realtime_priority: Some(10),
+            server: ServerLimits::default(),
         }
     }
 }
@@ -214,6 +245,7 @@ pub fn read(cx: &Ctx, parsed: &ParsedFlags) -> Result<(KubeletFlags, SwiftletOpt
         let p = cx.int_in(n, "", 0, 99)?;
         s.eviction_realtime_priority = (p > 0).then_some(p as u8);
     }
+    read_server_limits(cx, parsed, &mut s.server)?;
     for name in ["help", "version"] {
         if let Some(n) = parsed.get(name) {
             let v = cx.string(n, "")?;
@@ -223,4 +255,40 @@ pub fn read(cx: &Ctx, parsed: &ParsedFlags) -> Result<(KubeletFlags, SwiftletOpt
         }
     }
     Ok((f, s, warnings))
+}
+
+fn read_server_limits(cx: &Ctx, parsed: &ParsedFlags, l: &mut ServerLimits) -> Result<(), ConfigError> {
+    let count = |name: &str, min: i64| -> Result<Option<i64>, ConfigError> {
+        parsed.get(name).map(|n| cx.int_in(n, "", min, i64::from(u32::MAX))).transpose()
+    };
+    let positive = |name: &str| -> Result<Option<Duration>, ConfigError> {
+        let Some(n) = parsed.get(name) else { return Ok(None) };
+        let d = cx.duration(n, "")?;
+        if d.is_zero() {
+            return Err(cx.err(n, "", "must be above zero"));
+        }
+        Ok(Some(d))
+    };
+    if let Some(v) = count("server-max-connections", 1)? {
+        l.max_connections = v as usize;
+    }
+    if let Some(d) = positive("server-request-header-timeout")? {
+        l.request_header_timeout = d;
+    }
+    if let Some(d) = positive("server-idle-timeout")? {
+        l.idle_timeout = d;
+    }
+    if let Some(d) = positive("server-write-timeout")? {
+        l.write_timeout = d;
+    }
+    if let Some(v) = count("token-review-qps", 0)? {
+        l.token_review_qps = v as u32;
+    }
+    if let Some(v) = count("token-review-burst", 1)? {
+        l.token_review_burst = v as u32;
+    }
+    if let Some(v) = count("container-logs-follows-per-user", 1)? {
+        l.log_follows_per_user = v as usize;
+    }
+    Ok(())
 }

@@ -394,7 +394,7 @@ volumeStatsAggPeriod: 0s
     assert_eq!(k.cgroup_driver, CgroupDriver::Systemd);
     assert_eq!(k.static_pod_path, Some("/etc/kubernetes/manifests".into()));
     assert_eq!(k.authentication.client_ca_file, Some("/etc/kubernetes/pki/ca.crt".into()));
-    assert!(c.warnings.iter().any(|w| w.contains("rotateCertificates: true is not implemented")), "{:?}", c.warnings);
+    assert!(k.rotate_certificates);
     assert_eq!(k.eviction_hard, d.eviction_hard);
     // Durations swiftlet accepts without acting on are defaulted as
     // upstream's v1beta1 defaults them when kubeadm writes 0s.

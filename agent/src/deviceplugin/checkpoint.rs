@@ -5,11 +5,15 @@
 //! (`Data.PodDeviceEntries`, `Data.RegisteredDevices`, `Checksum`;
 //! device ids under NUMA node "-1"); the checksum is FNV-1a over the
 //! JSON of `Data`, so the file is not interchangeable with a kubelet's.
-//! Written to a temporary file, synced, and renamed over the old one.
+//! Written to a temporary file, synced, and renamed over the old one
+//! (`host::write_atomic`: a random O_EXCL name, since device-plugin pods
+//! write this directory and could plant a symlink at a name known in
+//! advance); read without following a symlink.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::Write,
+    io::Read,
+    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
@@ -130,33 +134,27 @@ fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
     Ok(Checkpoint { assignments, registered: file.data.registered_devices })
 }
 
-/// Reads the checkpoint; a missing file is an empty one.
+/// Reads the checkpoint; a missing file is an empty one. A symlink in its
+/// place is refused (ELOOP), not followed.
 pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
-    match std::fs::read(path) {
+    let read = || -> std::io::Result<Vec<u8>> {
+        let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
+        let mut b = vec![];
+        f.read_to_end(&mut b)?;
+        Ok(b)
+    };
+    match read() {
         Ok(b) => decode(path, &b),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Checkpoint::default()),
         Err(source) => Err(CheckpointError::Io { path: path.to_owned(), source }),
     }
 }
 
-/// Replaces the checkpoint atomically (temporary file, fsync, rename).
+/// Replaces the checkpoint atomically (a random temporary name, fsync,
+/// rename).
 pub fn save(path: &Path, c: &Checkpoint) -> Result<(), CheckpointError> {
-    let io = |source| CheckpointError::Io { path: path.to_owned(), source };
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
-        f.write_all(&encode(c))?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        if let Some(dir) = path.parent() {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        io(e)
-    })
+    crate::host::write_atomic(path, &encode(c), 0o644)
+        .map_err(|source| CheckpointError::Io { path: path.to_owned(), source })
 }
 
 #[cfg(test)]
@@ -200,6 +198,33 @@ mod tests {
         // Nothing left beside it.
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
         assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    /// A pod that can write the device-plugins directory plants symlinks
+    /// where the agent writes: at the temporary name an earlier version
+    /// used (`<name>.tmp.<pid>`) and at the checkpoint itself. Neither
+    /// target may change, and the checkpoint is still written.
+    #[test]
+    fn planted_symlinks_are_never_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubelet_internal_checkpoint");
+        let target = outside.path().join("shadow");
+        std::fs::write(&target, "root:secret\n").unwrap();
+        let old_tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+        std::os::unix::fs::symlink(&target, &old_tmp).unwrap();
+        save(&path, &sample()).unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "root:secret\n");
+        assert_eq!(load(&path).unwrap(), sample());
+        // A symlink at the checkpoint's own name is replaced, not followed,
+        // and never read through.
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        assert!(load(&path).is_err(), "a symlinked checkpoint is refused");
+        save(&path, &sample()).unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "root:secret\n");
+        assert!(!std::fs::symlink_metadata(&path).unwrap().file_type().is_symlink());
+        assert_eq!(load(&path).unwrap(), sample());
     }
 
     #[test]

@@ -1,6 +1,13 @@
 //! The API client: kube-rs from `--kubeconfig` (after a TLS bootstrap from
 //! `--bootstrap-kubeconfig` when the kubeconfig does not exist yet, as the
 //! kubelet), every request paced by kubeAPIQPS/kubeAPIBurst.
+//!
+//! The agent's clients sit on a [`SwappableClient`]: with
+//! rotateCertificates, each renewed client certificate gets a new
+//! connection (pool) to the API server, in use at once; requests in flight
+//! finish on the old one.
+//!
+//! [`SwappableClient`]: crate::certs::SwappableClient
 
 use std::{
     path::{Path, PathBuf},
@@ -26,6 +33,8 @@ pub struct ClientSettings {
     pub node_name: String,
     pub qps: u32,
     pub burst: u32,
+    /// rotateCertificates.
+    pub rotate_certificates: bool,
 }
 
 impl ClientSettings {
@@ -37,6 +46,7 @@ impl ClientSettings {
             node_name: node_name.into(),
             qps: config.kubelet.kube_api_qps,
             burst: config.kubelet.kube_api_burst,
+            rotate_certificates: config.kubelet.rotate_certificates,
         }
     }
 }
@@ -63,9 +73,16 @@ pub fn client_from(cfg: kube::Config, qps: u32, burst: u32) -> Result<kube::Clie
     Ok(instrumented.with_layer(&RateLimitLayer(limiter)).build())
 }
 
-/// The client the kubelet would have: the kubeconfig, bootstrapped first
-/// when it is missing and a bootstrap kubeconfig is given.
-pub async fn connect(settings: &ClientSettings) -> Result<kube::Client, ApiError> {
+/// A client with no rate limit of its own (the agent's clients put theirs
+/// in front of the swappable one).
+pub fn unlimited(cfg: kube::Config) -> Result<kube::Client, ApiError> {
+    let builder = kube::client::ClientBuilder::try_from(cfg).map_err(|e| ApiError::Client(e.to_string()))?;
+    Ok(builder.build())
+}
+
+/// The kubeconfig the kubelet would use: bootstrapped first when it is
+/// missing and a bootstrap kubeconfig is given.
+pub async fn prepare(settings: &ClientSettings) -> Result<kube::Config, ApiError> {
     let Some(kubeconfig) = &settings.kubeconfig else {
         return Err(ApiError::Kubeconfig {
             path: PathBuf::new(),
@@ -83,5 +100,18 @@ pub async fn connect(settings: &ClientSettings) -> Result<kube::Client, ApiError
             }
         }
     }
-    client_from(load_kubeconfig(kubeconfig).await?, settings.qps, settings.burst)
+    load_kubeconfig(kubeconfig).await
+}
+
+/// `cfg` authenticating with the pair in `pem_file` (certificate and key
+/// in one file, as the certificate store keeps them).
+pub fn with_identity(mut cfg: kube::Config, pem_file: &Path) -> kube::Config {
+    let file = pem_file.display().to_string();
+    cfg.auth_info.client_certificate = Some(file.clone());
+    cfg.auth_info.client_key = Some(file);
+    cfg.auth_info.client_certificate_data = None;
+    cfg.auth_info.client_key_data = None;
+    cfg.auth_info.token = None;
+    cfg.auth_info.token_file = None;
+    cfg
 }

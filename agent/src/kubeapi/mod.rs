@@ -38,6 +38,11 @@ use self::{
     status::StatusManager,
 };
 use crate::{
+    certs::{
+        Manager, SwappableClient,
+        csr::{CsrApi, Kind, KubeCsrApi, Template},
+        store::FileStore,
+    },
     cm::allocatable::NodeAllocatable,
     config::Config,
     cri::{ImageService, RuntimeService},
@@ -76,6 +81,21 @@ pub struct ApiAgent {
     shutdown_phase: watch::Sender<Option<watch::Receiver<crate::shutdown::Phase>>>,
     devices: watch::Sender<Option<watch::Receiver<crate::deviceplugin::devices::ExtendedResources>>>,
     client: OnceLock<kube::Client>,
+    /// The connection every client of the agent goes through (replaced
+    /// when the client certificate rotates).
+    connection: SwappableClient,
+    /// kubeAPIQPS/kubeAPIBurst, in front of the agent's client.
+    limiter: Arc<ratelimit::RateLimiter>,
+    /// The agent's client (built on first use: a kube client needs the
+    /// runtime, `new` may run outside it).
+    limited: OnceLock<kube::Client>,
+    /// The webhooks' client: the node's current credentials, but not the
+    /// kubeAPIQPS bucket the Lease and node status wait on.
+    reviews: OnceLock<kube::Client>,
+    /// rotateCertificates: the client certificate's manager.
+    pub client_certificate: Option<Arc<Manager>>,
+    /// serverTLSBootstrap: the serving certificate's manager.
+    pub serving_certificate: Option<Arc<Manager>>,
     /// How often unwritten statuses and mirror pods are retried.
     pub resync: Duration,
 }
@@ -85,6 +105,22 @@ impl ApiAgent {
         let k = &config.kubelet;
         let recorder = Arc::new(ApiEventRecorder::new(node_name, k.event_record_qps, k.event_burst));
         let settings = NodeSettings::from_config(config, node_name, allocatable);
+        let connection = SwappableClient::default();
+        let limiter = Arc::new(ratelimit::RateLimiter::new(f64::from(k.kube_api_qps), k.kube_api_burst));
+        let client_certificate = k.rotate_certificates.then(|| {
+            let store = FileStore::new(&config.flags.cert_dir, Kind::Client.prefix());
+            Arc::new(Manager::new(Kind::Client, store, Template::node(node_name)))
+        });
+        // serverTLSBootstrap, with the RotateKubeletServerCertificate gate
+        // (on by default) as the kubelet requires it.
+        let rotate_serving = k.feature_gates.get("RotateKubeletServerCertificate").copied().unwrap_or(true);
+        let serving_certificate = (k.server_tls_bootstrap && rotate_serving).then(|| {
+            let mut store = FileStore::new(&config.flags.cert_dir, Kind::Serving.prefix());
+            store.cert_file = k.tls_cert_file.clone();
+            store.key_file = k.tls_private_key_file.clone();
+            let addresses = crate::node::info::node_addresses(&settings.node_ips, &settings.registration.hostname);
+            Arc::new(Manager::new(Kind::Serving, store, serving_template(node_name, &addresses)))
+        });
         ApiAgent {
             node_name: node_name.into(),
             client_settings: ClientSettings::from_config(config, node_name),
@@ -98,6 +134,12 @@ impl ApiAgent {
             shutdown_phase: watch::channel(None).0,
             devices: watch::channel(None).0,
             client: OnceLock::new(),
+            connection,
+            limiter,
+            limited: OnceLock::new(),
+            reviews: OnceLock::new(),
+            client_certificate,
+            serving_certificate,
             resync: status::RESYNC,
         }
     }
@@ -151,6 +193,62 @@ impl ApiAgent {
         self.client.get().cloned()
     }
 
+    /// The webhooks' client: usable at once (its requests fail until `run`
+    /// has connected), always with the node's current credentials. Called
+    /// within the runtime.
+    pub fn review_client(&self) -> kube::Client {
+        self.reviews.get_or_init(|| self.connection.client_with(tower::layer::util::Identity::new())).clone()
+    }
+
+    /// The agent's client, paced by kubeAPIQPS/kubeAPIBurst. Called within
+    /// the runtime.
+    fn limited(&self) -> kube::Client {
+        self.limited
+            .get_or_init(|| self.connection.client_with(ratelimit::RateLimitLayer(self.limiter.clone())))
+            .clone()
+    }
+
+    /// Connects with the kubeconfig, or with the current client
+    /// certificate when it rotates; follows each rotation.
+    async fn connect(&self, shutdown: &watch::Receiver<bool>) -> Result<(), ApiError> {
+        let cfg = client::prepare(&self.client_settings).await?;
+        let Some(manager) = self.client_certificate.clone() else {
+            self.connection.set(client::unlimited(cfg)?);
+            return Ok(());
+        };
+        manager.adopt_stored();
+        let store_file = manager.store().current_path();
+        let mut current = manager.current();
+        let initial = if current.borrow_and_update().is_some() {
+            client::with_identity(cfg.clone(), &store_file)
+        } else {
+            // No stored pair (a kubeconfig with its own credentials): they
+            // ask for the first one, which replaces them.
+            cfg.clone()
+        };
+        self.connection.set(client::unlimited(initial)?);
+        let connection = self.connection.clone();
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    r = current.changed() => if r.is_err() { return },
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+                match client::unlimited(client::with_identity(cfg.clone(), &store_file)) {
+                    Ok(c) => {
+                        connection.set(c);
+                        info!("API client now uses the rotated client certificate");
+                    }
+                    Err(e) => tracing::warn!("the rotated client certificate cannot be used yet: {e}"),
+                }
+            }
+        });
+        let api: Arc<dyn CsrApi> = Arc::new(KubeCsrApi(self.review_client()));
+        tokio::spawn(manager.run(api, shutdown.clone()));
+        Ok(())
+    }
+
     /// Connects and runs every API loop until `shutdown`.
     pub async fn run(
         self: Arc<Self>,
@@ -159,7 +257,12 @@ impl ApiAgent {
         frequencies: watch::Receiver<crate::reload::LiveSettings>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<(), ApiError> {
-        let client = client::connect(&self.client_settings).await?;
+        self.connect(&shutdown).await?;
+        if let Some(m) = self.serving_certificate.clone() {
+            let api: Arc<dyn CsrApi> = Arc::new(KubeCsrApi(self.limited()));
+            tokio::spawn(m.run(api, shutdown.clone()));
+        }
+        let client = self.limited();
         let _ = self.client.set(client.clone());
         info!(node = self.node_name, qps = self.event_qps.0, "connected to the API server");
         self.recorder.record(
@@ -196,5 +299,54 @@ impl ApiAgent {
         );
         info!("API loops stopped");
         Ok(())
+    }
+}
+
+/// The serving certificate's subject and names: the node's identity, its
+/// IPs, and its host name unless that is an IP too (the kubelet's
+/// addressesToHostnamesAndIPs, sorted).
+pub fn serving_template(node_name: &str, addresses: &[k8s_openapi::api::core::v1::NodeAddress]) -> Template {
+    let mut t = Template::node(node_name);
+    for a in addresses {
+        match a.address.parse::<std::net::IpAddr>() {
+            Ok(ip) if !t.ips.contains(&ip) => t.ips.push(ip),
+            Ok(_) => {}
+            Err(_) if a.type_ != "InternalIP" && a.type_ != "ExternalIP" && !t.dns_names.contains(&a.address) => {
+                t.dns_names.push(a.address.clone())
+            }
+            Err(_) => {}
+        }
+    }
+    t.ips.sort_by_key(|ip| ip.to_string());
+    t.dns_names.sort();
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::NodeAddress;
+
+    use super::*;
+
+    #[test]
+    fn serving_names_are_the_nodes_ips_and_host_name() {
+        let a = |t: &str, v: &str| NodeAddress { type_: t.into(), address: v.into() };
+        let t = serving_template(
+            "n1",
+            &[
+                a("InternalIP", "192.0.2.1"),
+                a("Hostname", "n1.example"),
+                a("InternalIP", "10.0.0.5"),
+                a("ExternalIP", "10.0.0.5"),
+                // A host name that is an IP counts as an IP.
+                a("Hostname", "10.0.0.6"),
+                a("InternalIP", "not-an-ip"),
+            ],
+        );
+        assert_eq!(t.common_name, "system:node:n1");
+        assert_eq!(t.organizations, vec!["system:nodes".to_owned()]);
+        let ips: Vec<String> = t.ips.iter().map(|ip| ip.to_string()).collect();
+        assert_eq!(ips, vec!["10.0.0.5", "10.0.0.6", "192.0.2.1"]);
+        assert_eq!(t.dns_names, vec!["n1.example".to_owned()]);
     }
 }

@@ -8,6 +8,7 @@ use std::{
     collections::HashMap,
     fs,
     io::{self, Write},
+    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -131,8 +132,18 @@ fn compress(path: &Path) -> Result<(), LogError> {
     let name = path.to_string_lossy();
     let tmp = PathBuf::from(format!("{name}{TMP_SUFFIX}"));
     let gz = PathBuf::from(format!("{name}{COMPRESS_SUFFIX}"));
-    let mut input = fs::File::open(path).map_err(io_err(path))?;
-    let out = fs::File::create(&tmp).map_err(io_err(&tmp))?;
+    // Never through a symlink a pod planted (see `open.rs`): the input is
+    // opened with O_NOFOLLOW and must be root's, and the output is created
+    // with O_EXCL (a leftover or planted name is removed first, and one
+    // planted again in between makes the create fail, not write through).
+    let mut input = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .and_then(|f| super::open::check_owner(&f, path).map(|()| f))
+        .map_err(io_err(path))?;
+    remove(&tmp)?;
+    let out = fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(&tmp).map_err(io_err(&tmp))?;
     let mut enc = flate2::write::GzEncoder::new(io::BufWriter::new(out), flate2::Compression::default());
     io::copy(&mut input, &mut enc).map_err(io_err(&tmp))?;
     let mut w = enc.finish().map_err(io_err(&tmp))?;

@@ -12,6 +12,7 @@
 //! ```
 
 pub mod manager;
+pub mod open;
 pub mod rotation;
 
 pub use manager::{ContainerLogManager, LOG_MONITOR_PERIOD, LogError, LogPolicy, RotationReport};

@@ -3,6 +3,11 @@
 //! an HTTP status in [200, 400) is success, the connection counts against
 //! timeoutSeconds, and named ports resolve against the container's ports.
 //!
+//! HTTP requests go through `probe/http.rs` (hyper, nothing from the spec
+//! written raw, same-host redirects, 10 KiB of body); exec output is capped
+//! at 10 KiB and its control characters escaped before it becomes a
+//! message in events and logs.
+//!
 //! [`Tracker`] turns single results into the probe's verdict with
 //! successThreshold / failureThreshold (pure); the worker runs one task per
 //! probe of each running container.
@@ -13,12 +18,15 @@ use k8s_openapi::{
     api::core::v1::{Container, ExecAction, GRPCAction, HTTPGetAction, Probe, TCPSocketAction},
     apimachinery::pkg::util::intstr::IntOrString,
 };
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpStream,
-};
+use tokio::net::TcpStream;
 
 use crate::cri::RuntimeService;
+
+mod http;
+
+/// The kubelet's maxReadLength: what an exec probe's output may add to a
+/// message (stdout and stderr together).
+pub const MAX_EXEC_OUTPUT: usize = 10 * 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ProbeType {
@@ -142,80 +150,53 @@ fn host(explicit: Option<&str>, t: &Target<'_>) -> Result<String, String> {
     }
 }
 
+/// The output of an exec probe as a message: stdout then stderr, at most
+/// [`MAX_EXEC_OUTPUT`] bytes of them, control characters escaped (pure).
+pub fn exec_message(stdout: &[u8], stderr: &[u8]) -> String {
+    let mut raw = Vec::with_capacity(MAX_EXEC_OUTPUT.min(stdout.len() + stderr.len()));
+    for part in [stdout, stderr] {
+        let room = MAX_EXEC_OUTPUT - raw.len();
+        raw.extend_from_slice(&part[..part.len().min(room)]);
+    }
+    http::escape(String::from_utf8_lossy(&raw).trim())
+}
+
 pub async fn exec(rt: &dyn RuntimeService, t: &Target<'_>, a: &ExecAction, timeout: Duration) -> Outcome {
     let cmd = a.command.clone().unwrap_or_default();
     match rt.exec_sync(t.container_id, cmd, timeout).await {
         Ok(r) if r.exit_code == 0 => Outcome::Success,
         Ok(r) => {
-            let mut out = String::from_utf8_lossy(&r.stdout).into_owned();
-            out.push_str(&String::from_utf8_lossy(&r.stderr));
-            Outcome::Failure(if out.trim().is_empty() {
-                format!("command exited with {}", r.exit_code)
-            } else {
-                out.trim().to_owned()
-            })
+            let out = exec_message(&r.stdout, &r.stderr);
+            Outcome::Failure(if out.is_empty() { format!("command exited with {}", r.exit_code) } else { out })
         }
         Err(e) if e.code() == Some(tonic::Code::DeadlineExceeded) => {
             Outcome::Failure(format!("command timed out after {}s", timeout.as_secs()))
         }
-        Err(e) => Outcome::Error(e.to_string()),
+        Err(e) => Outcome::Error(http::escape(&e.to_string())),
     }
 }
 
-/// A plain HTTP/1.1 GET, as kube-probe sends it (no TLS verification for
-/// https, as the kubelet).
+/// An HTTP GET as the kubelet's prober sends it (`probe/http.rs`).
 pub async fn http_get(t: &Target<'_>, a: &HTTPGetAction, timeout: Duration) -> Outcome {
     let (host, port) = match (host(a.host.as_deref(), t), resolve_port(&a.port, t.container)) {
         (Ok(h), Ok(p)) => (h, p),
         (Err(e), _) | (_, Err(e)) => return Outcome::Error(e),
     };
-    let path = a.path.clone().filter(|p| !p.is_empty()).unwrap_or_else(|| "/".into());
+    let path = a.path.as_deref().unwrap_or_default();
     let scheme = a.scheme.as_deref().unwrap_or("HTTP");
-    let url = format!("{}://{host}:{port}{path}", scheme.to_lowercase());
-    let mut req = format!("GET {path} HTTP/1.1\r\n");
-    let mut has_host = false;
-    for h in a.http_headers.iter().flatten() {
-        has_host |= h.name.eq_ignore_ascii_case("host");
-        req.push_str(&format!("{}: {}\r\n", h.name, h.value));
-    }
-    if !has_host {
-        req.push_str(&format!("Host: {host}:{port}\r\n"));
-    }
-    req.push_str("User-Agent: kube-probe/swiftlet\r\nAccept: */*\r\nConnection: close\r\n\r\n");
-    let exchange = async {
-        let mut stream = TcpStream::connect((host.as_str(), port)).await?;
-        if scheme.eq_ignore_ascii_case("HTTPS") {
-            let tls = tls::connect(stream, &host).await?;
-            return send(tls, &req).await;
-        }
-        send(&mut stream, &req).await
+    let req = match http::build(scheme, &host, port, path, a.http_headers.as_deref().unwrap_or_default()) {
+        Ok(r) => r,
+        Err(e) => return Outcome::Failure(e),
     };
-    match tokio::time::timeout(timeout, exchange).await {
-        Err(_) => Outcome::Failure(format!(
-            "Get \"{url}\": context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
-        )),
-        Ok(Err(e)) => Outcome::Failure(format!("Get \"{url}\": {e}")),
-        Ok(Ok(code)) if (200..400).contains(&code) => Outcome::Success,
-        Ok(Ok(code)) => Outcome::Failure(format!("HTTP probe failed with statuscode: {code}")),
-    }
-}
-
-async fn send<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut s: S, req: &str) -> std::io::Result<u16> {
-    s.write_all(req.as_bytes()).await?;
-    let mut buf = Vec::with_capacity(256);
-    let mut chunk = [0u8; 256];
-    while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 8192 {
-        let n = s.read(&mut chunk).await?;
-        if n == 0 {
-            break;
+    match http::send(req, timeout).await {
+        Err(e) => Outcome::Failure(http::escape(&e)),
+        Ok(r) if r.redirect_terminated => {
+            tracing::debug!(status = r.status.as_u16(), "probe terminated redirects to another host");
+            Outcome::Success
         }
-        buf.extend_from_slice(&chunk[..n]);
+        Ok(r) if (200..400).contains(&r.status.as_u16()) => Outcome::Success,
+        Ok(r) => Outcome::Failure(format!("HTTP probe failed with statuscode: {}", r.status.as_u16())),
     }
-    let line = String::from_utf8_lossy(&buf);
-    line.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed HTTP response"))
 }
 
 pub async fn tcp(t: &Target<'_>, a: &TCPSocketAction, timeout: Duration) -> Outcome {
@@ -369,8 +350,11 @@ mod tls {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::ContainerPort;
-    use tokio::net::TcpListener;
+    use k8s_openapi::api::core::v1::{ContainerPort, HTTPHeader};
+    use tokio::{
+        io::{AsyncReadExt, AsyncWriteExt},
+        net::TcpListener,
+    };
 
     use super::*;
 
@@ -455,6 +439,109 @@ mod tests {
         assert!(matches!(tcp(&t, &tcp_probe(closed), s).await, Outcome::Failure(_)));
         let no_ip = Target { pod_ip: None, ..t };
         assert!(matches!(tcp(&no_ip, &tcp_probe(open), s).await, Outcome::Error(_)));
+    }
+
+    /// A server that records every request's raw bytes and answers each
+    /// with `answer(request)`.
+    async fn capture(
+        answer: impl Fn(&str) -> String + Send + Sync + 'static,
+    ) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut n = 0;
+                while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf[n..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(m) => n += m,
+                    }
+                }
+                let req = String::from_utf8_lossy(&buf[..n]).into_owned();
+                log.lock().unwrap().push(req.clone());
+                let _ = s.write_all(answer(&req).as_bytes()).await;
+            }
+        });
+        (port, seen)
+    }
+
+    fn target_of(c: &Container) -> Target<'_> {
+        Target { container_id: "x", container: c, pod_ip: Some("127.0.0.1".parse().unwrap()) }
+    }
+
+    fn get_with(port: u16, path: &str, headers: Vec<HTTPHeader>) -> HTTPGetAction {
+        HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(port as i32),
+            http_headers: Some(headers),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn no_injected_line_reaches_the_wire() {
+        let (port, seen) = capture(|_| "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n".into()).await;
+        let c = container();
+        let t = target_of(&c);
+        let s = Duration::from_secs(2);
+        let evil = HTTPHeader { name: "X-Probe".into(), value: "yes\r\nX-Injected: 1".into() };
+        let r = http_get(&t, &get_with(port, "/healthz", vec![evil]), s).await;
+        assert!(matches!(&r, Outcome::Failure(m) if m.contains("invalid header field value")), "{r:?}");
+        let r = http_get(&t, &get_with(port, "/healthz HTTP/1.1\r\nX-Injected: 1\r\nX:", vec![]), s).await;
+        assert!(matches!(&r, Outcome::Failure(m) if m.contains("invalid control character")), "{r:?}");
+        let name = HTTPHeader { name: "X-A\r\nX-Injected".into(), value: "1".into() };
+        assert!(matches!(http_get(&t, &get_with(port, "/", vec![name]), s).await, Outcome::Failure(_)));
+        // A clean probe goes through, and nothing injected was ever sent.
+        let ok = HTTPHeader { name: "X-Probe".into(), value: "yes".into() };
+        assert_eq!(http_get(&t, &get_with(port, "/healthz", vec![ok]), s).await, Outcome::Success);
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert!(seen[0].starts_with("GET /healthz HTTP/1.1\r\n"), "{}", seen[0]);
+        assert!(seen[0].contains("\r\nX-Probe: yes\r\n"), "{}", seen[0]);
+        assert!(seen.iter().all(|r| !r.contains("X-Injected")), "{seen:?}");
+    }
+
+    #[tokio::test]
+    async fn same_host_redirects_followed_others_not_and_the_body_capped() {
+        let (other, other_seen) = capture(|_| "HTTP/1.1 500 X\r\nContent-Length: 0\r\n\r\n".into()).await;
+        let (port, seen) = capture(move |req| {
+            if req.starts_with("GET /old ") {
+                "HTTP/1.1 302 Found\r\nLocation: /new\r\nContent-Length: 0\r\n\r\n".into()
+            } else if req.starts_with("GET /away ") {
+                // localhost is another host name than 127.0.0.1.
+                format!("HTTP/1.1 302 Found\r\nLocation: http://localhost:{other}/\r\nContent-Length: 0\r\n\r\n")
+            } else if req.starts_with("GET /new ") {
+                "HTTP/1.1 503 X\r\nContent-Length: 0\r\n\r\n".into()
+            } else {
+                // An endless body: only 10 KiB of it is read.
+                format!("HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\n{}", "x".repeat(64 * 1024))
+            }
+        })
+        .await;
+        let c = container();
+        let t = target_of(&c);
+        let s = Duration::from_secs(2);
+        assert_eq!(
+            http_get(&t, &get_with(port, "/old", vec![]), s).await,
+            Outcome::Failure("HTTP probe failed with statuscode: 503".into()),
+            "the same-host redirect was followed"
+        );
+        assert_eq!(http_get(&t, &get_with(port, "/away", vec![]), s).await, Outcome::Success);
+        assert!(other_seen.lock().unwrap().is_empty(), "a redirect to another host is not followed");
+        assert_eq!(http_get(&t, &get_with(port, "/big", vec![]), s).await, Outcome::Success);
+        assert_eq!(seen.lock().unwrap().len(), 4);
+    }
+
+    #[test]
+    fn exec_output_is_capped_and_escaped() {
+        let m = exec_message(b"line\n\x1b[31mred\r\nforged", b"err");
+        assert_eq!(m, "line\\n\\u{1b}[31mred\\r\\nforgederr");
+        let long = exec_message(&[b'a'; 20_000], &[b'b'; 100]);
+        assert_eq!(long.len(), MAX_EXEC_OUTPUT);
+        assert!(long.bytes().all(|b| b == b'a'));
     }
 
     #[tokio::test]

@@ -80,13 +80,20 @@ pub async fn serve(agent: &Agent, shutdown: watch::Receiver<bool>) -> Result<Ser
     let config = Arc::new(agent.config.clone());
     let k = &config.kubelet;
     agent.health.register(Arc::new(RuntimeCheck { cri: agent.cri.clone(), bound: RUNTIME_UNREACHABLE_BOUND }));
-    // The API agent's client when it has connected (after TLS bootstrap);
-    // otherwise one of our own from the kubeconfig.
-    let client = match agent.api.as_ref().and_then(|a| a.client()) {
-        Some(c) => Some(c),
+    // The API agent's review client: the node's current credentials
+    // (never the bootstrap kubeconfig's), and not the kubeAPIQPS bucket
+    // the Lease and node status wait on. Without an API agent
+    // (standalone), one of our own from the kubeconfig, if any.
+    let client = match agent.api.as_ref() {
+        Some(a) => Some(a.review_client()),
         None => api_client(&config).await?,
     };
-    let (authn, authz) = auth_from_config(&config, client)?;
+    let client_ca = super::client_ca(&config)?;
+    let (authn, authz) = auth_from_config(&config, client, client_ca.clone())?;
+    let certificates = crate::certs::CertificateMetrics {
+        client: agent.api.as_ref().and_then(|a| a.client_certificate.clone()),
+        serving: agent.api.as_ref().and_then(|a| a.serving_certificate.clone()),
+    };
     let runtime: Arc<dyn StatsRuntime> = agent.cri.clone();
     let pods: Arc<dyn PodView> = Arc::new(agent.pods.clone());
     let mut probes = prometheus_client::registry::Registry::default();
@@ -122,6 +129,9 @@ pub async fn serve(agent: &Agent, shutdown: watch::Receiver<bool>) -> Result<Ser
         probes,
         volumes: Some(Arc::new(VolumeWorld { pods: agent.pods.clone(), volumes: agent.volumes.clone() })),
         running: Some(agent.running_configs()),
+        client_ca,
+        serving: agent.api.as_ref().and_then(|a| a.serving_certificate.clone()),
+        certificates,
     }));
     server.streaming.set_runtime(agent.cri.clone());
     super::start(server, shutdown).await

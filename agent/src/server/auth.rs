@@ -66,6 +66,9 @@ pub enum AuthError {
     /// The review could not be made (API server unreachable, bad answer).
     #[error("{0}")]
     Webhook(String),
+    /// Over the TokenReview limits: refused without asking.
+    #[error("too many token reviews: try again later")]
+    RateLimited,
 }
 
 /// One way of telling who sent a request.
@@ -78,12 +81,30 @@ pub trait Authenticator: Send + Sync {
 
 /// Client certificates verified against the client CA.
 pub struct X509Authenticator {
-    verifier: Arc<dyn ClientCertVerifier>,
+    verifier: Verifier,
+}
+
+enum Verifier {
+    Fixed(Arc<dyn ClientCertVerifier>),
+    /// `--client-ca-file` as it is now (reloaded when it changes).
+    Following(Arc<super::tls::ClientCa>),
 }
 
 impl X509Authenticator {
     pub fn new(verifier: Arc<dyn ClientCertVerifier>) -> X509Authenticator {
-        X509Authenticator { verifier }
+        X509Authenticator { verifier: Verifier::Fixed(verifier) }
+    }
+
+    /// Verifies against the client CA file's current content.
+    pub fn following(ca: Arc<super::tls::ClientCa>) -> X509Authenticator {
+        X509Authenticator { verifier: Verifier::Following(ca) }
+    }
+
+    fn verifier(&self) -> Arc<dyn ClientCertVerifier> {
+        match &self.verifier {
+            Verifier::Fixed(v) => v.clone(),
+            Verifier::Following(ca) => ca.verifier(),
+        }
     }
 }
 
@@ -102,7 +123,7 @@ pub fn certificate_user(der: &[u8]) -> Result<UserInfo, AuthError> {
 impl Authenticator for X509Authenticator {
     async fn authenticate(&self, creds: &Credentials<'_>) -> Result<Option<UserInfo>, AuthError> {
         let Some((leaf, intermediates)) = creds.client_certs.split_first() else { return Ok(None) };
-        self.verifier
+        self.verifier()
             .verify_client_cert(leaf, intermediates, UnixTime::now())
             .map_err(|e| AuthError::X509(e.to_string()))?;
         certificate_user(leaf).map(Some)
@@ -291,6 +312,8 @@ pub enum Outcome {
     Forbidden(String),
     /// 500 with the kubelet's message.
     Error(String),
+    /// 429: the credentials could not be checked now (TokenReview limits).
+    TooManyRequests,
 }
 
 /// Authenticates and authorizes one request, as the kubelet's auth filter.
@@ -306,6 +329,7 @@ pub async fn check(
     let user = match authn.authenticate(creds).await {
         Ok(Some(u)) => u,
         Ok(None) => return Outcome::Unauthorized,
+        Err(AuthError::RateLimited) => return Outcome::TooManyRequests,
         Err(e) => {
             tracing::debug!("unable to authenticate the request: {e}");
             return Outcome::Unauthorized;

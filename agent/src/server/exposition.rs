@@ -21,7 +21,12 @@ use prometheus_client::registry::Registry;
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Counters the kubelet exposes without the `_total` suffix.
-pub const LEGACY_COUNTERS: &[&str] = &["kubelet_evictions", "kubelet_pleg_discard_events"];
+pub const LEGACY_COUNTERS: &[&str] = &[
+    "kubelet_evictions",
+    "kubelet_pleg_discard_events",
+    "kubelet_certificate_manager_client_expiration_renew_errors",
+    "kubelet_server_expiration_renew_errors",
+];
 
 /// Encodes the registries (their families must not overlap) in the text
 /// format.

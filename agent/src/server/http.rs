@@ -1,30 +1,18 @@
 //! The HTTP plumbing shared by the kubelet's servers: the response body
-//! type (whole or streamed), response helpers, and the accept loops for
-//! plain TCP, TLS and unix sockets, each connection served by hyper (HTTP/1.1
-//! and, over TLS with ALPN, HTTP/2).
+//! type (whole or streamed) and response helpers. The accept loops are in
+//! `listen.rs`, the connection limits in `conn.rs`.
 
-use std::{convert::Infallible, future::Future, net::SocketAddr, sync::Arc};
+use std::{convert::Infallible, net::SocketAddr, sync::Arc};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::{
-    Request, Response, StatusCode,
-    body::{Frame, Incoming},
+    Response, StatusCode,
+    body::Frame,
     header::{CONTENT_TYPE, HeaderValue},
-    service::service_fn,
-};
-use hyper_util::{
-    rt::{TokioExecutor, TokioIo},
-    server::conn::auto,
 };
 use rustls::pki_types::CertificateDer;
-use tokio::{
-    net::{TcpListener, UnixListener},
-    sync::{mpsc, watch},
-    task::JoinSet,
-};
-use tokio_rustls::TlsAcceptor;
-use tracing::debug;
+use tokio::sync::{mpsc, watch};
 
 /// A response body: a whole buffer, or chunks sent as they are produced.
 pub type Body = BoxBody<Bytes, Infallible>;
@@ -112,111 +100,6 @@ pub fn percent_decode(s: &str) -> String {
 /// Resolves once `shutdown` turns true (or its sender is gone).
 pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|s| *s).await;
-}
-
-/// Serves one connection with hyper until it closes or `shutdown` turns true.
-async fn serve_connection<I, H, F>(io: I, conn: ConnInfo, handler: H, mut shutdown: watch::Receiver<bool>)
-where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    H: Fn(Request<Incoming>, ConnInfo) -> F + Send + Sync + 'static,
-    F: Future<Output = Response<Body>> + Send + 'static,
-{
-    let handler = Arc::new(handler);
-    let service = service_fn(move |req| {
-        let handler = handler.clone();
-        let conn = conn.clone();
-        async move { Ok::<_, Infallible>(handler(req, conn).await) }
-    });
-    let builder = auto::Builder::new(TokioExecutor::new());
-    // With upgrades: exec, attach and port-forward switch protocols.
-    let served = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-    tokio::select! {
-        r = served => if let Err(e) = r { debug!("connection: {e}") },
-        _ = stopped(&mut shutdown) => {}
-    }
-}
-
-/// Accepts plain TCP connections until `shutdown` turns true.
-pub async fn serve_tcp<H, F>(listener: TcpListener, handler: H, shutdown: watch::Receiver<bool>)
-where
-    H: Fn(Request<Incoming>, ConnInfo) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<Body>> + Send + 'static,
-{
-    let mut conns = JoinSet::new();
-    let mut stop = shutdown.clone();
-    loop {
-        tokio::select! {
-            a = listener.accept() => match a {
-                Ok((stream, peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    let conn = ConnInfo { peer: Some(peer), ..Default::default() };
-                    conns.spawn(serve_connection(stream, conn, handler.clone(), shutdown.clone()));
-                }
-                Err(e) => debug!("accept: {e}"),
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            _ = stopped(&mut stop) => break,
-        }
-    }
-}
-
-/// Accepts TLS connections until `shutdown` turns true. The handshake runs
-/// in the connection's own task, so a slow client cannot stall the others.
-pub async fn serve_tls<H, F>(listener: TcpListener, acceptor: TlsAcceptor, handler: H, shutdown: watch::Receiver<bool>)
-where
-    H: Fn(Request<Incoming>, ConnInfo) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<Body>> + Send + 'static,
-{
-    let mut conns = JoinSet::new();
-    let mut stop = shutdown.clone();
-    loop {
-        tokio::select! {
-            a = listener.accept() => match a {
-                Ok((stream, peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    let acceptor = acceptor.clone();
-                    let handler = handler.clone();
-                    let shutdown = shutdown.clone();
-                    conns.spawn(async move {
-                        let handshake = tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(stream));
-                        let tls = match handshake.await {
-                            Ok(Ok(tls)) => tls,
-                            Ok(Err(e)) => return debug!(%peer, "TLS handshake: {e}"),
-                            Err(_) => return debug!(%peer, "TLS handshake timed out"),
-                        };
-                        let certs = tls.get_ref().1.peer_certificates().map(|c| c.iter().map(|c| c.clone().into_owned()).collect()).unwrap_or_default();
-                        let conn = ConnInfo { peer: Some(peer), client_certs: Arc::new(certs) };
-                        serve_connection(tls, conn, handler, shutdown).await;
-                    });
-                }
-                Err(e) => debug!("accept: {e}"),
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            _ = stopped(&mut stop) => break,
-        }
-    }
-}
-
-/// Accepts unix-socket connections until `shutdown` turns true.
-pub async fn serve_unix<H, F>(listener: UnixListener, handler: H, shutdown: watch::Receiver<bool>)
-where
-    H: Fn(Request<Incoming>, ConnInfo) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<Body>> + Send + 'static,
-{
-    let mut conns = JoinSet::new();
-    let mut stop = shutdown.clone();
-    loop {
-        tokio::select! {
-            a = listener.accept() => match a {
-                Ok((stream, _)) => {
-                    conns.spawn(serve_connection(stream, ConnInfo::default(), handler.clone(), shutdown.clone()));
-                }
-                Err(e) => debug!("accept: {e}"),
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            _ = stopped(&mut stop) => break,
-        }
-    }
 }
 
 #[cfg(test)]

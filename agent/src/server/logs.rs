@@ -12,17 +12,19 @@
 
 use std::{
     fs::File,
-    io::{self, BufRead, BufReader, Read, Seek, SeekFrom},
+    io::{self, Read, Seek, SeekFrom},
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
+use bytes::Bytes;
 use hyper::StatusCode;
 use k8s_openapi::{
     api::core::v1::{ContainerStatus, Pod},
     jiff::{SignedDuration, Timestamp},
 };
+use tokio::{io::AsyncBufReadExt, sync::mpsc};
 
 use super::stats_read::pod_log_dir;
 
@@ -236,14 +238,20 @@ pub fn tail_offset(f: &mut File, n: u64) -> io::Result<u64> {
     Ok(0)
 }
 
-/// Writes log output, honouring limitBytes; false once the reader should stop.
+/// Log output on its way to the client: limitBytes applied, buffered up
+/// to [`FLUSH_AT`] bytes, each send bounded by the write timeout.
 struct Sink<'a> {
-    out: &'a mut dyn FnMut(&[u8]) -> bool,
+    out: &'a mpsc::Sender<Bytes>,
     remaining: Option<u64>,
+    buf: Vec<u8>,
+    write_timeout: Duration,
 }
 
+const FLUSH_AT: usize = 32 * 1024;
+
 impl Sink<'_> {
-    fn write(&mut self, b: &[u8]) -> bool {
+    /// False once the reader should stop (limit reached or client gone).
+    async fn write(&mut self, b: &[u8]) -> bool {
         let b = match self.remaining {
             Some(0) => return false,
             Some(r) if (b.len() as u64) > r => &b[..r as usize],
@@ -252,7 +260,21 @@ impl Sink<'_> {
         if let Some(r) = &mut self.remaining {
             *r -= b.len() as u64;
         }
-        (self.out)(b) && self.remaining != Some(0)
+        self.buf.extend_from_slice(b);
+        if self.buf.len() >= FLUSH_AT && !self.flush().await {
+            return false;
+        }
+        self.remaining != Some(0)
+    }
+
+    /// Sends what is buffered; false when the client is gone or has read
+    /// nothing for the write timeout.
+    async fn flush(&mut self) -> bool {
+        if self.buf.is_empty() {
+            return !self.out.is_closed();
+        }
+        let chunk = Bytes::from(std::mem::take(&mut self.buf));
+        matches!(tokio::time::timeout(self.write_timeout, self.out.send(chunk)).await, Ok(Ok(())))
     }
 }
 
@@ -261,30 +283,47 @@ impl Sink<'_> {
 pub const FOLLOW_POLL: Duration = Duration::from_millis(100);
 const RUNNING_CHECK: Duration = Duration::from_secs(1);
 
-/// Streams the log at `path` into `out` (which returns false when the
-/// client is gone). Following, it waits for new lines, reopens the file
-/// when the runtime rotates it, and ends once `running` says the
-/// container stopped and everything written has been sent.
-pub fn read_logs(
+/// Opens a log file safely (`logs::open`), for the start and after a
+/// rotation.
+pub type Opener = dyn Fn() -> io::Result<File> + Send + Sync;
+
+/// Streams the log `open` opens into `out`, without holding a thread:
+/// reads go through tokio's file I/O and waiting for new output is a
+/// timer. Following, it waits for new lines, reopens the file when the
+/// runtime rotates it, and ends once `running` says the container stopped
+/// and everything written has been sent, or when the client is gone or
+/// has read nothing for `write_timeout`.
+pub async fn read_logs(
     path: &Path,
+    open: &Opener,
     opts: &LogOptions,
-    running: &dyn Fn() -> bool,
-    out: &mut dyn FnMut(&[u8]) -> bool,
+    running: &(dyn Fn() -> bool + Send + Sync),
+    out: &mpsc::Sender<Bytes>,
+    write_timeout: Duration,
 ) -> io::Result<()> {
-    let mut f = File::open(path)?;
-    let start = match opts.tail_lines {
-        Some(n) => tail_offset(&mut f, n)?,
-        None => 0,
-    };
-    f.seek(SeekFrom::Start(start))?;
+    let f = open()?;
     let mut inode = f.metadata()?.ino();
-    let mut r = BufReader::with_capacity(64 * 1024, f);
-    let mut sink = Sink { out, remaining: opts.limit_bytes };
+    let tail = opts.tail_lines;
+    // The tail walks the file backwards in 64 KiB reads: bounded work, on
+    // the blocking pool.
+    let f = tokio::task::spawn_blocking(move || -> io::Result<File> {
+        let mut f = f;
+        let start = match tail {
+            Some(n) => tail_offset(&mut f, n)?,
+            None => 0,
+        };
+        f.seek(SeekFrom::Start(start))?;
+        Ok(f)
+    })
+    .await
+    .map_err(io::Error::other)??;
+    let mut r = tokio::io::BufReader::with_capacity(64 * 1024, tokio::fs::File::from_std(f));
+    let mut sink = Sink { out, remaining: opts.limit_bytes, buf: Vec::with_capacity(FLUSH_AT), write_timeout };
     let mut line = Vec::with_capacity(4096);
     let mut last_check = Instant::now();
     let mut stopped = false;
     loop {
-        let n = r.read_until(b'\n', &mut line)?;
+        let n = r.read_until(b'\n', &mut line).await?;
         let complete = line.last() == Some(&b'\n');
         if n > 0 && (complete || !opts.follow) {
             let text = if complete { &line[..line.len() - 1] } else { &line[..] };
@@ -293,13 +332,14 @@ pub fn read_logs(
             {
                 let mut ok = true;
                 if opts.timestamps {
-                    ok = sink.write(format!("{} ", format_timestamp(l.time)).as_bytes());
+                    ok = sink.write(format!("{} ", format_timestamp(l.time)).as_bytes()).await;
                 }
-                ok = ok && sink.write(l.content);
+                ok = ok && sink.write(l.content).await;
                 if ok && !l.partial {
-                    ok = sink.write(b"\n");
+                    ok = sink.write(b"\n").await;
                 }
                 if !ok {
+                    sink.flush().await;
                     return Ok(());
                 }
             }
@@ -307,17 +347,17 @@ pub fn read_logs(
             continue;
         }
         // At the end of what is written (a partial line stays buffered).
-        if !opts.follow || stopped {
+        if !sink.flush().await || !opts.follow || stopped {
             return Ok(());
         }
         // Rotated: the path now names another file. Finish the old one
         // first (done: we are at its end), then continue with the new.
-        if let Ok(m) = std::fs::metadata(path)
+        if let Ok(m) = tokio::fs::symlink_metadata(path).await
             && m.ino() != inode
-            && let Ok(f) = File::open(path)
+            && let Ok(f) = open()
         {
             inode = f.metadata()?.ino();
-            r = BufReader::with_capacity(64 * 1024, f);
+            r = tokio::io::BufReader::with_capacity(64 * 1024, tokio::fs::File::from_std(f));
             line.clear();
             continue;
         }
@@ -329,11 +369,7 @@ pub fn read_logs(
                 continue;
             }
         }
-        // Nothing new: ask the client whether it is still there.
-        if !(sink.out)(b"") {
-            return Ok(());
-        }
-        std::thread::sleep(FOLLOW_POLL);
+        tokio::time::sleep(FOLLOW_POLL).await;
     }
 }
 
@@ -493,13 +529,19 @@ mod tests {
     }
 
     fn read(path: &Path, o: &LogOptions) -> String {
-        let mut out = Vec::new();
-        read_logs(path, o, &|| false, &mut |b| {
-            out.extend_from_slice(b);
-            true
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let p = path.to_owned();
+        let open = move || File::open(&p);
+        rt.block_on(async {
+            let (tx, mut rx) = mpsc::channel(4096);
+            read_logs(path, &open, o, &|| false, &tx, Duration::from_secs(5)).await.unwrap();
+            drop(tx);
+            let mut out = Vec::new();
+            while let Some(b) = rx.recv().await {
+                out.extend_from_slice(&b);
+            }
+            String::from_utf8(out).unwrap()
         })
-        .unwrap();
-        String::from_utf8(out).unwrap()
     }
 
     #[test]
@@ -534,45 +576,65 @@ mod tests {
         assert_eq!(got, "line 29997\nline 29998\nline 29999\n");
     }
 
-    #[test]
-    fn following_sees_new_lines_and_rotation_and_stops_with_the_container() {
+    #[tokio::test]
+    async fn following_sees_new_lines_and_rotation_and_stops_with_the_container() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("0.log");
         std::fs::write(&path, "2024-05-01T10:00:00Z stdout F first\n").unwrap();
         let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+        let (tx, mut rx) = mpsc::channel::<Bytes>(64);
         let p = path.clone();
         let r = running.clone();
-        let reader = std::thread::spawn(move || {
-            read_logs(
-                &p,
-                &LogOptions { follow: true, ..Default::default() },
-                &|| r.load(std::sync::atomic::Ordering::SeqCst),
-                &mut |b| tx.send(b.to_vec()).is_ok(),
-            )
+        let reader = tokio::spawn(async move {
+            let q = p.clone();
+            let open = move || File::open(&q);
+            let still = move || r.load(std::sync::atomic::Ordering::SeqCst);
+            let opts = LogOptions { follow: true, ..Default::default() };
+            read_logs(&p, &open, &opts, &still, &tx, Duration::from_secs(5)).await
         });
         let mut got = String::new();
-        let mut wait_for = |want: &str| {
-            let deadline = Instant::now() + Duration::from_secs(10);
+        async fn wait_for(rx: &mut mpsc::Receiver<Bytes>, got: &mut String, want: &str) {
             while !got.contains(want) {
-                let b = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect(want);
+                let b = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect(want).expect(want);
                 got.push_str(std::str::from_utf8(&b).unwrap());
             }
-        };
-        wait_for("first\n");
+        }
+        wait_for(&mut rx, &mut got, "first\n").await;
         let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
         // A line written in two pieces is sent once it is complete.
         write!(f, "2024-05-01T10:00:01Z stdout F sec").unwrap();
         f.flush().unwrap();
-        std::thread::sleep(FOLLOW_POLL * 3);
+        tokio::time::sleep(FOLLOW_POLL * 3).await;
         writeln!(f, "ond").unwrap();
-        wait_for("second\n");
+        wait_for(&mut rx, &mut got, "second\n").await;
         // Rotation: the runtime renames the file and opens a new one.
         std::fs::rename(&path, dir.path().join("0.log.20240501-100002")).unwrap();
         std::fs::write(&path, "2024-05-01T10:00:03Z stdout F third\n").unwrap();
-        wait_for("third\n");
+        wait_for(&mut rx, &mut got, "third\n").await;
         running.store(false, std::sync::atomic::Ordering::SeqCst);
-        reader.join().unwrap().unwrap();
+        reader.await.unwrap().unwrap();
         assert_eq!(got, "first\nsecond\nthird\n");
+    }
+
+    /// A client that reads nothing: the follower gives up after the write
+    /// timeout instead of waiting forever.
+    #[tokio::test]
+    async fn a_client_that_reads_nothing_ends_the_follow() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("0.log");
+        let line = format!("2024-05-01T10:00:00Z stdout F {}\n", "x".repeat(1000));
+        std::fs::write(&path, line.repeat(200)).unwrap();
+        let (tx, _rx) = mpsc::channel::<Bytes>(1);
+        let p = path.clone();
+        let open = move || File::open(&p);
+        let opts = LogOptions { follow: true, ..Default::default() };
+        let t0 = Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_secs(10),
+            read_logs(&path, &open, &opts, &|| true, &tx, Duration::from_millis(300)),
+        )
+        .await;
+        assert!(matches!(r, Ok(Ok(()))), "{r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(5));
     }
 }

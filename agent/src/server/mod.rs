@@ -17,18 +17,23 @@ pub mod auth;
 pub mod cadvisor;
 pub mod cgroup_sample;
 pub mod collectors;
+pub mod conn;
 pub mod events;
 pub mod exposition;
 pub mod health;
 pub mod http;
+pub mod listen;
+mod log_route;
 pub mod logs;
 mod metrics_routes;
+pub mod review_cache;
 pub mod spdy;
 pub mod stats;
 pub mod stats_read;
 pub mod streaming;
 pub mod summary;
 pub mod tls;
+mod tls_config;
 pub mod webhook;
 
 use std::{
@@ -51,7 +56,6 @@ use prometheus_client::{
 };
 use thiserror::Error;
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
-use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
 use self::{
@@ -127,6 +131,10 @@ pub struct Server {
     cadvisor_scraped: std::sync::atomic::AtomicBool,
     /// The configuration in effect after reloads (/configz).
     running: Option<watch::Receiver<Arc<Config>>>,
+    /// Open `/containerLogs?follow=true` streams per user.
+    follows: log_route::Follows,
+    client_ca: Option<Arc<tls::ClientCa>>,
+    serving: Option<Arc<crate::certs::Manager>>,
 }
 
 /// Encoded bodies by (endpoint, variant), with the stats pass they encode.
@@ -155,6 +163,12 @@ pub struct ServerParts {
     pub volumes: Option<Arc<dyn VolumeStates>>,
     /// The configuration in effect after reloads, for /configz (None: `config`).
     pub running: Option<watch::Receiver<Arc<Config>>>,
+    /// `--client-ca-file`, followed (the same one `auth_from_config` got).
+    pub client_ca: Option<Arc<tls::ClientCa>>,
+    /// The serving certificate's manager with serverTLSBootstrap.
+    pub serving: Option<Arc<crate::certs::Manager>>,
+    /// The certificate managers' metrics (kubelet_certificate_manager_*).
+    pub certificates: crate::certs::CertificateMetrics,
 }
 
 impl Server {
@@ -170,6 +184,7 @@ impl Server {
         let node: Family<NodeLabels, Gauge> = Family::default();
         node.get_or_create(&NodeLabels { node: p.node_name.clone() }).set(1);
         extra.register("kubelet_node_name", "[ALPHA] The node's name. The count is always 1.", node);
+        extra.register_collector(Box::new(p.certificates));
         let k = &p.config.kubelet;
         Server {
             fine_grained_authz: k.feature_gates.get("KubeletFineGrainedAuthz").copied().unwrap_or(true),
@@ -191,6 +206,9 @@ impl Server {
             streaming: Default::default(),
             cadvisor_scraped: Default::default(),
             running: p.running,
+            follows: Default::default(),
+            client_ca: p.client_ca,
+            serving: p.serving,
         }
     }
 
@@ -211,8 +229,13 @@ impl Server {
         )
         .await;
         match outcome {
-            Outcome::Allowed(_) => self.route(req).await,
+            Outcome::Allowed(user) => self.route(req, Some(&user.name)).await,
             Outcome::Unauthorized => http::text(StatusCode::UNAUTHORIZED, "Unauthorized"),
+            Outcome::TooManyRequests => {
+                let mut r = http::text(StatusCode::TOO_MANY_REQUESTS, "Too many requests, please try again later.\n");
+                r.headers_mut().insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+                r
+            }
             Outcome::Forbidden(msg) => http::text(StatusCode::FORBIDDEN, msg),
             Outcome::Error(msg) => http::text(StatusCode::INTERNAL_SERVER_ERROR, msg),
         }
@@ -230,7 +253,7 @@ impl Server {
         {
             return http::not_found();
         }
-        self.route(req).await
+        self.route(req, None).await
     }
 
     /// The unix socket's handler (no authentication: file permissions).
@@ -255,7 +278,8 @@ impl Server {
         r
     }
 
-    async fn route(&self, req: Request<Incoming>) -> Response<Body> {
+    /// `user`: who was authenticated (None on the read-only port).
+    async fn route(&self, req: Request<Incoming>, user: Option<&str>) -> Response<Body> {
         let path = req.uri().path().to_owned();
         if streaming::request::kind_of(&path).is_some() {
             if !self.debugging_handlers {
@@ -288,7 +312,7 @@ impl Server {
                 if !self.debugging_handlers {
                     return debug_disabled();
                 }
-                self.container_logs(p, &query).await
+                self.container_logs(p, &query, user.unwrap_or(auth::ANONYMOUS_USER)).await
             }
             "/debug/events" => debug_disabled(),
             _ => http::not_found(),
@@ -339,82 +363,6 @@ fn summary_body(snap: &stats::StatsSnapshot, only_cpu_and_memory: bool) -> summa
 }
 
 impl Server {
-    async fn container_logs(&self, path: &str, query: &[(String, String)]) -> Response<Body> {
-        let parts: Vec<&str> = path.trim_start_matches("/containerLogs/").split('/').collect();
-        let get = |i: usize| parts.get(i).map(|s| http::percent_decode(s)).filter(|s| !s.is_empty());
-        let (ns, pod_name, container) = match (get(0), get(1), get(2)) {
-            (Some(n), Some(p), Some(c)) if parts.len() == 3 => (n, p, c),
-            (None, ..) => return http::text(StatusCode::BAD_REQUEST, r#"{"message": "Missing podNamespace."}"#),
-            (_, None, _) => return http::text(StatusCode::BAD_REQUEST, r#"{"message": "Missing podID."}"#),
-            _ => return http::text(StatusCode::BAD_REQUEST, r#"{"message": "Missing container name."}"#),
-        };
-        let opts = match logs::parse_options(query, k8s_openapi::jiff::Timestamp::now()) {
-            Ok(o) => o,
-            Err((status, body)) => return http::text(status, body),
-        };
-        let find = {
-            let pods = self.pods.clone();
-            let (ns, pod_name) = (ns.clone(), pod_name.clone());
-            move || {
-                pods.pods().into_iter().find(|p| {
-                    p.metadata.namespace.as_deref().unwrap_or("default") == ns
-                        && p.metadata.name.as_deref() == Some(pod_name.as_str())
-                })
-            }
-        };
-        let Some(pod) = find() else {
-            return http::text(StatusCode::NOT_FOUND, format!("pod {pod_name:?} does not exist"));
-        };
-        let loc = match logs::locate(&pod, &container, opts.previous, &self.config.kubelet.pod_logs_dir) {
-            Ok(l) => l,
-            Err((status, body)) => return http::text(status, body),
-        };
-        let mut file = loc.path.clone();
-        if !file.exists()
-            && let (Some(rt), Some(id)) = (&self.runtime, &loc.container_id)
-            && let Ok(st) = rt.container_status(id).await
-            && !st.log_path.is_empty()
-        {
-            file = PathBuf::from(st.log_path);
-        }
-        if let Err(e) = std::fs::metadata(&file) {
-            return http::text(
-                StatusCode::BAD_REQUEST,
-                format!("failed to open log file {:?}: {e}", file.display().to_string()),
-            );
-        }
-        let (tx, body) = http::channel(64);
-        let container_id = loc.container_id.clone();
-        let running = move || {
-            // Still running while the pod still lists this container
-            // attempt as running.
-            find().and_then(|p| p.status).is_some_and(|s| {
-                s.container_statuses.iter().flatten().chain(s.init_container_statuses.iter().flatten()).any(|cs| {
-                    cs.name == container
-                        && cs.state.as_ref().is_some_and(|st| st.running.is_some())
-                        && cs.container_id.as_deref().map(|i| i.split_once("://").map(|(_, x)| x).unwrap_or(i))
-                            == container_id.as_deref()
-                })
-            })
-        };
-        let follow_running = loc.running;
-        tokio::task::spawn_blocking(move || {
-            let mut out = |b: &[u8]| {
-                if b.is_empty() {
-                    return !tx.is_closed();
-                }
-                tx.blocking_send(Bytes::copy_from_slice(b)).is_ok()
-            };
-            let still = || follow_running && running();
-            if let Err(e) = logs::read_logs(&file, &opts, &still, &mut out) {
-                let _ = tx.blocking_send(Bytes::from(format!("error reading {}: {e}\n", file.display())));
-            }
-        });
-        let mut r = Response::new(body);
-        r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-        r
-    }
-
     fn debug_events(&self) -> Response<Body> {
         let mut rx = self.events.subscribe();
         let (tx, body) = http::channel(256);
@@ -456,17 +404,20 @@ fn debug_disabled() -> Response<Body> {
 /// is the API server connection (None in standalone mode: webhook
 /// authentication then rejects tokens, webhook authorization allows
 /// nothing, and both say so in the log).
-pub fn auth_from_config(config: &Config, client: Option<kube::Client>) -> Result<AuthPair, ServerError> {
+pub fn auth_from_config(
+    config: &Config,
+    client: Option<kube::Client>,
+    client_ca: Option<Arc<tls::ClientCa>>,
+) -> Result<AuthPair, ServerError> {
     let a = &config.kubelet.authentication;
-    let x509: Option<Arc<dyn Authenticator>> = match &a.client_ca_file {
-        Some(path) => {
-            let roots = tls::client_ca(path)?;
-            Some(Arc::new(auth::X509Authenticator::new(tls::client_chain_verifier(roots)?)))
-        }
-        None => None,
-    };
+    let x509: Option<Arc<dyn Authenticator>> =
+        client_ca.map(|ca| Arc::new(auth::X509Authenticator::following(ca)) as Arc<dyn Authenticator>);
     let token: Option<Arc<dyn Authenticator>> = match (&client, a.webhook_enabled) {
-        (Some(c), true) => Some(Arc::new(webhook::TokenReviewAuthenticator::new(c.clone(), a.webhook_cache_ttl))),
+        (Some(c), true) => {
+            let l = &config.swiftlet.server;
+            let limits = webhook::ReviewLimits { qps: l.token_review_qps, burst: l.token_review_burst };
+            Some(Arc::new(webhook::TokenReviewAuthenticator::new(c.clone(), a.webhook_cache_ttl, limits)))
+        }
         (None, true) => {
             warn!("authentication.webhook.enabled but no API server (standalone): bearer tokens are rejected");
             None
@@ -494,6 +445,11 @@ pub fn auth_from_config(config: &Config, client: Option<kube::Client>) -> Result
     Ok((authn, authz))
 }
 
+/// `--client-ca-file`, loaded (None without one).
+pub fn client_ca(config: &Config) -> Result<Option<Arc<tls::ClientCa>>, ServerError> {
+    Ok(config.kubelet.authentication.client_ca_file.as_deref().map(tls::ClientCa::load).transpose()?)
+}
+
 /// The unix socket of `swiftlet events` under the root dir.
 pub fn debug_socket_path(root_dir: &Path) -> PathBuf {
     root_dir.join("swiftlet").join("debug.sock")
@@ -518,6 +474,18 @@ impl Servers {
         if let Some(p) = &self.debug_socket {
             let _ = std::fs::remove_file(p);
         }
+    }
+}
+
+/// The connection limits of a listener, from swiftlet's --server-* flags
+/// and the open-file limit in effect.
+fn limits(config: &Config) -> conn::Limits {
+    let l = &config.swiftlet.server;
+    conn::Limits {
+        max_connections: conn::effective_cap(l.max_connections, conn::open_file_limit()),
+        request_header_timeout: l.request_header_timeout,
+        idle_timeout: l.idle_timeout,
+        write_timeout: l.write_timeout,
     }
 }
 
@@ -552,28 +520,20 @@ pub async fn start(server: Arc<Server>, shutdown: watch::Receiver<bool>) -> Resu
                 http::text(status, body)
             }
         };
-        tasks.push(tokio::spawn(http::serve_tcp(l, handler, shutdown.clone())));
+        let conns = conn::Connections::new(limits(&server.config));
+        tasks.push(tokio::spawn(listen::serve(l, conns, None, handler, shutdown.clone())));
         info!("healthz listening on http://{}/healthz", healthz.map(|a| a.to_string()).unwrap_or_default());
     }
     let mut secure = None;
     if k.enable_server {
-        let cert = tls::serving_cert(
-            k.tls_cert_file.as_deref(),
-            k.tls_private_key_file.as_deref(),
-            &server.config.flags.cert_dir,
-            &server.node_name,
-        )?;
-        info!("serving certificate: {}", cert.source);
-        let roots = match &k.authentication.client_ca_file {
-            Some(p) => Some(tls::client_ca(p)?),
-            None => None,
-        };
-        let cfg = tls::server_config(cert, roots.as_deref(), &k.tls_cipher_suites, k.tls_min_version.as_deref())?;
+        let tls = server.tls_config(&shutdown, &mut tasks)?;
         let l = bind(k.address, k.port).await?;
         secure = l.local_addr().ok();
         let s = server.clone();
         let handler = move |req, conn| s.clone().handle_secure(req, conn);
-        tasks.push(tokio::spawn(http::serve_tls(l, TlsAcceptor::from(cfg), handler, shutdown.clone())));
+        let conns = conn::Connections::new(limits(&server.config));
+        info!(max_connections = conns.limits.max_connections, "kubelet API connection cap");
+        tasks.push(tokio::spawn(listen::serve(l, conns, Some(tls), handler, shutdown.clone())));
         info!("kubelet API listening on https://{}", secure.map(|a| a.to_string()).unwrap_or_default());
     }
     let mut read_only = None;
@@ -582,7 +542,8 @@ pub async fn start(server: Arc<Server>, shutdown: watch::Receiver<bool>) -> Resu
         read_only = l.local_addr().ok();
         let s = server.clone();
         let handler = move |req, conn| s.clone().handle_read_only(req, conn);
-        tasks.push(tokio::spawn(http::serve_tcp(l, handler, shutdown.clone())));
+        let conns = conn::Connections::new(limits(&server.config));
+        tasks.push(tokio::spawn(listen::serve(l, conns, None, handler, shutdown.clone())));
         info!("read-only kubelet API listening on http://{}", read_only.map(|a| a.to_string()).unwrap_or_default());
     }
     let sock = debug_socket_path(&server.config.flags.root_dir);
@@ -591,7 +552,8 @@ pub async fn start(server: Arc<Server>, shutdown: watch::Receiver<bool>) -> Resu
         Ok(l) => {
             let s = server.clone();
             let handler = move |req, conn| s.clone().handle_local(req, conn);
-            tasks.push(tokio::spawn(http::serve_unix(l, handler, shutdown.clone())));
+            let conns = conn::Connections::new(limits(&server.config));
+            tasks.push(tokio::spawn(listen::serve(l, conns, None, handler, shutdown.clone())));
             debug_socket = Some(sock);
         }
         // The node's tools then attach by themselves; the agent runs on.

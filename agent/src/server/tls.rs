@@ -15,7 +15,7 @@
 use std::{
     fs,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, Mutex, RwLock},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -26,11 +26,13 @@ use rustls::{
     crypto::{CryptoProvider, WebPkiSupportedAlgorithms, ring},
     pki_types::{CertificateDer, PrivateKeyDer, UnixTime, pem::PemObject},
     server::{
-        WebPkiClientVerifier,
+        ResolvesServerCert, WebPkiClientVerifier,
         danger::{ClientCertVerified, ClientCertVerifier},
     },
+    sign::CertifiedKey,
 };
 use thiserror::Error;
+use tokio::sync::watch;
 
 #[derive(Debug, Error)]
 pub enum TlsError {
@@ -190,6 +192,87 @@ pub fn client_ca(path: &Path) -> Result<Arc<RootCertStore>, TlsError> {
     Ok(Arc::new(roots))
 }
 
+/// `--client-ca-file`, followed: the file is read again when it changes
+/// (as the kubelet's dynamic CA content), and a file that no longer parses
+/// leaves the last good one in effect.
+pub struct ClientCa {
+    pub path: PathBuf,
+    state: RwLock<(Arc<RootCertStore>, Arc<dyn ClientCertVerifier>)>,
+    content: Mutex<Vec<u8>>,
+    changed: watch::Sender<u64>,
+}
+
+impl std::fmt::Debug for ClientCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientCa").field("path", &self.path).finish()
+    }
+}
+
+impl ClientCa {
+    pub fn load(path: &Path) -> Result<Arc<ClientCa>, TlsError> {
+        let content = fs::read(path).map_err(|e| file_err(path, e))?;
+        let roots = client_ca(path)?;
+        let verifier = client_chain_verifier(roots.clone())?;
+        Ok(Arc::new(ClientCa {
+            path: path.to_owned(),
+            state: RwLock::new((roots, verifier)),
+            content: Mutex::new(content),
+            changed: watch::channel(0).0,
+        }))
+    }
+
+    pub fn roots(&self) -> Arc<RootCertStore> {
+        self.state.read().unwrap_or_else(|p| p.into_inner()).0.clone()
+    }
+
+    pub fn verifier(&self) -> Arc<dyn ClientCertVerifier> {
+        self.state.read().unwrap_or_else(|p| p.into_inner()).1.clone()
+    }
+
+    /// Bumped at each change.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Reads the file again; Ok(true) when it changed and now applies.
+    pub fn reload(&self) -> Result<bool, TlsError> {
+        let content = fs::read(&self.path).map_err(|e| file_err(&self.path, e))?;
+        if *self.content.lock().unwrap_or_else(|p| p.into_inner()) == content {
+            return Ok(false);
+        }
+        let roots = client_ca(&self.path)?;
+        let verifier = client_chain_verifier(roots.clone())?;
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = (roots, verifier);
+        *self.content.lock().unwrap_or_else(|p| p.into_inner()) = content;
+        self.changed.send_modify(|g| *g += 1);
+        Ok(true)
+    }
+
+    /// Looks at the file every `period` until `shutdown`.
+    pub async fn watch(self: Arc<Self>, period: Duration, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+            match self.reload() {
+                Ok(true) => tracing::info!(file = %self.path.display(), "client CA reloaded"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!("client CA not reloaded, the previous one stays: {e}"),
+            }
+        }
+    }
+}
+
+/// How often `--client-ca-file` is looked at.
+pub const CLIENT_CA_CHECK: Duration = Duration::from_secs(5);
+
+/// The serving certificate resolver for fixed files or a self-signed pair.
+pub fn fixed_resolver(cert: ServingCert) -> Result<Arc<dyn ResolvesServerCert>, TlsError> {
+    let key = CertifiedKey::from_der(cert.chain, cert.key, &ring::default_provider())?;
+    Ok(Arc::new(crate::certs::ServingResolver::new(Some(Arc::new(key)))))
+}
+
 /// Verifies client certificate chains against the client CA, with the key
 /// usage for client authentication (what the x509 authenticator calls).
 pub fn client_chain_verifier(roots: Arc<RootCertStore>) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
@@ -313,7 +396,7 @@ pub fn protocol_versions(min: Option<&str>) -> Result<Vec<&'static rustls::Suppo
 
 /// The rustls server configuration of :10250.
 pub fn server_config(
-    cert: ServingCert,
+    cert: Arc<dyn ResolvesServerCert>,
     client_ca: Option<&RootCertStore>,
     suites: &[String],
     min_version: Option<&str>,
@@ -329,7 +412,7 @@ pub fn server_config(
         }
         None => builder.with_no_client_auth(),
     };
-    let mut cfg = builder.with_single_cert(cert.chain, cert.key)?;
+    let mut cfg = builder.with_cert_resolver(cert);
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
 }
@@ -360,7 +443,7 @@ mod tests {
         assert!(ca.subject().iter_common_name().next().unwrap().as_str().unwrap().starts_with("node-a-ca@"));
         assert_eq!(leaf.issuer(), ca.subject());
         // A configuration builds from it.
-        server_config(first, None, &[], None).unwrap();
+        server_config(fixed_resolver(first).unwrap(), None, &[], None).unwrap();
     }
 
     #[test]
@@ -374,6 +457,35 @@ mod tests {
         assert!(e.to_string().starts_with(&format!("{}: ", bad.display())), "{e}");
         let e = client_ca(Path::new("/nonexistent/ca.crt")).unwrap_err();
         assert!(e.to_string().starts_with("/nonexistent/ca.crt: "), "{e}");
+    }
+
+    #[test]
+    fn the_client_ca_follows_its_file_and_keeps_the_last_good_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ca.crt");
+        let ca = |cn: &str| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut p = rcgen::CertificateParams::default();
+            p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            p.self_signed(&key).unwrap().pem()
+        };
+        fs::write(&path, ca("first")).unwrap();
+        let c = ClientCa::load(&path).unwrap();
+        let subject = |c: &ClientCa| c.roots().subjects()[0].as_ref().to_vec();
+        let first = subject(&c);
+        let mut changes = c.subscribe();
+        assert!(!c.reload().unwrap(), "unchanged");
+        fs::write(&path, ca("second")).unwrap();
+        assert!(c.reload().unwrap());
+        assert!(changes.has_changed().unwrap());
+        changes.mark_unchanged();
+        assert_ne!(subject(&c), first);
+        let second = subject(&c);
+        fs::write(&path, "not a certificate").unwrap();
+        assert!(c.reload().is_err());
+        assert_eq!(subject(&c), second, "the last good CA stays");
+        assert!(!changes.has_changed().unwrap());
     }
 
     #[test]

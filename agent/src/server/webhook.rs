@@ -3,11 +3,20 @@
 //! the kubelet's caches (`authentication.webhook.cacheTTL`, default 2m;
 //! `authorization.webhook.cacheAuthorizedTTL` 5m and
 //! `cacheUnauthorizedTTL` 30s). Failed calls are not cached.
+//!
+//! Bearer tokens come from anyone who can reach :10250, so TokenReviews
+//! are bounded apart from everything else the agent asks of the API
+//! server: their client is not the one that renews the Lease and posts
+//! node status (no shared kubeAPIQPS bucket, so heartbeats never wait
+//! behind reviews), a token bucket (`--token-review-qps`/`-burst`) and a
+//! cap on reviews in flight refuse what is over at once instead of
+//! queueing it (429), identical reviews in flight are made once, and the
+//! cache keeps authenticated tokens apart from refused ones
+//! (`review_cache.rs`).
 
 use std::{
     collections::HashMap,
-    hash::Hash,
-    sync::Mutex,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -17,54 +26,106 @@ use k8s_openapi::api::{
     authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
 };
 use kube::api::{Api, PostParams};
+use tokio::sync::{OnceCell, Semaphore};
 
-use super::auth::{Attributes, AuthError, Authenticator, Authorizer, Credentials, Decision, UserInfo};
+use super::{
+    auth::{Attributes, AuthError, Authenticator, Authorizer, Credentials, Decision, UserInfo},
+    review_cache::{CACHE_CAPACITY, TokenCache, TokenKey, TtlCache},
+};
+use crate::kubeapi::ratelimit::TokenBucket;
 
-/// Entries kept at most; expired ones go first, then everything.
-const CACHE_CAPACITY: usize = 4096;
+/// TokenReviews in flight at once, whatever the bucket allows.
+const MAX_IN_FLIGHT: usize = 32;
 
-/// A map whose entries expire.
-pub struct TtlCache<K, V> {
-    entries: Mutex<HashMap<K, (Instant, V)>>,
-}
+type Verdict = Result<Option<UserInfo>, AuthError>;
 
-impl<K: Eq + Hash + Clone, V: Clone> Default for TtlCache<K, V> {
-    fn default() -> Self {
-        TtlCache { entries: Mutex::new(HashMap::new()) }
-    }
-}
-
-impl<K: Eq + Hash + Clone, V: Clone> TtlCache<K, V> {
-    pub fn get(&self, key: &K, now: Instant) -> Option<V> {
-        let map = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(key).filter(|(until, _)| now < *until).map(|(_, v)| v.clone())
-    }
-
-    pub fn insert(&self, key: K, value: V, ttl: Duration, now: Instant) {
-        if ttl.is_zero() {
-            return;
-        }
-        let mut map = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if map.len() >= CACHE_CAPACITY {
-            map.retain(|_, (until, _)| now < *until);
-            if map.len() >= CACHE_CAPACITY {
-                map.clear();
-            }
-        }
-        map.insert(key, (now + ttl, value));
-    }
+/// How many TokenReviews may be sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReviewLimits {
+    pub qps: u32,
+    pub burst: u32,
 }
 
 /// Bearer tokens checked with TokenReview (authentication.k8s.io/v1).
 pub struct TokenReviewAuthenticator {
     client: kube::Client,
     ttl: Duration,
-    cache: TtlCache<String, Option<UserInfo>>,
+    cache: TokenCache,
+    bucket: Mutex<TokenBucket>,
+    /// qps 0: no review is ever sent.
+    disabled: bool,
+    in_flight: Semaphore,
+    pending: Mutex<HashMap<TokenKey, Arc<OnceCell<Verdict>>>>,
 }
 
 impl TokenReviewAuthenticator {
-    pub fn new(client: kube::Client, ttl: Duration) -> TokenReviewAuthenticator {
-        TokenReviewAuthenticator { client, ttl, cache: TtlCache::default() }
+    pub fn new(client: kube::Client, ttl: Duration, limits: ReviewLimits) -> TokenReviewAuthenticator {
+        TokenReviewAuthenticator {
+            client,
+            ttl,
+            cache: TokenCache::random(CACHE_CAPACITY),
+            bucket: Mutex::new(TokenBucket::new(f64::from(limits.qps), limits.burst, tokio_now())),
+            disabled: limits.qps == 0,
+            in_flight: Semaphore::new(MAX_IN_FLIGHT),
+            pending: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// One review for `token`, shared by every request presenting it
+    /// meanwhile; refused at once when over the limits.
+    async fn review_once(&self, key: TokenKey, token: &str) -> Verdict {
+        let cell = {
+            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            p.entry(key).or_default().clone()
+        };
+        let verdict = cell.get_or_init(|| self.limited_review(key, token)).await.clone();
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if p.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+            p.remove(&key);
+        }
+        verdict
+    }
+
+    async fn limited_review(&self, key: TokenKey, token: &str) -> Verdict {
+        let Ok(_permit) = self.in_flight.try_acquire() else { return Err(AuthError::RateLimited) };
+        let allowed = !self.disabled && self.bucket.lock().unwrap_or_else(|e| e.into_inner()).try_take(tokio_now());
+        if !allowed {
+            return Err(AuthError::RateLimited);
+        }
+        let verdict = review(&self.client, token).await?;
+        self.cache.insert(key, verdict.clone(), self.ttl, Instant::now());
+        Ok(verdict)
+    }
+}
+
+/// tokio's clock (which tests can pause), as a std Instant.
+fn tokio_now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// One TokenReview.
+async fn review(client: &kube::Client, token: &str) -> Verdict {
+    let review =
+        TokenReview { spec: TokenReviewSpec { token: token.to_owned(), audiences: None }, ..Default::default() };
+    let api: Api<TokenReview> = Api::all(client.clone());
+    let out = api
+        .create(&PostParams::default(), &review)
+        .await
+        .map_err(|e| AuthError::Webhook(format!("TokenReview: {e}")))?;
+    let status = out.status.unwrap_or_default();
+    if status.authenticated == Some(true) {
+        let u = status.user.unwrap_or_default();
+        return Ok(Some(UserInfo {
+            name: u.username.unwrap_or_default(),
+            uid: u.uid.unwrap_or_default(),
+            groups: u.groups.unwrap_or_default(),
+            extra: u.extra.unwrap_or_default().into_iter().collect(),
+        }));
+    }
+    match status.error.filter(|e| !e.is_empty()) {
+        // The webhook's own failure is an error, not a verdict.
+        Some(e) => Err(AuthError::Webhook(format!("TokenReview: {e}"))),
+        None => Ok(None),
     }
 }
 
@@ -72,35 +133,11 @@ impl TokenReviewAuthenticator {
 impl Authenticator for TokenReviewAuthenticator {
     async fn authenticate(&self, creds: &Credentials<'_>) -> Result<Option<UserInfo>, AuthError> {
         let Some(token) = creds.bearer_token else { return Ok(None) };
-        let now = Instant::now();
-        if let Some(hit) = self.cache.get(&token.to_owned(), now) {
+        let key = self.cache.key(token);
+        if let Some(hit) = self.cache.get(&key, Instant::now()) {
             return Ok(hit);
         }
-        let review =
-            TokenReview { spec: TokenReviewSpec { token: token.to_owned(), audiences: None }, ..Default::default() };
-        let api: Api<TokenReview> = Api::all(self.client.clone());
-        let out = api
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| AuthError::Webhook(format!("TokenReview: {e}")))?;
-        let status = out.status.unwrap_or_default();
-        let result = if status.authenticated == Some(true) {
-            let u = status.user.unwrap_or_default();
-            Some(UserInfo {
-                name: u.username.unwrap_or_default(),
-                uid: u.uid.unwrap_or_default(),
-                groups: u.groups.unwrap_or_default(),
-                extra: u.extra.unwrap_or_default().into_iter().collect(),
-            })
-        } else {
-            match status.error.filter(|e| !e.is_empty()) {
-                // The webhook's own failure is an error, not a verdict.
-                Some(e) => return Err(AuthError::Webhook(format!("TokenReview: {e}"))),
-                None => None,
-            }
-        };
-        self.cache.insert(token.to_owned(), result.clone(), self.ttl, now);
-        Ok(result)
+        self.review_once(key, token).await
     }
 }
 
@@ -174,10 +211,7 @@ impl Authorizer for SubjectAccessReviewAuthorizer {
 
 #[cfg(test)]
 mod tests {
-    use std::{
-        convert::Infallible,
-        sync::{Arc, Mutex},
-    };
+    use std::convert::Infallible;
 
     use bytes::Bytes;
     use http_body_util::{BodyExt, Full};
@@ -187,6 +221,8 @@ mod tests {
     use super::*;
 
     type Seen = Arc<Mutex<Vec<(String, Value)>>>;
+
+    const LIMITS: ReviewLimits = ReviewLimits { qps: 100, burst: 100 };
 
     /// A kube client whose API server is a closure over the request body,
     /// recording every request (path and JSON body).
@@ -223,7 +259,7 @@ mod tests {
             };
             r
         });
-        let a = TokenReviewAuthenticator::new(client, Duration::from_secs(60));
+        let a = TokenReviewAuthenticator::new(client, Duration::from_secs(60), LIMITS);
         let creds = |t| Credentials { client_certs: &[], bearer_token: Some(t) };
         let u = a.authenticate(&creds("good")).await.unwrap().unwrap();
         assert_eq!(u.name, "system:serviceaccount:monitoring:prometheus");
@@ -301,21 +337,62 @@ mod tests {
         let client = kube::Client::new(svc, "default");
         let z = SubjectAccessReviewAuthorizer::new(client.clone(), Duration::from_secs(300), Duration::from_secs(30));
         assert!(matches!(z.authorize(&attrs("alice", "stats")).await, Err(AuthError::Webhook(_))));
-        let a = TokenReviewAuthenticator::new(client, Duration::from_secs(60));
+        let a = TokenReviewAuthenticator::new(client, Duration::from_secs(60), LIMITS);
         assert!(matches!(
             a.authenticate(&Credentials { client_certs: &[], bearer_token: Some("t") }).await,
             Err(AuthError::Webhook(_))
         ));
     }
 
-    #[test]
-    fn ttl_cache_expires() {
-        let c: TtlCache<&str, u32> = TtlCache::default();
-        let t0 = Instant::now();
-        c.insert("a", 1, Duration::from_secs(10), t0);
-        c.insert("z", 1, Duration::ZERO, t0);
-        assert_eq!(c.get(&"a", t0 + Duration::from_secs(9)), Some(1));
-        assert_eq!(c.get(&"a", t0 + Duration::from_secs(10)), None);
-        assert_eq!(c.get(&"z", t0), None);
+    /// A flood of random tokens: at most the bucket's reviews are sent,
+    /// the rest refused at once (429), and identical reviews in flight
+    /// are made once.
+    #[tokio::test]
+    async fn floods_are_refused_not_queued_and_identical_reviews_coalesce() {
+        let (client, seen) = fake_client(|v| {
+            let mut r = v.clone();
+            let good = v["spec"]["token"] == "good";
+            r["status"] = if good {
+                json!({"authenticated": true, "user": {"username": "alice"}})
+            } else {
+                json!({"authenticated": false})
+            };
+            r
+        });
+        let a = Arc::new(TokenReviewAuthenticator::new(
+            client,
+            Duration::from_secs(120),
+            ReviewLimits { qps: 5, burst: 5 },
+        ));
+        let creds = |t: &'static str| Credentials { client_certs: &[], bearer_token: Some(t) };
+        assert_eq!(a.authenticate(&creds("good")).await.unwrap().unwrap().name, "alice");
+        let mut limited = 0;
+        for i in 0..1000 {
+            let t: &'static str = Box::leak(format!("random-{i}").into_boxed_str());
+            match a.authenticate(&creds(t)).await {
+                Err(AuthError::RateLimited) => limited += 1,
+                Ok(None) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(limited, 1000 - 4, "the burst of 5 less the good token's review");
+        assert_eq!(seen.lock().unwrap().len(), 5);
+        // The authenticated token is still cached.
+        assert_eq!(a.authenticate(&creds("good")).await.unwrap().unwrap().name, "alice");
+        assert_eq!(seen.lock().unwrap().len(), 5);
+        // Coalescing: 50 requests presenting one new token at once, one review.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let before = seen.lock().unwrap().len();
+        let mut tasks = vec![];
+        for _ in 0..50 {
+            let a = a.clone();
+            tasks.push(tokio::spawn(async move {
+                a.authenticate(&Credentials { client_certs: &[], bearer_token: Some("same-new-token") }).await
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), Ok(None));
+        }
+        assert_eq!(seen.lock().unwrap().len(), before + 1);
     }
 }

@@ -219,12 +219,40 @@ impl Pki {
     /// Signs a PEM CSR as the kube-apiserver-client-kubelet signer would:
     /// client auth, the subject of the request.
     pub fn sign_csr(&self, csr_pem: &str) -> Result<String, rcgen::Error> {
+        self.sign_csr_for(csr_pem, false, std::time::Duration::from_secs(365 * 24 * 3600))
+    }
+
+    /// Signs a PEM CSR for a client (kube-apiserver-client-kubelet) or a
+    /// server (kubelet-serving: server auth, the request's names), valid
+    /// for `lifetime` from now (backdated a second, as signers allow for
+    /// clock skew).
+    pub fn sign_csr_for(
+        &self,
+        csr_pem: &str,
+        serving: bool,
+        lifetime: std::time::Duration,
+    ) -> Result<String, rcgen::Error> {
         let mut req = CertificateSigningRequestParams::from_pem(csr_pem)?;
-        req.params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        req.params.extended_key_usages =
+            vec![if serving { ExtendedKeyUsagePurpose::ServerAuth } else { ExtendedKeyUsagePurpose::ClientAuth }];
         req.params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         req.params.is_ca = IsCa::NoCa;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let epoch = rcgen::date_time_ymd(1970, 1, 1);
+        req.params.not_before = epoch + now.saturating_sub(std::time::Duration::from_secs(1));
+        req.params.not_after = epoch + now + lifetime;
         Ok(req.signed_by(&self.ca)?.pem())
     }
+}
+
+/// The user a client certificate names and its expiry.
+pub(crate) fn peer_from_cert(der: &[u8]) -> Option<super::server::Peer> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let t = cert.validity().not_after.timestamp().max(0) as u64;
+    Some(super::server::Peer {
+        user: user_from_cert(der)?,
+        not_after: std::time::UNIX_EPOCH + std::time::Duration::from_secs(t),
+    })
 }
 
 /// The user a client certificate names: CN, and O as groups.

@@ -17,6 +17,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod csr;
 pub mod defaults;
 mod ephemeral;
 pub mod openapi;
@@ -60,6 +61,8 @@ pub struct Options {
     pub history_limit: usize,
     /// Approve and sign kubelet client CSRs at once (TLS only).
     pub auto_approve_csrs: bool,
+    /// Which CSRs are approved at once and how long certificates live.
+    pub csr: csr::Policy,
     pub auth: AuthConfig,
 }
 
@@ -71,6 +74,7 @@ impl Default for Options {
             bookmark_interval: Duration::from_secs(5),
             history_limit: 10_000,
             auto_approve_csrs: true,
+            csr: csr::Policy::default(),
             auth: AuthConfig::default(),
         }
     }
@@ -130,6 +134,7 @@ impl FakeApiServer {
             pki,
             bookmark_interval: options.bookmark_interval,
             auto_approve_csrs: options.auto_approve_csrs,
+            csr: RwLock::new(options.csr.clone()),
             requests: Mutex::new(vec![]),
             faults: Mutex::new(vec![]),
             server_address: addr.to_string(),
@@ -289,6 +294,10 @@ impl FakeApiServer {
         self.state.auth.write().unwrap_or_else(|p| p.into_inner()).tokens.insert(token.into(), user);
     }
 
+    pub fn remove_token(&self, token: &str) {
+        self.state.auth.write().unwrap_or_else(|p| p.into_inner()).tokens.remove(token);
+    }
+
     /// Replaces the authorization rules (first match decides).
     pub fn set_rules(&self, rules: Vec<AccessRule>) {
         self.state.auth.write().unwrap_or_else(|p| p.into_inner()).rules = rules;
@@ -296,6 +305,30 @@ impl FakeApiServer {
 
     pub fn add_rule(&self, rule: AccessRule) {
         self.state.auth.write().unwrap_or_else(|p| p.into_inner()).rules.push(rule);
+    }
+
+    /// Changes which CSRs are approved at once and how long certificates
+    /// live, from now on.
+    pub fn set_csr_policy(&self, policy: csr::Policy) {
+        *self.state.csr.write().unwrap_or_else(|p| p.into_inner()) = policy;
+    }
+
+    /// Approves a CSR as `kubectl certificate approve` does; the signer
+    /// then issues its certificate.
+    pub fn approve_csr(&self, name: &str) -> Result<(), String> {
+        let mut csr = self.state.store.get(&resources::CSRS, "", name).map_err(|e| e.message.clone())?;
+        let t = store::now_rfc3339();
+        csr["status"]["conditions"] = json!([{
+            "type": "Approved", "status": "True", "reason": "KubectlApprove",
+            "message": "This CSR was approved by the test.", "lastUpdateTime": t, "lastTransitionTime": t,
+        }]);
+        let updated = self
+            .state
+            .store
+            .update(&resources::CSRS, "", name, csr, server::merge_for(&resources::CSRS, Some("status")))
+            .map_err(|e| e.message.clone())?;
+        csr::on_update(&self.state, updated);
+        Ok(())
     }
 
     pub fn inject(&self, fault: Fault) {
@@ -384,7 +417,7 @@ async fn serve_connection(state: Arc<State>, stream: tokio::net::TcpStream, tls:
                 .1
                 .peer_certificates()
                 .and_then(|c| c.first())
-                .and_then(|c| auth::user_from_cert(c.as_ref()));
+                .and_then(|c| auth::peer_from_cert(c.as_ref()));
             let svc = hyper::service::service_fn(move |req| {
                 let state = state.clone();
                 let peer = peer.clone();

@@ -30,6 +30,8 @@ pub type Body = BoxBody<Bytes, Infallible>;
 /// One request as the fake saw it (for assertions in tests).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestRecord {
+    /// When it arrived.
+    pub at: std::time::Instant,
     pub method: String,
     /// Path and query.
     pub uri: String,
@@ -54,6 +56,9 @@ pub struct State {
     pub pki: Option<Pki>,
     pub bookmark_interval: Duration,
     pub auto_approve_csrs: bool,
+    /// Which CSRs are approved by themselves, and for how long certificates
+    /// are issued.
+    pub csr: RwLock<super::csr::Policy>,
     pub requests: Mutex<Vec<RequestRecord>>,
     pub faults: Mutex<Vec<Fault>>,
     pub server_address: String,
@@ -144,8 +149,31 @@ fn route(path: &str) -> Result<Target, ApiError> {
     })
 }
 
-pub async fn handle(state: Arc<State>, req: Request<Incoming>, peer: Option<UserInfo>) -> Response<Body> {
-    let user = user_of(&state, &req, peer.as_ref());
+/// The TLS client's certificate: who it names and until when it is valid
+/// (the API server checks the validity at every request, not only at the
+/// handshake).
+#[derive(Clone, Debug)]
+pub struct Peer {
+    pub user: UserInfo,
+    pub not_after: std::time::SystemTime,
+}
+
+pub async fn handle(state: Arc<State>, req: Request<Incoming>, peer: Option<Peer>) -> Response<Body> {
+    let arrived = std::time::Instant::now();
+    if let Some(p) = &peer
+        && std::time::SystemTime::now() > p.not_after
+    {
+        state.requests.lock().unwrap_or_else(|p| p.into_inner()).push(RequestRecord {
+            at: arrived,
+            method: req.method().to_string(),
+            uri: req.uri().to_string(),
+            user: p.user.username.clone(),
+            content_type: String::new(),
+            status: 401,
+        });
+        return error_response(&ApiError::new(401, "Unauthorized", "the client certificate has expired"));
+    }
+    let user = user_of(&state, &req, peer.as_ref().map(|p| &p.user));
     let method = req.method().clone();
     let uri = req.uri().to_string();
     let path = req.uri().path().to_owned();
@@ -176,6 +204,7 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>, peer: Option<User
         },
     };
     state.requests.lock().unwrap_or_else(|p| p.into_inner()).push(RequestRecord {
+        at: arrived,
         method: method.to_string(),
         uri,
         user: user.username,
@@ -238,6 +267,19 @@ async fn dispatch(state: &Arc<State>, req: Request<Incoming>, user: &UserInfo) -
                 if method != Method::POST || name.is_some() {
                     return Err(ApiError::new(405, "MethodNotAllowed", format!("{} only supports create", rt.plural)));
                 }
+                // As RBAC has it: bootstrap tokens may ask for a client
+                // certificate (system:node-bootstrapper), not review
+                // tokens or access.
+                if user.groups.iter().any(|g| g == "system:bootstrappers") {
+                    return Err(ApiError::new(
+                        403,
+                        "Forbidden",
+                        format!(
+                            "{} is forbidden: User \"{}\" cannot create resource \"{}\"",
+                            rt.plural, user.username, rt.plural
+                        ),
+                    ));
+                }
                 let review = parse_body()?;
                 let auth = state.auth.read().unwrap_or_else(|p| p.into_inner());
                 let mut answer =
@@ -298,15 +340,18 @@ async fn dispatch(state: &Arc<State>, req: Request<Incoming>, user: &UserInfo) -
                         }
                     }
                     let created = state.store.create(&rt, &ns_str, obj)?;
-                    if rt.kind == "CertificateSigningRequest" && state.auto_approve_csrs {
-                        approve_csr(state, &created);
+                    if rt.kind == "CertificateSigningRequest" {
+                        super::csr::on_create(state, &created);
                     }
                     Ok(warned(201, &created, warnings))
                 }
                 (Method::PUT, Some(n), sub) => {
                     let obj = parse_body()?;
                     let warnings = openapi::check_fields(&rt, &obj, validation, false)?;
-                    let updated = update(state, &rt, &ns_str, &n, sub, obj)?;
+                    let mut updated = update(state, &rt, &ns_str, &n, sub, obj)?;
+                    if rt.kind == "CertificateSigningRequest" {
+                        updated = super::csr::on_update(state, updated);
+                    }
                     Ok(warned(200, &updated, warnings))
                 }
                 (Method::PATCH, Some(n), sub) => {
@@ -425,7 +470,7 @@ fn list(
 /// The stored object for an update of `sub` ("status", "approval" or the
 /// main resource): a main update keeps the status of resources that have a
 /// status subresource; a status update changes only the status.
-fn merge_for(rt: &ResourceType, sub: Option<&str>) -> impl FnOnce(&Value, &mut Value) + use<> {
+pub(super) fn merge_for(rt: &ResourceType, sub: Option<&str>) -> impl FnOnce(&Value, &mut Value) + use<> {
     let has_status = rt.status;
     let sub = sub.map(str::to_owned);
     move |old: &Value, new: &mut Value| match sub.as_deref() {
@@ -495,38 +540,6 @@ fn patch_object(
         }
     }
     Err(ApiError::conflict(rt, name, "too many concurrent writes"))
-}
-
-fn approve_csr(state: &Arc<State>, csr: &Value) {
-    let Some(pki) = &state.pki else { return };
-    let signer = csr.pointer("/spec/signerName").and_then(Value::as_str).unwrap_or("");
-    if signer != "kubernetes.io/kube-apiserver-client-kubelet" {
-        return;
-    }
-    let name = csr.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_owned();
-    let request: Option<k8s_openapi::ByteString> =
-        csr.pointer("/spec/request").cloned().and_then(|r| serde_json::from_value(r).ok());
-    let now = super::store::now_rfc3339();
-    let mut status = json!({"conditions": [{
-        "type": "Approved", "status": "True", "reason": "AutoApproved",
-        "message": "Auto approving kubelet client certificate after SubjectAccessReview.",
-        "lastUpdateTime": now, "lastTransitionTime": now,
-    }]});
-    match request.map(|r| String::from_utf8_lossy(&r.0).into_owned()).map(|pem| pki.sign_csr(&pem)) {
-        Some(Ok(cert)) => {
-            status["certificate"] = serde_json::to_value(k8s_openapi::ByteString(cert.into_bytes())).unwrap_or_default()
-        }
-        other => {
-            status["conditions"] = json!([{
-                "type": "Failed", "status": "True", "reason": "SignerValidationFailure",
-                "message": format!("cannot sign the request: {:?}", other.map(|r| r.err())),
-                "lastUpdateTime": now, "lastTransitionTime": now,
-            }]);
-        }
-    }
-    let mut obj = csr.clone();
-    obj["status"] = status;
-    let _ = state.store.update(&resources::CSRS, "", &name, obj, merge_for(&resources::CSRS, Some("status")));
 }
 
 /// What one watch filters on.
