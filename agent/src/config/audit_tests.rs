@@ -101,7 +101,7 @@ const FIELDS: &[(&str, &str, Want)] = &[
     ("mergeDefaultEvictionSettings", "true", Implemented),
     ("podsPerCore", "10", Implemented),
     ("enableControllerAttachDetach", "false", Warned),
-    ("protectKernelDefaults", "false", Implemented),
+    ("protectKernelDefaults", "true", Implemented),
     ("makeIPTablesUtilChains", "true", Warned),
     ("iptablesMasqueradeBit", "13", Warned),
     ("iptablesDropBit", "16", Warned),
