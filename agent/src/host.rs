@@ -106,24 +106,51 @@ pub fn write_private(path: &Path, data: &[u8]) -> io::Result<()> {
 /// taken in advance; the rename replaces a planted symlink at `path`
 /// itself rather than writing through it.
 pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
-    use std::{io::Write, os::unix::fs::PermissionsExt};
+    use std::io::Write;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
     let name = path.file_name().ok_or_else(|| io::Error::other(format!("{}: not a file name", path.display())))?;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{}.tmp-", name.to_string_lossy()))
-        .permissions(std::fs::Permissions::from_mode(mode))
-        .tempfile_in(dir)?;
-    // A umask may have narrowed the mode the file was created with.
-    tmp.as_file().set_permissions(std::fs::Permissions::from_mode(mode))?;
-    tmp.write_all(data)?;
-    tmp.as_file().sync_all()?;
-    // On failure the temporary file is removed when `tmp` drops.
-    tmp.persist(path).map_err(|e| e.error)?;
+    let (tmp, mut f) = create_exclusive(dir, &name.to_string_lossy(), mode)?;
+    // Errors straight from the file (ENOSPC, EDQUOT, EIO keep their code).
+    let written = (|| {
+        // A umask may have narrowed the mode the file was created with.
+        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     // The rename is durable once the directory is.
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// A new file `.<name>.tmp-<random>` in `dir`, created with O_EXCL (a name
+/// taken meanwhile, or a planted symlink, is never opened: another random
+/// name is tried).
+fn create_exclusive(dir: &Path, name: &str, mode: u32) -> io::Result<(std::path::PathBuf, std::fs::File)> {
+    use std::{
+        hash::{BuildHasher, Hasher},
+        os::unix::fs::OpenOptionsExt,
+    };
+    let mut last = None;
+    for _ in 0..16 {
+        // RandomState is seeded from the OS's random source per process and
+        // differs per instance.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        let tmp = dir.join(format!(".{name}.tmp-{:016x}", h.finish()));
+        match std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp) {
+            Ok(f) => return Ok((tmp, f)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AlreadyExists)))
 }
 
 #[cfg(test)]

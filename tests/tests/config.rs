@@ -115,7 +115,7 @@ evictionHard:
   memory.available: 100Mi
 hairpinMode: hairpin-veth
 cpuManagerReconcilePeriod: 5s
-rotateCertificates: true
+volumeStatsAggPeriod: 30s
 featureGates:
   MemoryQoS: true
 ";
@@ -131,7 +131,7 @@ featureGates:
     for line in [
         "KubeletConfiguration hairpinMode: \"hairpin-veth\" is not implemented (the runtime's CNI network configures hairpin traffic); in effect: \"none\"",
         "KubeletConfiguration cpuManagerReconcilePeriod: \"5s\" is not implemented (swiftlet has no CPU manager); in effect: \"10s\"",
-        "KubeletConfiguration rotateCertificates: true is not implemented",
+        "KubeletConfiguration volumeStatsAggPeriod: \"30s\" is not implemented (volume statistics are not collected); in effect: \"1m0s\"",
         "KubeletConfiguration featureGates: MemoryQoS=true is not implemented",
         "--lock-file is not implemented (no lock file is taken)",
     ] {

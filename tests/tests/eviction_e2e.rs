@@ -203,10 +203,16 @@ fn inode_eviction() {
     ];
     let expect = Expect { condition: Some("DiskPressure"), starved_resource: Some("inodes") };
     let disk = &d.disk;
-    let (_, _, free) = disk.stat();
     let pressure = move |node: &mut E2eNode| {
-        // 4,000 inodes from here: each hog makes 1,000 a second.
-        set_config(node, "  nodefs.inodesFree", &format!("\"{}\"", free.saturating_sub(4000)));
+        // The hogs run first, as upstream's do before the line is reached:
+        // a writable layer's inodes reach the ranking through the runtime's
+        // stats, which containerd refreshes every 10 s; ranked before that,
+        // the container hog holds no more than the innocent pod.
+        std::thread::sleep(Duration::from_secs(12));
+        // 4,000 inodes below what is free now: each hog makes up to 1,000
+        // a second.
+        let (_, _, now_free) = disk.stat();
+        set_config(node, "  nodefs.inodesFree", &format!("\"{}\"", now_free.saturating_sub(4000)));
     };
     let relief = |node: &mut E2eNode| set_config(node, "  nodefs.inodesFree", "\"1\"");
     d.node.run_eviction_test(&specs, expect, Duration::from_secs(60), TRANSITION, pressure, relief);

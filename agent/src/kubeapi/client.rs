@@ -74,10 +74,12 @@ pub fn client_from(cfg: kube::Config, qps: u32, burst: u32) -> Result<kube::Clie
 }
 
 /// A client with no rate limit of its own (the agent's clients put theirs
-/// in front of the swappable one).
+/// in front of the swappable one), every request counted in the REST
+/// client metrics.
 pub fn unlimited(cfg: kube::Config) -> Result<kube::Client, ApiError> {
+    let host = cfg.cluster_url.authority().map(|a| a.to_string()).unwrap_or_default();
     let builder = kube::client::ClientBuilder::try_from(cfg).map_err(|e| ApiError::Client(e.to_string()))?;
-    Ok(builder.build())
+    Ok(builder.with_layer(&RestClientLayer { metrics: RestClientMetrics::global().clone(), host }).build())
 }
 
 /// The kubeconfig the kubelet would use: bootstrapped first when it is
