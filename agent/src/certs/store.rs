@@ -18,6 +18,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 pub struct Pair {
     pub cert_pem: String,
     pub key_pem: String,
+    /// The key `key_pem` holds, parsed once.
+    key: PrivateKeyDer<'static>,
     pub chain: Vec<CertificateDer<'static>>,
     pub not_before: SystemTime,
     pub not_after: SystemTime,
@@ -33,7 +35,8 @@ impl Pair {
             .collect::<Result<_, _>>()
             .map_err(|e| err(format!("not a PEM certificate: {e}")))?;
         let leaf = chain.first().ok_or_else(|| err("no CERTIFICATE block".into()))?;
-        PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| err(format!("no usable private key: {e}")))?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+            .map_err(|e| err(format!("no usable private key: {e}")))?;
         let (_, cert) = x509_parser::parse_x509_certificate(leaf).map_err(|e| err(format!("bad certificate: {e}")))?;
         let at = |t: i64| UNIX_EPOCH + Duration::from_secs(t.max(0) as u64);
         Ok(Pair {
@@ -41,6 +44,7 @@ impl Pair {
             not_after: at(cert.validity().not_after.timestamp()),
             cert_pem: only_blocks(cert_pem, "CERTIFICATE"),
             key_pem: key_block(key_pem),
+            key,
             chain,
             source: source.to_owned(),
         })
@@ -53,8 +57,7 @@ impl Pair {
     }
 
     pub fn key(&self) -> PrivateKeyDer<'static> {
-        // Checked when parsed.
-        PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes()).expect("the key parsed when the pair was read")
+        self.key.clone_key()
     }
 }
 
