@@ -129,10 +129,10 @@ pub fn encode_message(codec: Codec, channel: u8, data: &[u8]) -> Message {
 pub fn channels(ws: WebSocketStream<TokioIo<Upgraded>>, protocol: Option<ChannelProtocol>) -> WsChannels {
     let codec = protocol.map_or(Codec::Binary, |p| p.codec);
     let close_signal = protocol.is_some_and(|p| p.version >= 5);
-    let (mut sink, mut stream) = ws.split();
+    let (sink, mut stream) = ws.split();
     let (stdin_tx, stdin) = mpsc::channel::<Bytes>(64);
     let (resize_tx, resize) = mpsc::channel::<Bytes>(8);
-    let (out, mut out_rx) = mpsc::channel::<WsOut>(64);
+    let (out, out_rx) = mpsc::channel::<WsOut>(64);
     let (gone_tx, gone) = watch::channel(false);
     tokio::spawn(async move {
         let (mut stdin_tx, mut resize_tx) = (Some(stdin_tx), Some(resize_tx));
@@ -166,23 +166,31 @@ pub fn channels(ws: WebSocketStream<TokioIo<Upgraded>>, protocol: Option<Channel
         }
         let _ = gone_tx.send(true);
     });
-    tokio::spawn(async move {
-        while let Some(o) = out_rx.recv().await {
-            let r = match o {
-                WsOut::Data(ch, data) => sink.send(encode_message(codec, ch, &data)).await,
-                WsOut::Close => {
-                    let frame = CloseFrame { code: CloseCode::Normal, reason: "".into() };
-                    let _ = sink.send(Message::Close(Some(frame))).await;
-                    break;
-                }
-            };
-            if r.is_err() {
+    tokio::spawn(write_out(sink, codec, out_rx));
+    WsChannels { stdin, resize, out, gone }
+}
+
+/// Sends what the session writes to the client, in `codec`, until it
+/// closes or the client is gone; then closes the socket.
+async fn write_out(
+    mut sink: futures::stream::SplitSink<WebSocketStream<TokioIo<Upgraded>>, Message>,
+    codec: Codec,
+    mut out_rx: mpsc::Receiver<WsOut>,
+) {
+    while let Some(o) = out_rx.recv().await {
+        let r = match o {
+            WsOut::Data(ch, data) => sink.send(encode_message(codec, ch, &data)).await,
+            WsOut::Close => {
+                let frame = CloseFrame { code: CloseCode::Normal, reason: "".into() };
+                let _ = sink.send(Message::Close(Some(frame))).await;
                 break;
             }
+        };
+        if r.is_err() {
+            break;
         }
-        let _ = sink.close().await;
-    });
-    WsChannels { stdin, resize, out, gone }
+    }
+    let _ = sink.close().await;
 }
 
 /// The port-forward subprotocols of WebSocket clients that do not tunnel
@@ -202,9 +210,9 @@ pub struct Mux {
 
 /// Runs a plain channel protocol with `channels` channels on `ws`.
 pub fn mux(ws: WebSocketStream<TokioIo<Upgraded>>, codec: Codec, channels: usize) -> Mux {
-    let (mut sink, mut stream) = ws.split();
+    let (sink, mut stream) = ws.split();
     let (txs, inputs): (Vec<_>, Vec<_>) = (0..channels).map(|_| mpsc::channel::<Bytes>(64)).unzip();
-    let (out, mut out_rx) = mpsc::channel::<WsOut>(64);
+    let (out, out_rx) = mpsc::channel::<WsOut>(64);
     let (gone_tx, gone) = watch::channel(false);
     tokio::spawn(async move {
         let mut txs: Vec<Option<mpsc::Sender<Bytes>>> = txs.into_iter().map(Some).collect();
@@ -223,22 +231,7 @@ pub fn mux(ws: WebSocketStream<TokioIo<Upgraded>>, codec: Codec, channels: usize
         }
         let _ = gone_tx.send(true);
     });
-    tokio::spawn(async move {
-        while let Some(o) = out_rx.recv().await {
-            let r = match o {
-                WsOut::Data(ch, data) => sink.send(encode_message(codec, ch, &data)).await,
-                WsOut::Close => {
-                    let frame = CloseFrame { code: CloseCode::Normal, reason: "".into() };
-                    let _ = sink.send(Message::Close(Some(frame))).await;
-                    break;
-                }
-            };
-            if r.is_err() {
-                break;
-            }
-        }
-        let _ = sink.close().await;
-    });
+    tokio::spawn(write_out(sink, codec, out_rx));
     Mux { inputs, out, gone }
 }
 
