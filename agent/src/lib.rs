@@ -21,6 +21,7 @@ pub mod logs;
 pub mod metrics;
 pub mod node;
 pub mod pods;
+pub mod psi;
 pub mod quantity;
 pub mod reload;
 pub mod server;

@@ -30,14 +30,14 @@ use super::{
 type Labels<'a> = Vec<(&'a str, &'a str)>;
 
 /// One cgroup as cAdvisor labels it.
-struct Row<'a> {
+pub(super) struct Row<'a> {
     container: &'a str,
     id: String,
     image: &'a str,
     name: &'a str,
     namespace: &'a str,
     pod: &'a str,
-    cgroup: &'a CgroupSample,
+    pub(super) cgroup: &'a CgroupSample,
     start: f64,
     interfaces: &'a [InterfaceSample],
     fs_usage: Option<u64>,
@@ -139,7 +139,7 @@ fn family<'a>(
 }
 
 /// A family with one sample per row that has a value.
-fn per_row(
+pub(super) fn per_row(
     enc: &mut DescriptorEncoder,
     rows: &[Row],
     name: &str,
@@ -355,6 +355,7 @@ impl Collector for CadvisorCollector {
             |r| n(r.cgroup.oom_kills),
         )?;
         self.encode_spec(e, &rows)?;
+        super::cadvisor_psi::encode(e, &rows)?;
         per_row(
             e,
             &rows,

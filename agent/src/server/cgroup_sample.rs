@@ -19,7 +19,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::cgroups::{CgroupDir, CgroupFs, MemoryStat, Version};
+use crate::{
+    cgroups::{CgroupDir, CgroupFs, MemoryStat, Version},
+    psi::{self, PsiSample},
+};
 
 /// CFS bandwidth statistics (cpu.stat).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -83,6 +86,9 @@ pub struct CgroupSample {
     pub oom_kills: Option<u64>,
     pub io: Vec<DeviceIo>,
     pub spec: CgroupSpec,
+    /// Pressure stall information: the cgroup's own pressure files on
+    /// cgroup v2, /proc/pressure for the root; empty where there is none.
+    pub psi: PsiSample,
 }
 
 /// `key value` lines (cpu.stat, memory.events, memory.oom_control).
@@ -355,6 +361,11 @@ pub fn sample_cgroup(fs: &CgroupFs, rel: &str, specs: &mut SpecCache, reads: Rea
     }
     if reads.io {
         s.io = read_io(fs, rel, &memory);
+    }
+    // cgroup v1 has no per-cgroup pressure files; the root's pressure is
+    // the node's, read by the caller from /proc/pressure.
+    if !v1 && !rel.is_empty() {
+        s.psi = psi::read_cgroup(&memory.path().display().to_string(), |f| memory.read(f));
     }
     Some(s)
 }

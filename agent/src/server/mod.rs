@@ -15,6 +15,7 @@
 pub mod agent;
 pub mod auth;
 pub mod cadvisor;
+mod cadvisor_psi;
 pub mod cgroup_sample;
 pub mod collectors;
 pub mod conn;

@@ -20,12 +20,13 @@ use super::{
     summary::SYSTEM_CONTAINER_PODS,
 };
 use crate::{
-    cgroups::{CgroupFs, subtree_processes},
+    cgroups::{CgroupFs, Version, subtree_processes},
     cm::{
         naming::CgroupDriver,
         qos::{QosClass, qos_class},
     },
     cri::api,
+    psi,
     signals::node,
 };
 
@@ -229,7 +230,11 @@ pub(super) fn read_cgroups(
             s
         })
     };
-    let root = sample("", specs).unwrap_or_default();
+    let mut root = sample("", specs).unwrap_or_default();
+    root.psi = psi::read_node();
+    if fs.version() == Version::V1 {
+        psi::note_absent("pods and containers", "their cgroups are cgroup v1, which has no per-cgroup pressure files");
+    }
     let nodefs = match fs_sample(&cfg.root_dir) {
         Ok(s) => Some(s),
         Err(e) => {

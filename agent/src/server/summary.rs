@@ -7,6 +7,7 @@ use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use serde::{Deserialize, Serialize};
 
 use super::stats::{CgroupSample, FsSample, InterfaceSample, StatsSnapshot};
+use crate::psi::{Pressure, PsiLine};
 
 /// System container names in `node.systemContainers`.
 pub const SYSTEM_CONTAINER_KUBELET: &str = "kubelet";
@@ -30,6 +31,8 @@ pub struct NodeStats {
     pub cpu: Option<CpuStats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoStats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkStats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -77,6 +80,8 @@ pub struct PodStats {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoStats>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkStats>,
     #[serde(default, rename = "volume", skip_serializing_if = "Vec::is_empty")]
     pub volume_stats: Vec<VolumeStats>,
@@ -95,6 +100,8 @@ pub struct ContainerStats {
     pub cpu: Option<CpuStats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoStats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rootfs: Option<FsStats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -142,6 +149,49 @@ pub struct CpuStats {
     /// Cumulative CPU time, in core-nanoseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage_core_nano_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psi: Option<PsiStats>,
+}
+
+/// IO stats (KEP-4205): only pressure so far.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IoStats {
+    pub time: Time,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psi: Option<PsiStats>,
+}
+
+/// Pressure stall information of one resource (KEP-4205). `full` is
+/// always present, as in the kubelet's type: zeros where the kernel has no
+/// `full` line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PsiStats {
+    pub full: PsiData,
+    pub some: PsiData,
+}
+
+/// `total` is the kernel's cumulative stall in microseconds, passed on
+/// as the kubelet passes it; the averages are percentages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PsiData {
+    pub total: u64,
+    pub avg10: f64,
+    pub avg60: f64,
+    pub avg300: f64,
+}
+
+impl From<&PsiLine> for PsiData {
+    fn from(l: &PsiLine) -> PsiData {
+        PsiData { total: l.total_us, avg10: l.avg10, avg60: l.avg60, avg300: l.avg300 }
+    }
+}
+
+fn psi_stats(p: Option<Pressure>) -> Option<PsiStats> {
+    p.map(|p| PsiStats { full: p.full.as_ref().map(PsiData::from).unwrap_or_default(), some: (&p.some).into() })
+}
+
+fn io(s: &CgroupSample, at: Timestamp) -> Option<IoStats> {
+    psi_stats(s.psi.io).map(|psi| IoStats { time: t(at), psi: Some(psi) })
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -160,6 +210,8 @@ pub struct MemoryStats {
     pub page_faults: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub major_page_faults: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psi: Option<PsiStats>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -209,6 +261,7 @@ fn cpu(s: &CgroupSample, at: Timestamp) -> Option<CpuStats> {
         time: t(at),
         usage_nano_cores: s.cpu_nano_cores,
         usage_core_nano_seconds: Some(u),
+        psi: psi_stats(s.psi.cpu),
     })
 }
 
@@ -226,6 +279,7 @@ fn memory(s: &CgroupSample, at: Timestamp, capacity: Option<u64>) -> Option<Memo
         rss_bytes: s.rss,
         page_faults: s.page_faults,
         major_page_faults: s.major_page_faults,
+        psi: psi_stats(s.psi.memory),
     })
 }
 
@@ -260,6 +314,7 @@ pub fn summary(s: &StatsSnapshot) -> Summary {
                 start_time: t(n.start_time),
                 cpu: cpu(c, at),
                 memory: memory(c, at, None),
+                io: io(c, at),
                 rootfs: None,
                 logs: None,
             })
@@ -267,6 +322,7 @@ pub fn summary(s: &StatsSnapshot) -> Summary {
         start_time: t(n.start_time),
         cpu: cpu(&n.root, at),
         memory: memory(&n.root, at, Some(n.memory_capacity)),
+        io: io(&n.root, at),
         network,
         fs: n.fs.as_ref().map(|f| fs_stats(f, at)),
         runtime: n
@@ -293,12 +349,14 @@ pub fn summary(s: &StatsSnapshot) -> Summary {
                     start_time: t(c.start_time),
                     cpu: cpu(&c.cgroup, at),
                     memory: memory(&c.cgroup, at, None),
+                    io: io(&c.cgroup, at),
                     rootfs: c.rootfs.as_ref().map(|f| fs_stats(f, at)),
                     logs: c.logs.as_ref().map(|f| fs_stats(f, at)),
                 })
                 .collect(),
             cpu: p.cgroup.as_ref().and_then(|c| cpu(c, at)),
             memory: p.cgroup.as_ref().and_then(|c| memory(c, at, None)),
+            io: p.cgroup.as_ref().and_then(|c| io(c, at)),
             // The sandbox's namespace; its `eth0` is the pod's interface.
             network: p.sandbox.as_ref().and_then(|s| {
                 let default = s.interfaces.iter().find(|i| i.name == "eth0").or(s.interfaces.first())?;
@@ -419,5 +477,44 @@ mod tests {
         // And it reads back.
         let back: Summary = serde_json::from_value(v).unwrap();
         assert_eq!(back, summary(&snapshot()));
+    }
+
+    #[test]
+    fn psi_as_kep_4205_shapes_it_and_absent_where_there_is_none() {
+        use crate::psi::{Pressure, PsiLine, PsiSample};
+        let line = |avg10, total_us| PsiLine { avg10, avg60: 1.5, avg300: 0.25, total_us };
+        let both = Pressure { some: line(12.5, 4000), full: Some(line(2.0, 1000)) };
+        let mut snap = snapshot();
+        // The node: cpu without a full line (kernels before 5.13), memory and io.
+        snap.node.root.psi =
+            PsiSample { cpu: Some(Pressure { some: line(3.0, 77), full: None }), memory: Some(both), io: Some(both) };
+        // The container has PSI (cgroup v2); the pod does not (as on v1).
+        snap.pods[0].containers[0].cgroup.psi = PsiSample { memory: Some(both), ..Default::default() };
+        let v = serde_json::to_value(summary(&snap)).unwrap();
+        let node = &v["node"];
+        assert_eq!(
+            node["memory"]["psi"],
+            serde_json::json!({
+                "some": {"total": 4000, "avg10": 12.5, "avg60": 1.5, "avg300": 0.25},
+                "full": {"total": 1000, "avg10": 2.0, "avg60": 1.5, "avg300": 0.25},
+            })
+        );
+        assert_eq!(node["cpu"]["psi"]["some"]["total"], 77);
+        assert_eq!(
+            node["cpu"]["psi"]["full"],
+            serde_json::json!({"total": 0, "avg10": 0.0, "avg60": 0.0, "avg300": 0.0})
+        );
+        assert_eq!(node["io"]["time"], "2023-11-14T22:14:20Z");
+        assert_eq!(node["io"]["psi"]["some"]["avg10"], 12.5);
+        let pod = &v["pods"][0];
+        assert!(pod.get("io").is_none() && pod["memory"].get("psi").is_none() && pod["cpu"].get("psi").is_none());
+        let c = &pod["containers"][0];
+        assert_eq!(c["memory"]["psi"]["full"]["total"], 1000);
+        assert!(c.get("io").is_none() && c["cpu"].get("psi").is_none(), "only what was read");
+        // Without PSI anywhere (the first snapshot) no field appears.
+        let none = serde_json::to_string(&summary(&snapshot())).unwrap();
+        assert!(!none.contains("psi") && !none.contains("\"io\""), "{none}");
+        let back: Summary = serde_json::from_value(v).unwrap();
+        assert_eq!(back, summary(&snap));
     }
 }
