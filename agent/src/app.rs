@@ -563,6 +563,28 @@ impl Agent {
         })
     }
 
+    /// The memory.pressure eviction signal: PSI triggers on the node's file
+    /// and, on cgroup v2, on each pod's.
+    fn start_memory_pressure(&self, signal: crate::config::MemoryPressureSignal) -> std::io::Result<JoinHandle<()>> {
+        use crate::eviction::{pressure::PressureConfig, pressure_watch};
+        let cfg = PressureConfig {
+            threshold_percent: signal.threshold_percent,
+            grace_period: signal.grace_period,
+            transition_period: self.config.kubelet.eviction_pressure_transition_period,
+        };
+        let sink = self.eviction.pressure_sink(cfg, self.recorder.clone());
+        let fs = self.cgroupfs.clone();
+        if fs.version() == crate::cgroups::Version::V1 {
+            info!(
+                "memory.pressure signal: the pods' cgroups are cgroup v1, which has no pressure files: the node only"
+            );
+        }
+        let pod_file: pressure_watch::PodPressureFile = Box::new(move |p| {
+            (fs.version() == crate::cgroups::Version::V2).then(|| fs.memory_dir(&p.cgroup).join("memory.pressure"))
+        });
+        pressure_watch::spawn(cfg, Arc::new(self.pods.clone()), pod_file, sink, self.shutdown.clone())
+    }
+
     /// Runs every manager until shutdown, then waits for them to stop.
     pub async fn run(self: Arc<Self>) -> Result<(), StartError> {
         let k = &self.config.kubelet;
@@ -571,6 +593,14 @@ impl Agent {
         if let Some(l) = self.eviction_loop.lock().unwrap_or_else(|p| p.into_inner()).take() {
             tasks.push(tokio::spawn(l.run(self.shutdown.clone())));
         }
+        // ---- memory.pressure signal ----
+        if let Some(signal) = self.config.swiftlet.memory_pressure {
+            match self.start_memory_pressure(signal) {
+                Ok(t) => tasks.push(t),
+                Err(e) => tracing::error!("--eviction-memory-pressure is set but the signal cannot run: {e}"),
+            }
+        }
+        // ---- end memory.pressure signal ----
         tasks.push(tokio::spawn(self.image_gc.clone().run(self.shutdown.clone())));
         tasks.push(tokio::spawn(self.container_gc.clone().run(self.shutdown.clone())));
         tasks.push(tokio::spawn(self.logs.clone().run(self.shutdown.clone())));

@@ -233,6 +233,18 @@ pub static FLAGS: &[FlagDef] = &[
         Int,
         "Maximum grace period (seconds) for pods terminated by a soft eviction",
     ),
+    only(
+        "eviction-memory-pressure",
+        Str,
+        None,
+        "swiftlet: evict when tasks stall on memory: the node's memory.pressure some avg10 (percent, e.g. 20) held above this for the grace period sets the SystemMemoryContentionPressure condition and evicts as for memory pressure, woken by the kernel's PSI triggers; each pod's (cgroup v2) gets a warning event; empty or 0: off",
+    ),
+    only(
+        "eviction-memory-pressure-grace-period",
+        Duration,
+        Some("10s"),
+        "swiftlet: how long memory.pressure must stay above --eviction-memory-pressure before it evicts (and between evictions while it stays)",
+    ),
     cfg(
         "eviction-minimum-reclaim",
         &["evictionMinimumReclaim"],

@@ -34,7 +34,7 @@ pub use kubelet::{
     API_VERSION, Authentication, Authorization, AuthorizationMode, Enforcement, KIND, KubeletConfiguration, Logging,
     Reservation, ReservedResource, format_quantity,
 };
-pub use options::{KubeletFlags, ServerLimits, SwiftletOptions};
+pub use options::{KubeletFlags, MemoryPressureSignal, ServerLimits, SwiftletOptions};
 use serde_json::json;
 use tree::{Node, Origin, Sources, Value};
 use values::Ctx;

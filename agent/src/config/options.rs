@@ -83,7 +83,23 @@ pub struct SwiftletOptions {
     /// How the kubelet API holds up under abuse (--server-*,
     /// --token-review-*, --container-logs-follows-per-user).
     pub server: ServerLimits,
+    /// --eviction-memory-pressure and its grace period: the memory.pressure
+    /// eviction signal (None: off, the default).
+    pub memory_pressure: Option<MemoryPressureSignal>,
 }
+
+/// swiftlet's memory.pressure eviction signal: `some avg10` above
+/// `threshold_percent` for `grace_period` sets the node condition and
+/// evicts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MemoryPressureSignal {
+    pub threshold_percent: f64,
+    pub grace_period: Duration,
+}
+
+/// The grace period of the memory.pressure signal when none is given: the
+/// window of the average it reads.
+pub const MEMORY_PRESSURE_GRACE_PERIOD: Duration = Duration::from_secs(10);
 
 /// swiftlet's limits on the kubelet API (the kubelet has none of these).
 #[derive(Clone, Debug, PartialEq)]
@@ -123,6 +139,7 @@ impl Default for SwiftletOptions {
             evict_static_pods: false,
             eviction_realtime_priority: Some(10),
             server: ServerLimits::default(),
+            memory_pressure: None,
         }
     }
 }
@@ -246,6 +263,7 @@ pub fn read(cx: &Ctx, parsed: &ParsedFlags) -> Result<(KubeletFlags, SwiftletOpt
         s.eviction_realtime_priority = (p > 0).then_some(p as u8);
     }
     read_server_limits(cx, parsed, &mut s.server)?;
+    s.memory_pressure = read_memory_pressure(cx, parsed, &mut warnings)?;
     for name in ["help", "version"] {
         if let Some(n) = parsed.get(name) {
             let v = cx.string(n, "")?;
@@ -255,6 +273,56 @@ pub fn read(cx: &Ctx, parsed: &ParsedFlags) -> Result<(KubeletFlags, SwiftletOpt
         }
     }
     Ok((f, s, warnings))
+}
+
+/// --eviction-memory-pressure=<percent> (empty or 0: off) and
+/// --eviction-memory-pressure-grace-period=<duration>.
+fn read_memory_pressure(
+    cx: &Ctx,
+    parsed: &ParsedFlags,
+    warnings: &mut Vec<String>,
+) -> Result<Option<MemoryPressureSignal>, ConfigError> {
+    let grace = match parsed.get("eviction-memory-pressure-grace-period") {
+        Some(n) => Some(cx.duration(n, "")?),
+        None => None,
+    };
+    let threshold = match parsed.get("eviction-memory-pressure") {
+        Some(n) => {
+            let raw = cx.string(n, "")?;
+            let t = raw.trim().trim_end_matches('%');
+            if t.is_empty() {
+                None
+            } else {
+                match t.parse::<f64>() {
+                    Ok(0.0) => None,
+                    Ok(v) if v > 0.0 && v <= 100.0 => Some(v),
+                    _ => {
+                        return Err(cx.err(
+                            n,
+                            "",
+                            format!("{raw:?} is not a percentage of stalled time above 0 and at most 100 (some avg10 of memory.pressure)"),
+                        ));
+                    }
+                }
+            }
+        }
+        None => None,
+    };
+    match threshold {
+        Some(threshold_percent) => Ok(Some(MemoryPressureSignal {
+            threshold_percent,
+            grace_period: grace.unwrap_or(MEMORY_PRESSURE_GRACE_PERIOD),
+        })),
+        None => {
+            if grace.is_some() {
+                warnings.push(
+                    "--eviction-memory-pressure-grace-period has no effect without --eviction-memory-pressure"
+                        .to_owned(),
+                );
+            }
+            Ok(None)
+        }
+    }
 }
 
 fn read_server_limits(cx: &Ctx, parsed: &ParsedFlags, l: &mut ServerLimits) -> Result<(), ConfigError> {

@@ -240,6 +240,19 @@ fn every_flag_form() {
             c.swiftlet.evict_static_pods && c.swiftlet.eviction_realtime_priority.is_none()
         }),
         (&["--eviction-realtime-priority=50"], |c| c.swiftlet.eviction_realtime_priority == Some(50)),
+        (&[], |c| c.swiftlet.memory_pressure.is_none()),
+        (&["--eviction-memory-pressure=20"], |c| {
+            c.swiftlet.memory_pressure
+                == Some(MemoryPressureSignal { threshold_percent: 20.0, grace_period: Duration::from_secs(10) })
+        }),
+        (&["--eviction-memory-pressure=12.5%", "--eviction-memory-pressure-grace-period=1m"], |c| {
+            c.swiftlet.memory_pressure
+                == Some(MemoryPressureSignal { threshold_percent: 12.5, grace_period: Duration::from_secs(60) })
+        }),
+        (&["--eviction-memory-pressure=0", "--eviction-memory-pressure-grace-period=5s"], |c| {
+            c.swiftlet.memory_pressure.is_none()
+                && c.warnings.iter().any(|w| w.contains("has no effect without --eviction-memory-pressure"))
+        }),
         (&["--feature-gates=A=true,B=false"], |c| {
             c.kubelet.feature_gates == BTreeMap::from([("A".into(), true), ("B".into(), false)])
         }),
@@ -789,6 +802,21 @@ fn error_messages() {
             file(""),
             vec!["--eviction-realtime-priority=100"],
             "flag --eviction-realtime-priority: 100 must be between 0 and 99".into(),
+        ),
+        (
+            "flag memory pressure over 100",
+            file(""),
+            vec!["--eviction-memory-pressure=150"],
+            "flag --eviction-memory-pressure: \"150\" is not a percentage of stalled time above 0 and at most 100 \
+             (some avg10 of memory.pressure)"
+                .into(),
+        ),
+        (
+            "flag memory pressure grace period not a duration",
+            file(""),
+            vec!["--eviction-memory-pressure=20", "--eviction-memory-pressure-grace-period=soon"],
+            "flag --eviction-memory-pressure-grace-period: \"soon\" is not a duration (examples: 10s, 1m30s, 2h, 500ms)"
+                .into(),
         ),
         (
             "flag soft without grace",

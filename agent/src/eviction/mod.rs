@@ -5,5 +5,7 @@
 pub mod core;
 pub mod driver;
 pub mod observe;
+pub mod pressure;
+pub mod pressure_watch;
 pub mod ranking;
 pub mod signal;

@@ -4,6 +4,7 @@
 //! `swiftlet_`.
 
 pub mod kubelet;
+pub mod pressure;
 pub mod rest_client;
 pub mod storage;
 
@@ -107,6 +108,8 @@ pub struct Metrics {
     pub kubelet: KubeletMetrics,
     /// The volume manager's operations.
     pub storage: StorageMetrics,
+    /// The memory.pressure eviction signal.
+    pub pressure: pressure::PressureMetrics,
 }
 
 /// Where a kernel OOM kill's victim was.
@@ -214,6 +217,8 @@ impl Metrics {
         let kubelet = KubeletMetrics::register(&mut registry);
         let storage = StorageMetrics::default();
         storage.register(&mut registry);
+        let pressure = pressure::PressureMetrics::default();
+        pressure.register(&mut registry);
         RestClientMetrics::global().register(&mut registry);
         let build: Family<BuildLabels, Gauge> = Family::default();
         build.get_or_create(&BuildLabels::current()).set(1);
@@ -225,6 +230,7 @@ impl Metrics {
         Metrics {
             kubelet,
             storage,
+            pressure,
             registry,
             kubelet_evictions,
             signal_available,

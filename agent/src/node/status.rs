@@ -90,6 +90,19 @@ fn pressure_text(c: NodeCondition) -> PressureText {
             on: ("KubeletHasInsufficientPID", "kubelet has insufficient PID available", "NodeHasInsufficientPID"),
             off: ("KubeletHasSufficientPID", "kubelet has sufficient PID available", "NodeHasSufficientPID"),
         },
+        NodeCondition::MemoryContention => PressureText {
+            type_: "SystemMemoryContentionPressure",
+            on: (
+                "KubeletHasMemoryContentionPressure",
+                "tasks on the node stall on memory (memory.pressure) above the configured threshold",
+                "NodeHasMemoryContentionPressure",
+            ),
+            off: (
+                "KubeletHasNoMemoryContentionPressure",
+                "tasks on the node do not stall on memory above the configured threshold",
+                "NodeHasNoMemoryContentionPressure",
+            ),
+        },
     }
 }
 
@@ -252,6 +265,12 @@ pub fn node_status(current: Option<&NodeStatus>, facts: &NodeFacts, now: Timesta
     for c in NodeCondition::ALL {
         let t = pressure_text(c);
         let on = facts.pressure.contains(&c);
+        // swiftlet's own condition (the optional memory.pressure signal)
+        // appears once it first holds, so nodes without the signal show
+        // only the kubelet's conditions.
+        if c == NodeCondition::MemoryContention && !on && !conditions.iter().any(|x| x.type_ == t.type_) {
+            continue;
+        }
         let (reason, message, event) = if on { t.on } else { t.off };
         if set_condition(&mut conditions, t.type_, on, reason, message, &now) {
             events.push(event);

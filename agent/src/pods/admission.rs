@@ -191,12 +191,16 @@ pub fn admit_under_pressure(pod: &Pod, conditions: &BTreeSet<NodeCondition>) -> 
     if conditions.is_empty() || is_critical(pod) {
         return Ok(());
     }
-    if conditions.len() == 1 && conditions.contains(&NodeCondition::MemoryPressure) {
+    // Memory conditions only (the kubelet's MemoryPressure, or swiftlet's
+    // memory.pressure condition, which is treated alike).
+    let memory = [NodeCondition::MemoryPressure, NodeCondition::MemoryContention];
+    if conditions.iter().all(|c| memory.contains(c)) {
         let spec = pod.spec.as_ref();
         let best_effort = spec.is_none_or(|s| qos_class(s) == QosClass::BestEffort);
-        let tolerates = spec
-            .and_then(|s| s.tolerations.as_ref())
-            .is_some_and(|t| t.iter().any(|t| tolerates_no_schedule(t, NodeCondition::MemoryPressure.taint_key())));
+        let tolerates = conditions.iter().all(|c| {
+            spec.and_then(|s| s.tolerations.as_ref())
+                .is_some_and(|t| t.iter().any(|t| tolerates_no_schedule(t, c.taint_key())))
+        });
         if !best_effort || tolerates {
             return Ok(());
         }

@@ -234,6 +234,8 @@ pub(super) fn read_cgroups(
     root.psi = psi::read_node();
     if fs.version() == Version::V1 {
         psi::note_absent("pods and containers", "their cgroups are cgroup v1, which has no per-cgroup pressure files");
+    } else if root.psi.is_empty() {
+        psi::note_absent("pods and containers", "the kernel has no PSI");
     }
     let nodefs = match fs_sample(&cfg.root_dir) {
         Ok(s) => Some(s),

@@ -28,6 +28,18 @@ use crate::cgroups::Version;
 /// The PSI trigger: some task stalled on memory 150 ms in a 1 s window.
 pub const PSI_TRIGGER: &str = "some 150000 1000000";
 
+/// The window of [`psi_trigger`]'s triggers: the shortest the kernel takes
+/// from root (500 ms) doubled, so a trigger fires at most twice a second.
+pub const PSI_TRIGGER_WINDOW: Duration = Duration::from_secs(1);
+
+/// A PSI trigger that fires when some task stalled for `percent` of the
+/// window (at least 1 ms: the kernel refuses a zero stall).
+pub fn psi_trigger(percent: f64) -> String {
+    let window_us = PSI_TRIGGER_WINDOW.as_micros() as u64;
+    let stall_us = ((percent.clamp(0.0, 100.0) / 100.0) * window_us as f64) as u64;
+    format!("some {} {window_us}", stall_us.clamp(1000, window_us))
+}
+
 /// What to watch for one memory line (pure; see [`plan`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WatchSpec {
@@ -109,8 +121,13 @@ impl Watch {
     /// Registers a PSI trigger on `path` (the trigger lives while the file
     /// is open).
     pub fn psi(path: &Path) -> io::Result<Watch> {
+        Watch::psi_with(path, PSI_TRIGGER)
+    }
+
+    /// Registers `trigger` (`some <stall µs> <window µs>`) on `path`.
+    pub fn psi_with(path: &Path, trigger: &str) -> io::Result<Watch> {
         let mut file = OpenOptions::new().read(true).write(true).open(path)?;
-        file.write_all(PSI_TRIGGER.as_bytes())?;
+        file.write_all(trigger.as_bytes())?;
         Ok(Watch { file, path: path.to_owned(), psi: true })
     }
 
@@ -245,6 +262,13 @@ mod tests {
             "cgroupfs:memory.events+memory.high+psi, poll 10s"
         );
         assert_eq!(strategy_name(Version::V1, false, Duration::from_millis(100)), "cgroupfs:poll 100ms");
+    }
+
+    #[test]
+    fn triggers_for_a_threshold() {
+        assert_eq!(psi_trigger(15.0), "some 150000 1000000");
+        assert_eq!(psi_trigger(0.0), "some 1000 1000000", "the kernel refuses a zero stall");
+        assert_eq!(psi_trigger(250.0), "some 1000000 1000000");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::{
     eviction::{
         core::{self, Action, Evaluation, EvictionConfig, Observation, Observations, State, Victim},
         observe::{FsFigures, KernelLine, kernel_lines, observe},
+        pressure,
         ranking::{self, Candidate, ContainerRef, Usage},
         signal::{EvictionSignal, EvictionThreshold, NodeCondition, ThresholdValue},
     },
@@ -172,11 +173,20 @@ impl Manager {
     /// The one place an eviction is recorded: counted, logged, and handed
     /// to the pod manager as the request the victim's description makes.
     fn record(&self, v: Victim, signal: EvictionSignal, killed: KillPath) {
-        self.metrics
-            .kubelet_evictions
-            .get_or_create(&EvictionSignalLabels { eviction_signal: signal.name().into() })
-            .inc();
-        info!(pod = format!("{}/{}", v.namespace, v.name), %signal, killed_by = killed.as_str(), "evicting: {}", v.message);
+        self.record_as(v, signal, signal.name(), killed);
+    }
+
+    /// [`Manager::record`] counted and logged under `name` (a signal of
+    /// swiftlet's own, which the pod side treats as `signal`).
+    fn record_as(&self, v: Victim, signal: EvictionSignal, name: &str, killed: KillPath) {
+        self.metrics.kubelet_evictions.get_or_create(&EvictionSignalLabels { eviction_signal: name.into() }).inc();
+        info!(
+            pod = format!("{}/{}", v.namespace, v.name),
+            signal = name,
+            killed_by = killed.as_str(),
+            "evicting: {}",
+            v.message
+        );
         self.edges.evictor.evict(EvictionRequest {
             uid: v.uid,
             namespace: v.namespace,
@@ -244,8 +254,37 @@ impl Manager {
                 self.record(v, ev.threshold.signal, killed);
             }
         }
+        self.evict_for_pressure(&cfg, &pods, &candidates, &meter);
         self.rank_from(&pods, &snapshot);
         eval.next_deadline.map(tokio::time::Instant::from_std)
+    }
+
+    /// The memory.pressure signal fired: one pod, ranked as for memory,
+    /// unless one is still being evicted (see `pressure::victim`).
+    fn evict_for_pressure(
+        &self,
+        cfg: &DriverConfig,
+        pods: &[EvictionPod],
+        candidates: &[Candidate],
+        meter: &dyn core::ContainerMemory,
+    ) {
+        let Some(firing) = lock(&self.shared.pressure).firing.take() else { return };
+        let Some(v) = pressure::victim(&cfg.eviction, &firing, candidates, meter) else {
+            debug!("memory.pressure fired: no pod to evict now (one is still being evicted, or none can be)");
+            return;
+        };
+        let Some(p) = pods.iter().find(|p| p.uid == v.uid) else { return };
+        let planned = planned(p);
+        if !self.shared.claim(&planned, EvictionSignal::MemoryAvailable) {
+            return;
+        }
+        let killed = if firing.grace_period.is_zero() {
+            self.shared.kill(&planned, KillPath::Agent, None, None);
+            KillPath::Agent
+        } else {
+            KillPath::Graceful
+        };
+        self.record_as(v, EvictionSignal::MemoryAvailable, pressure::SIGNAL_NAME, killed);
     }
 
     /// Ranks the pods for every kernel line (the plan): published for the
@@ -424,6 +463,11 @@ impl Manager {
     }
 
     fn publish(&self, obs: &Observations, eval: &Evaluation) {
+        // The memory.pressure signal's condition joins the thresholds'.
+        let mut conditions = eval.conditions.clone();
+        if lock(&self.shared.pressure).condition {
+            conditions.insert(NodeCondition::MemoryContention);
+        }
         for (signal, o) in obs {
             self.metrics
                 .signal_available
@@ -434,15 +478,15 @@ impl Manager {
             self.metrics
                 .node_condition
                 .get_or_create(&ConditionLabels { condition: c.type_name().into() })
-                .set(i64::from(eval.conditions.contains(&c)));
+                .set(i64::from(conditions.contains(&c)));
         }
         for (name, v) in self.edges.source.counters() {
             self.metrics.signal_counters.get_or_create(&crate::metrics::NameLabels { name: name.into() }).set(v as i64);
         }
         self.conditions.send_if_modified(|c| {
-            if *c != eval.conditions {
-                info!(conditions = ?eval.conditions.iter().map(|c| c.type_name()).collect::<Vec<_>>(), "node pressure conditions changed");
-                *c = eval.conditions.clone();
+            if *c != conditions {
+                info!(conditions = ?conditions.iter().map(|c| c.type_name()).collect::<Vec<_>>(), "node pressure conditions changed");
+                *c = conditions.clone();
                 true
             } else {
                 false

@@ -23,6 +23,7 @@
 mod edge;
 mod fast;
 mod manager;
+mod pressure;
 #[cfg(test)]
 mod tests;
 
@@ -235,6 +236,8 @@ pub(crate) struct Shared {
     in_flight: Mutex<HashMap<String, InFlight>>,
     events: broadcast::Sender<SignalEvent>,
     wake: mpsc::UnboundedSender<Wake>,
+    /// The memory.pressure signal's node verdict.
+    pressure: Mutex<pressure::NodePressure>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -338,6 +341,7 @@ impl EvictionManager {
             in_flight: Mutex::new(HashMap::new()),
             events,
             wake,
+            pressure: Mutex::default(),
         });
         metrics
             .signal_source
@@ -368,6 +372,22 @@ impl EvictionManager {
     /// Measures pods' disk usage when disk pressure needs a ranking.
     pub fn set_disk_meter(&self, meter: Arc<dyn DiskUsageMeter>) {
         self.manager.set_disk_meter(meter);
+    }
+
+    /// Where the memory.pressure signal's watcher reports: the node's
+    /// verdicts drive the condition and evictions here, a pod's firing a
+    /// Warning event through `recorder`.
+    pub fn pressure_sink(
+        &self,
+        cfg: crate::eviction::pressure::PressureConfig,
+        recorder: Arc<dyn crate::events::EventRecorder>,
+    ) -> Arc<dyn crate::eviction::pressure_watch::PressureSink> {
+        Arc::new(pressure::PressureReporter {
+            shared: Arc::downgrade(&self.shared),
+            metrics: self.shared.metrics.clone(),
+            recorder,
+            cfg,
+        })
     }
 
     /// Asks for an evaluation now (e.g. after pods changed).
