@@ -386,3 +386,86 @@ async fn critical_pods_are_never_planned_or_evicted() {
     settle().await;
     assert!(h.requests().iter().all(|r| r.uid != "hog"), "{:?}", h.requests());
 }
+
+/// The memory.pressure signal's reports, as the watcher sends them.
+mod memory_pressure {
+    use k8s_openapi::api::core::v1::ObjectReference;
+
+    use super::*;
+    use crate::{
+        events::{EventRecorder, EventType},
+        eviction::pressure::{PressureConfig, Verdict},
+    };
+
+    #[derive(Default)]
+    struct Events(Mutex<Vec<(String, String, String)>>);
+
+    impl EventRecorder for Events {
+        fn record(&self, object: &ObjectReference, _t: EventType, reason: &str, message: &str) {
+            self.0.lock().unwrap().push((object.name.clone().unwrap_or_default(), reason.into(), message.into()));
+        }
+    }
+
+    const CFG: PressureConfig = PressureConfig {
+        threshold_percent: 20.0,
+        grace_period: Duration::from_secs(5),
+        transition_period: Duration::from_secs(60),
+    };
+
+    fn verdict(fire: bool, condition: bool) -> Verdict {
+        Verdict { above: fire, fire, condition, held_for: Duration::from_secs(6), next_check: None }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_node_firing_sets_the_condition_and_evicts_one_pod_ranked_for_memory() {
+        let h = Harness::start(vec![], &hog_and_steady(), false).await;
+        let events = Arc::new(Events::default());
+        let sink = h.manager.pressure_sink(CFG, events.clone());
+        sink.node(5.0, &verdict(false, false));
+        settle().await;
+        assert!(h.conditions().is_empty() && h.requests().is_empty(), "below: nothing");
+
+        sink.node(42.0, &verdict(true, true));
+        settle().await;
+        assert!(h.conditions().contains(&NodeCondition::MemoryContention), "{:?}", h.conditions());
+        let r = h.requests();
+        assert_eq!(r.len(), 1, "one pod per firing: {r:?}");
+        assert_eq!(r[0].name, "hog", "ranked as for memory");
+        assert_eq!(r[0].killed, KillPath::Graceful, "a grace period: a soft eviction");
+        assert_eq!(r[0].grace_period_secs, 10, "capped by evictionMaxPodGracePeriod");
+        assert!(r[0].message.contains("Signal: memory.pressure."), "{}", r[0].message);
+        assert_eq!(h.metric(r#"kubelet_evictions_total{eviction_signal="memory.pressure"}"#), Some(1.0));
+        assert_eq!(h.metric(r#"swiftlet_memory_pressure_avg10{scope="node"}"#), Some(42.0));
+        assert_eq!(h.metric(r#"swiftlet_memory_pressure_firings_total{scope="node"}"#), Some(1.0));
+        assert_eq!(h.metric(r#"swiftlet_node_condition{condition="SystemMemoryContentionPressure"}"#), Some(1.0));
+
+        // Fired again while the hog is still dying: nobody else goes.
+        sink.node(42.0, &verdict(true, true));
+        settle().await;
+        assert_eq!(h.requests().len(), 1);
+
+        // The watcher says the condition cleared (its transition period is its own).
+        sink.node(1.0, &verdict(false, false));
+        settle().await;
+        assert!(!h.conditions().contains(&NodeCondition::MemoryContention));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_pod_gets_a_warning_not_an_eviction() {
+        let h = Harness::start(vec![], &hog_and_steady(), false).await;
+        let events = Arc::new(Events::default());
+        let sink = h.manager.pressure_sink(CFG, events.clone());
+        let (hog, _) = &hog_and_steady()[0];
+        sink.pod(hog, 80.0, &verdict(false, false));
+        sink.pod(hog, 80.0, &verdict(true, false));
+        sink.pods_highest(Some(80.0));
+        settle().await;
+        assert!(h.requests().is_empty() && h.conditions().is_empty());
+        let got = events.0.lock().unwrap().clone();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!((got[0].0.as_str(), got[0].1.as_str()), ("hog", "MemoryPressureStall"));
+        assert!(got[0].2.contains("80.00%") && got[0].2.contains("not evicted"), "{}", got[0].2);
+        assert_eq!(h.metric(r#"swiftlet_memory_pressure_firings_total{scope="pod"}"#), Some(1.0));
+        assert_eq!(h.metric(r#"swiftlet_memory_pressure_avg10{scope="pod"}"#), Some(80.0));
+    }
+}
