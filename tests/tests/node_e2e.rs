@@ -362,6 +362,92 @@ fn a_killed_agent_and_a_restarted_containerd_recreate_nothing() {
     assert!(node.journal().contains("container runtime"), "the agent logged the runtime");
 }
 
+/// The pod's memory.pressure `some` total in µs, and its `psi` from a
+/// /stats/summary pass taken after `after` (the pass's time).
+fn summary_pod_psi(node: &Node, pod: &str, after: k8s_openapi::jiff::Timestamp) -> Value {
+    wait("a /stats/summary pass with the pod's PSI", Duration::from_secs(30), || {
+        let s: Value = serde_json::from_str(&node.kubelet_get("/stats/summary")).ok()?;
+        let p = s["pods"].as_array()?.iter().find(|p| p["podRef"]["name"] == pod)?.clone();
+        let at: k8s_openapi::jiff::Timestamp = p["memory"]["time"].as_str()?.parse().ok()?;
+        (at > after && p["memory"]["psi"].is_object()).then_some(p)
+    })
+}
+
+#[test]
+#[ignore = "runs in the node VM: cargo xtask vmtest --e2e"]
+fn psi_in_stats_and_metrics_and_the_memory_pressure_signal_on_a_stalled_pod() {
+    use swiftlet::psi;
+    let node = Node::start(
+        "",
+        "--eviction-memory-pressure=10 --eviction-memory-pressure-grace-period=2s --housekeeping-interval=1s",
+    );
+    node.create_pod(pod("idle", json!({"containers": [container("idle", "exec sleep 3600")]})));
+    // It leaves the test 10 s to set memory.high, then rewrites 64 MiB over
+    // and over: with no swap, every page above memory.high is throttled,
+    // which the kernel counts as a memory stall of the pod.
+    let churn = "sleep 10; \
+                 exec awk 'BEGIN { while (1) for (n = 1; n <= 64; n++) a[n] = sprintf(\"%1048576s\", n) }'";
+    let uid = node.create_pod(pod("stalled", json!({"containers": [container("churn", churn)]})));
+    node.wait_running("idle", Duration::from_secs(120));
+    node.wait_running("stalled", Duration::from_secs(120));
+    let rel = pod_cgroup(node.driver, "besteffort", &uid);
+    let dir = std::path::Path::new("/sys/fs/cgroup").join(&rel);
+    std::fs::write(dir.join("memory.high"), format!("{}", 16 * MIB)).expect("memory.high on the stalled pod");
+
+    // /stats/summary: the pod's PSI is its cgroup's pressure files as a pass
+    // read them, so the totals lie between two reads around that pass.
+    let started = k8s_openapi::jiff::Timestamp::now();
+    let before = psi::read_cgroup_dir(&dir);
+    let p = summary_pod_psi(&node, "stalled", started);
+    let after = psi::read_cgroup_dir(&dir);
+    for (resource, got, b, a) in [
+        ("memory", &p["memory"]["psi"], before.memory, after.memory),
+        ("cpu", &p["cpu"]["psi"], before.cpu, after.cpu),
+        ("io", &p["io"]["psi"], before.io, after.io),
+    ] {
+        let (b, a) = (b.expect("the pod's pressure file"), a.expect("the pod's pressure file"));
+        let total = got["some"]["total"].as_u64().unwrap_or_else(|| panic!("{resource}.psi.some.total: {p}"));
+        assert!(
+            b.some.total_us <= total && total <= a.some.total_us,
+            "pod {resource} some total {total} not between {} and {}",
+            b.some.total_us,
+            a.some.total_us
+        );
+    }
+    let c = p["containers"].as_array().and_then(|cs| cs.iter().find(|c| c["name"] == "churn")).expect("churn");
+    assert!(c["memory"]["psi"]["full"]["total"].is_u64() && c["io"]["psi"]["some"]["avg10"].is_number(), "{c}");
+    let cadvisor = node.kubelet_get("/metrics/cadvisor");
+    for name in ["container_pressure_memory_waiting_seconds_total", "container_pressure_cpu_stalled_seconds_total"] {
+        assert!(
+            cadvisor.lines().any(|l| l.starts_with(name) && l.contains("container=\"churn\"")),
+            "{name} for the container missing"
+        );
+    }
+
+    // The signal: the stalled pod gets a warning, the idle one nothing.
+    let stall_events = |pod: &str| -> usize {
+        node.api
+            .list(&swiftlet_tests::apiserver::resources::EVENTS, Some("default"))
+            .iter()
+            .filter(|e| e["reason"] == "MemoryPressureStall" && e["involvedObject"]["name"] == pod)
+            .count()
+    };
+    wait("a MemoryPressureStall event on the stalled pod", Duration::from_secs(60), || {
+        (stall_events("stalled") > 0).then_some(())
+    });
+    assert!(node.metric("swiftlet_memory_pressure_firings_total{scope=\"pod\"}").unwrap_or(0.0) >= 1.0);
+    assert_eq!(stall_events("idle"), 0, "the idle pod never stalled");
+    // The node's memory.pressure counts every stall, the pod's included:
+    // the node's signal fires too and evicts the pod ranked first for
+    // memory, naming the signal.
+    let evicted =
+        node.wait_pod("stalled", "Failed/Evicted", Duration::from_secs(60), |p| p["status"]["reason"] == "Evicted");
+    let message = evicted["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("Signal: memory.pressure."), "{message}");
+    let idle = node.pod("idle").expect("idle");
+    assert_eq!(idle["status"]["phase"], "Running", "one pod per firing; the idle pod stays");
+}
+
 #[test]
 #[ignore = "runs in the node VM: cargo xtask vmtest --e2e"]
 fn graceful_node_shutdown_through_logind_stops_pods_by_priority() {

@@ -435,6 +435,21 @@ fn metrics_endpoints_pass_promtool_in_the_text_format_whatever_is_asked() {
         for name in ["machine_cpu_cores", "machine_memory_bytes"] {
             assert!(sample(&cadvisor, name, &["boot_id=\""]).unwrap_or(0.0) > 0.0, "{name} missing:\n{cadvisor}");
         }
+        // PSI (KEP-4205): the root's series are the node's /proc/pressure;
+        // the pods' and containers' only where their cgroups have pressure
+        // files (cgroup v2), none on a v1 host.
+        let root = ["id=\"/\"", "container=\"\"", "pod=\"\""];
+        for resource in ["cpu", "memory", "io"] {
+            for kind in ["waiting", "stalled"] {
+                let name = format!("container_pressure_{resource}_{kind}_seconds_total");
+                assert!(sample(&cadvisor, &name, &root).is_some(), "{name} for the root missing:\n{cadvisor}");
+            }
+        }
+        let waiting = sample(&cadvisor, "container_pressure_memory_waiting_seconds_total", &root).unwrap();
+        let proc_us = swiftlet::psi::read_file(Path::new("/proc/pressure/memory")).unwrap().some.total_us;
+        assert!(waiting <= proc_us as f64 / 1e6, "seconds of the kernel's µs: {waiting} vs {proc_us} µs now");
+        let pod_psi = cadvisor.lines().any(|l| l.starts_with("container_pressure_") && l.contains(pod_label.as_str()));
+        assert_eq!(pod_psi, Path::new("/sys/fs/cgroup/cgroup.controllers").exists(), "pod PSI series only on v2");
         promtool_check("/metrics/cadvisor", &cadvisor);
 
         let metrics = c.get("/metrics").await.unwrap().text();
@@ -596,7 +611,94 @@ fn stats_summary_parses_into_the_metrics_server_types() {
             p.containers.iter().find(|c| c.name == "app").and_then(|c| c.logs.clone()).expect("container logs stats");
         assert!(logs.used_bytes.unwrap() > 0, "the container has written lines");
         assert!(p.ephemeral_storage.as_ref().and_then(|e| e.used_bytes).unwrap() > 0);
+        node_psi_matches_proc_pressure(&c, &pod).await;
     });
+}
+
+/// PSI (KEP-4205): the node's `cpu.psi`, `memory.psi` and `io.psi` are
+/// /proc/pressure as a housekeeping pass read it, so they lie between two
+/// reads of /proc/pressure taken before and after that pass: totals
+/// (cumulative µs) exactly between the two; averages within a tolerance,
+/// as they are not monotonic: the kernel recomputes them every 2 s, and
+/// the other work on this shared machine moves avg10 by a few points from
+/// one update to the next (avg60 and avg300 move less). The pods'
+/// and containers' are there only where their cgroups have pressure files
+/// (cgroup v2), and absent on a v1 host, as the kubelet leaves them.
+async fn node_psi_matches_proc_pressure(c: &Https, pod: &str) {
+    use swiftlet::{psi, server::summary::PsiStats};
+    let proc = Path::new(psi::PROC_PRESSURE);
+    if !proc.join("memory").exists() {
+        panic!("this test needs a kernel with PSI (/proc/pressure)");
+    }
+    let started = k8s_openapi::jiff::Timestamp::now();
+    let before = psi::read_node_at(proc);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let summary: swiftlet::server::summary::Summary = loop {
+        let s: swiftlet::server::summary::Summary =
+            serde_json::from_slice(&c.get("/stats/summary").await.unwrap().body).unwrap();
+        // A pass taken after the first read (the pass's time is each
+        // figure's `time`).
+        if s.node.cpu.as_ref().is_some_and(|cpu| cpu.time.0 > started) {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no housekeeping pass after {started}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let after = psi::read_node_at(proc);
+    let n = &summary.node;
+    let got = [
+        ("cpu", n.cpu.as_ref().and_then(|x| x.psi), before.cpu, after.cpu),
+        ("memory", n.memory.as_ref().and_then(|x| x.psi), before.memory, after.memory),
+        ("io", n.io.as_ref().and_then(|x| x.psi), before.io, after.io),
+    ];
+    for (resource, got, b, a) in got {
+        let (Some(got), Some(b), Some(a)) = (got, b, a) else {
+            panic!("node {resource}.psi missing: {got:?} (/proc/pressure/{resource}: {b:?} then {a:?})")
+        };
+        let lines = |p: &PsiStats, which: &str| if which == "some" { p.some } else { p.full };
+        for which in ["some", "full"] {
+            let g = lines(&got, which);
+            let (b, a) = if which == "some" {
+                (b.some, a.some)
+            } else {
+                // No full line (the node's CPU on kernels before 5.13): zeros.
+                (b.full.unwrap_or_default(), a.full.unwrap_or_default())
+            };
+            assert!(
+                b.total_us <= g.total && g.total <= a.total_us,
+                "{resource} {which} total {} not between {} and {}",
+                g.total,
+                b.total_us,
+                a.total_us
+            );
+            for (name, g, b, a, tolerance) in [
+                ("avg10", g.avg10, b.avg10, a.avg10, 10.0),
+                ("avg60", g.avg60, b.avg60, a.avg60, 5.0),
+                ("avg300", g.avg300, b.avg300, a.avg300, 2.0),
+            ] {
+                assert!(
+                    g >= b.min(a) - tolerance && g <= b.max(a) + tolerance,
+                    "{resource} {which} {name} {g} far from {b} and {a}"
+                );
+            }
+        }
+    }
+    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let p = summary.pods.iter().find(|p| p.pod_ref.name == pod).unwrap();
+    let app = p.containers.iter().find(|c| c.name == "app").unwrap();
+    for (scope, cpu, memory, io) in [
+        ("pod", p.cpu.as_ref().and_then(|x| x.psi), p.memory.as_ref().and_then(|x| x.psi), p.io.as_ref()),
+        ("container", app.cpu.as_ref().and_then(|x| x.psi), app.memory.as_ref().and_then(|x| x.psi), app.io.as_ref()),
+    ] {
+        if v2 {
+            assert!(cpu.is_some() && memory.is_some() && io.is_some(), "{scope} PSI missing on cgroup v2");
+        } else {
+            assert!(
+                cpu.is_none() && memory.is_none() && io.is_none(),
+                "{scope} PSI on a cgroup v1 host: {cpu:?} {memory:?} {io:?}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -10,6 +10,13 @@
 //! previous victim's memory has had that long to come back); the condition
 //! clears once the pressure has been below the threshold for the pressure
 //! transition period. For a pod the same machine says when to warn.
+//!
+//! avg10 lags: it decays over tens of seconds after the stalls stop (a
+//! victim's death included). So avg10 above the threshold only starts the
+//! clock; to fire, the share of the grace period actually spent stalled,
+//! from the `total` counter at both ends, must be above the threshold too.
+//! Without that, the lag alone would evict a second pod after the first
+//! had already ended the pressure.
 
 use std::time::{Duration, Instant};
 
@@ -39,12 +46,21 @@ pub struct PressureConfig {
     pub transition_period: Duration,
 }
 
+/// One reading of a pressure file's `some` line.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Reading {
+    pub avg10: f64,
+    /// Cumulative stall, µs.
+    pub total_us: u64,
+}
+
 /// One scope's memory (the node's, or a pod's).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PressureState {
-    /// Since when the readings have been above the threshold (restarted at
-    /// each firing).
-    above_since: Option<Instant>,
+    /// Since when the readings have been above the threshold, with the
+    /// stall total then (restarted at each firing, and when a grace period
+    /// ended without enough stall in it).
+    above_since: Option<(Instant, u64)>,
     /// The last reading above the threshold while the condition held.
     condition_last_observed: Option<Instant>,
 }
@@ -67,19 +83,24 @@ pub struct Verdict {
 }
 
 impl PressureState {
-    pub fn observe(&mut self, cfg: &PressureConfig, now: Instant, avg10: f64) -> Verdict {
-        let above = avg10 > cfg.threshold_percent;
-        let held_for = if above {
-            let since = *self.above_since.get_or_insert(now);
-            now.saturating_duration_since(since)
+    pub fn observe(&mut self, cfg: &PressureConfig, now: Instant, reading: Reading) -> Verdict {
+        let above = reading.avg10 > cfg.threshold_percent;
+        let (held_for, stalled_us) = if above {
+            let (since, total) = *self.above_since.get_or_insert((now, reading.total_us));
+            (now.saturating_duration_since(since), reading.total_us.saturating_sub(total))
         } else {
             self.above_since = None;
-            Duration::ZERO
+            (Duration::ZERO, 0)
         };
-        let fire = above && held_for >= cfg.grace_period;
-        if fire {
-            // The next firing needs a whole grace period more.
-            self.above_since = Some(now);
+        let grace_over = above && held_for >= cfg.grace_period;
+        // The share of the grace period spent stalled, as avg10 would show
+        // it without its lag.
+        let share = if held_for.is_zero() { 100.0 } else { stalled_us as f64 * 100.0 / held_for.as_micros() as f64 };
+        let fire = grace_over && (cfg.grace_period.is_zero() || share > cfg.threshold_percent);
+        if grace_over {
+            // The next firing needs a whole grace period more (measured
+            // afresh when this one had too little stall in it).
+            self.above_since = Some((now, reading.total_us));
         }
         if fire || (above && self.condition_last_observed.is_some()) {
             self.condition_last_observed = Some(now);
@@ -93,7 +114,7 @@ impl PressureState {
         }
         let condition = self.condition_last_observed.is_some();
         let next_check = if above {
-            let grace_ends = self.above_since.map(|s| s + cfg.grace_period).unwrap_or(now);
+            let grace_ends = self.above_since.map(|(s, _)| s + cfg.grace_period).unwrap_or(now);
             Some(grace_ends.min(now + RECHECK_WHILE_ABOVE).max(now))
         } else {
             self.condition_last_observed.map(|last| last + cfg.transition_period)
@@ -163,69 +184,84 @@ mod tests {
         transition_period: Duration::from_secs(30),
     };
 
-    /// (seconds since start, avg10, want fire, want condition)
-    type Step = (u64, f64, bool, bool);
+    /// (seconds since start, avg10, stalling since the previous step, want
+    /// fire, want condition)
+    type Step = (u64, f64, bool, bool, bool);
 
     fn run(cfg: &PressureConfig, steps: &[Step]) {
         let t0 = Instant::now();
         let mut s = PressureState::default();
-        for &(at, avg10, fire, condition) in steps {
-            let v = s.observe(cfg, t0 + Duration::from_secs(at), avg10);
+        let (mut total_us, mut last) = (0u64, 0u64);
+        for &(at, avg10, stalling, fire, condition) in steps {
+            if stalling {
+                total_us += (at - last) * 1_000_000;
+            }
+            last = at;
+            let v = s.observe(cfg, t0 + Duration::from_secs(at), Reading { avg10, total_us });
             assert_eq!((v.fire, v.condition), (fire, condition), "at {at}s with avg10 {avg10}: {v:?}");
         }
     }
 
     #[test]
     fn the_state_machine_on_a_fake_clock() {
+        const T: bool = true;
+        const F: bool = false;
         let cases: &[(&str, PressureConfig, &[Step])] = &[
-            ("idle: nothing", CFG, &[(0, 0.0, false, false), (10, 19.9, false, false), (20, 20.0, false, false)]),
+            ("idle: nothing", CFG, &[(0, 0.0, F, F, F), (10, 19.9, T, F, F), (20, 20.0, T, F, F)]),
             (
                 "above for less than the grace period: nothing",
                 CFG,
-                &[(0, 50.0, false, false), (4, 50.0, false, false), (5, 10.0, false, false), (9, 50.0, false, false)],
+                &[(0, 50.0, T, F, F), (4, 50.0, T, F, F), (5, 10.0, T, F, F), (9, 50.0, T, F, F)],
             ),
             (
                 "held for the grace period: fires and sets the condition",
                 CFG,
-                &[(0, 25.0, false, false), (3, 90.0, false, false), (5, 30.0, true, true)],
+                &[(0, 25.0, T, F, F), (3, 90.0, T, F, F), (5, 30.0, T, T, T)],
             ),
             (
                 "still above: fires again after each further grace period",
                 CFG,
-                &[(0, 25.0, false, false), (5, 25.0, true, true), (8, 25.0, false, true), (10, 25.0, true, true)],
+                &[(0, 25.0, T, F, F), (5, 25.0, T, T, T), (8, 25.0, T, F, T), (10, 25.0, T, T, T)],
+            ),
+            (
+                "avg10 lagging after the stalls stopped: no second firing",
+                CFG,
+                &[
+                    (0, 60.0, T, F, F),
+                    (5, 60.0, T, T, T),
+                    (7, 50.0, F, F, T),
+                    (10, 40.0, F, F, T),
+                    (15, 30.0, F, F, T),
+                    // Stalling again: the clock restarted at 15.
+                    (20, 30.0, T, T, T),
+                ],
             ),
             (
                 "the condition clears a transition period after the pressure fell",
                 CFG,
                 &[
-                    (0, 25.0, false, false),
-                    (5, 25.0, true, true),
-                    (6, 25.0, false, true),
-                    (7, 5.0, false, true),
-                    (35, 5.0, false, true),
-                    (36, 5.0, false, false),
+                    (0, 25.0, T, F, F),
+                    (5, 25.0, T, T, T),
+                    (6, 25.0, T, F, T),
+                    (7, 5.0, F, F, T),
+                    (35, 5.0, F, F, T),
+                    (36, 5.0, F, F, F),
                 ],
             ),
             (
                 "pressure back within the transition period keeps the condition",
                 CFG,
-                &[
-                    (0, 25.0, false, false),
-                    (5, 25.0, true, true),
-                    (8, 25.0, false, true),
-                    (37, 1.0, false, true),
-                    (38, 1.0, false, false),
-                ],
+                &[(0, 25.0, T, F, F), (5, 25.0, T, T, T), (8, 25.0, T, F, T), (37, 1.0, F, F, T), (38, 1.0, F, F, F)],
             ),
             (
                 "no grace period: fires at the first reading above",
                 PressureConfig { grace_period: Duration::ZERO, ..CFG },
-                &[(0, 10.0, false, false), (1, 21.0, true, true), (2, 21.0, true, true)],
+                &[(0, 10.0, F, F, F), (1, 21.0, T, T, T), (2, 21.0, T, T, T)],
             ),
             (
                 "no transition period: clears at the first reading below",
                 PressureConfig { transition_period: Duration::ZERO, ..CFG },
-                &[(0, 25.0, false, false), (5, 25.0, true, true), (6, 1.0, false, false)],
+                &[(0, 25.0, T, F, F), (5, 25.0, T, T, T), (6, 1.0, F, F, F)],
             ),
         ];
         for (name, cfg, steps) in cases {
@@ -290,15 +326,16 @@ mod tests {
         let t0 = Instant::now();
         let s = |secs| t0 + Duration::from_secs(secs);
         let mut st = PressureState::default();
-        assert_eq!(st.observe(&CFG, s(0), 1.0).next_check, None, "idle: only triggers wake it");
-        let v = st.observe(&CFG, s(10), 30.0);
+        let r = |avg10, secs: u64| Reading { avg10, total_us: secs * 1_000_000 };
+        assert_eq!(st.observe(&CFG, s(0), r(1.0, 0)).next_check, None, "idle: only triggers wake it");
+        let v = st.observe(&CFG, s(10), r(30.0, 10));
         assert_eq!(v.next_check, Some(s(10) + RECHECK_WHILE_ABOVE), "above: read again soon");
-        let v = st.observe(&CFG, s(14) + Duration::from_millis(500), 30.0);
+        let v = st.observe(&CFG, s(14) + Duration::from_millis(500), r(30.0, 14));
         assert_eq!(v.next_check, Some(s(15)), "the grace period's end");
         assert_eq!(v.held_for, Duration::from_millis(4500));
-        let v = st.observe(&CFG, s(15), 30.0);
+        let v = st.observe(&CFG, s(15), r(30.0, 15));
         assert!(v.fire);
-        let v = st.observe(&CFG, s(16), 2.0);
+        let v = st.observe(&CFG, s(16), r(2.0, 15));
         assert_eq!(v.next_check, Some(s(45)), "the transition period's end");
     }
 }

@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     driver::{EvictionPod, PodProvider},
-    pressure::{PressureConfig, PressureState, Verdict},
+    pressure::{PressureConfig, PressureState, Reading, Verdict},
 };
 use crate::{psi, signals::notify};
 
@@ -47,8 +47,8 @@ pub trait PressureFiles: Send {
     fn arm(&mut self, files: &[PathBuf]) -> Vec<(PathBuf, String)>;
     /// Blocks until a trigger fires, `timeout` passes or a stop is asked.
     fn wait(&mut self, timeout: Duration) -> io::Result<Wait>;
-    /// The file's `some avg10`.
-    fn avg10(&self, file: &Path) -> Result<f64, psi::PsiError>;
+    /// The file's `some` line.
+    fn read(&self, file: &Path) -> Result<Reading, psi::PsiError>;
 }
 
 /// Reports what the readings mean.
@@ -108,8 +108,8 @@ impl PressureFiles for KernelTriggers {
         })
     }
 
-    fn avg10(&self, file: &Path) -> Result<f64, psi::PsiError> {
-        psi::read_file(file).map(|p| p.some.avg10)
+    fn read(&self, file: &Path) -> Result<Reading, psi::PsiError> {
+        psi::read_file(file).map(|p| Reading { avg10: p.some.avg10, total_us: p.some.total_us })
     }
 }
 
@@ -187,10 +187,10 @@ impl<F: PressureFiles> PressureWatcher<F> {
                 next = Some(next.map_or(t, |n: Instant| n.min(t)));
             }
         };
-        match self.files.avg10(&self.node_file) {
-            Ok(avg10) => {
-                let v = self.node.observe(&self.cfg, now, avg10);
-                self.sink.node(avg10, &v);
+        match self.files.read(&self.node_file) {
+            Ok(r) => {
+                let v = self.node.observe(&self.cfg, now, r);
+                self.sink.node(r.avg10, &v);
                 earliest(&v);
             }
             Err(e) => debug!("memory.pressure signal: {e}"),
@@ -198,10 +198,10 @@ impl<F: PressureFiles> PressureWatcher<F> {
         let mut highest: Option<f64> = None;
         for (pod, file, state) in self.pod_states.values_mut() {
             // A pod without the file (not created yet, or gone): no reading.
-            let Ok(avg10) = self.files.avg10(file) else { continue };
-            let v = state.observe(&self.cfg, now, avg10);
-            self.sink.pod(pod, avg10, &v);
-            highest = Some(highest.map_or(avg10, |h: f64| h.max(avg10)));
+            let Ok(r) = self.files.read(file) else { continue };
+            let v = state.observe(&self.cfg, now, r);
+            self.sink.pod(pod, r.avg10, &v);
+            highest = Some(highest.map_or(r.avg10, |h: f64| h.max(r.avg10)));
             earliest(&v);
         }
         self.sink.pods_highest(highest);
@@ -321,8 +321,9 @@ impl PressureFiles for MemoryPressureFiles {
         Ok(self.inner().waits.pop_front().unwrap_or(Wait::Stop))
     }
 
-    fn avg10(&self, file: &Path) -> Result<f64, psi::PsiError> {
-        self.inner().avg10.get(file).copied().ok_or_else(|| psi::PsiError::Read {
+    fn read(&self, file: &Path) -> Result<Reading, psi::PsiError> {
+        let avg10 = self.inner().avg10.get(file).copied();
+        avg10.map(|avg10| Reading { avg10, total_us: 0 }).ok_or_else(|| psi::PsiError::Read {
             file: file.display().to_string(),
             source: io::Error::from(io::ErrorKind::NotFound),
         })

@@ -63,6 +63,10 @@ pub const E2E_CHECKS: &[E2eCheck] = &[
         test: "a_killed_agent_and_a_restarted_containerd_recreate_nothing",
     },
     E2eCheck {
+        row: "PSI: stats, cadvisor, memory.pressure signal",
+        test: "psi_in_stats_and_metrics_and_the_memory_pressure_signal_on_a_stalled_pod",
+    },
+    E2eCheck {
         row: "SIGTERM keeps pods; logind shutdown by priority",
         test: "graceful_node_shutdown_through_logind_stops_pods_by_priority",
     },
