@@ -166,15 +166,17 @@ impl<F: PressureFiles> PressureWatcher<F> {
         pod_files.sort();
         want.extend(pod_files);
         if want != self.armed {
-            for (file, why) in self.files.arm(&want) {
+            let failed = self.files.arm(&want);
+            for (file, why) in &failed {
                 // A pod whose cgroup is being created or removed: next time.
-                if file == self.node_file {
+                if *file == self.node_file {
                     warn!("memory.pressure signal: cannot arm a trigger on {}: {why}", file.display());
                 } else {
                     debug!("memory.pressure signal: cannot arm a trigger on {}: {why}", file.display());
                 }
             }
-            self.armed = want;
+            // What is armed, so a file that failed is tried again.
+            self.armed = want.into_iter().filter(|f| !failed.iter().any(|(x, _)| x == f)).collect();
         }
     }
 
@@ -196,15 +198,24 @@ impl<F: PressureFiles> PressureWatcher<F> {
             Err(e) => debug!("memory.pressure signal: {e}"),
         }
         let mut highest: Option<f64> = None;
+        let mut gone = false;
         for (pod, file, state) in self.pod_states.values_mut() {
             // A pod without the file (not created yet, or gone): no reading.
-            let Ok(r) = self.files.read(file) else { continue };
+            let Ok(r) = self.files.read(file) else {
+                gone = true;
+                continue;
+            };
             let v = state.observe(&self.cfg, now, r);
             self.sink.pod(pod, r.avg10, &v);
             highest = Some(highest.map_or(r.avg10, |h: f64| h.max(r.avg10)));
             earliest(&v);
         }
         self.sink.pods_highest(highest);
+        // A removed cgroup's trigger reports an error at every poll: drop
+        // it now rather than at the next refresh.
+        if gone {
+            self.refresh_pods();
+        }
         next
     }
 

@@ -53,7 +53,7 @@ impl PressureSink for PressureReporter {
                 held_for: v.held_for,
                 grace_period: self.cfg.grace_period,
             });
-            tracing::info!(avg10, threshold = self.cfg.threshold_percent, held_for = ?v.held_for, "memory.pressure held above its threshold: evicting");
+            tracing::info!(avg10, threshold = self.cfg.threshold_percent, held_for = ?v.held_for, "memory.pressure held above its threshold: one pod is evicted");
         }
         drop(p);
         if changed {
