@@ -393,6 +393,23 @@ mod tests {
     }
 
     #[test]
+    fn the_memory_pressure_signals_condition_appears_once_it_first_holds() {
+        let (s, _) = node_status(None, &facts(), t(0));
+        let has =
+            |s: &NodeStatus| s.conditions.as_ref().unwrap().iter().any(|c| c.type_ == "SystemMemoryContentionPressure");
+        assert!(!has(&s), "a node without the signal shows the kubelet's conditions only");
+        let mut f = facts();
+        f.pressure.insert(NodeCondition::MemoryContention);
+        let (s, events) = node_status(Some(&s), &f, t(10));
+        assert_eq!(events, vec!["NodeHasMemoryContentionPressure"]);
+        let c = cond(&s, "SystemMemoryContentionPressure");
+        assert_eq!((c.status.as_str(), c.reason.as_deref()), ("True", Some("KubeletHasMemoryContentionPressure")));
+        let (s, events) = node_status(Some(&s), &facts(), t(20));
+        assert_eq!(events, vec!["NodeHasNoMemoryContentionPressure"]);
+        assert_eq!(cond(&s, "SystemMemoryContentionPressure").status, "False", "kept, False, once it has held");
+    }
+
+    #[test]
     fn transitions_table() {
         struct Case {
             name: &'static str,

@@ -353,6 +353,24 @@ mod tests {
                 Some("The node had condition: [MemoryPressure PIDPressure]. "),
             ),
             ("critical: admitted", static_pod, BTreeSet::from([DiskPressure, PidPressure]), None),
+            (
+                "memory contention: best effort refused",
+                pod("", ""),
+                BTreeSet::from([MemoryContention]),
+                Some("The node had condition: [SystemMemoryContentionPressure]. "),
+            ),
+            (
+                "memory contention: burstable admitted",
+                pod("", "64Mi"),
+                BTreeSet::from([MemoryPressure, MemoryContention]),
+                None,
+            ),
+            (
+                "both memory conditions: a toleration of one taint is not enough",
+                tolerating(Some(taint), "Exists", Some("NoSchedule")),
+                BTreeSet::from([MemoryPressure, MemoryContention]),
+                Some("The node had condition: [MemoryPressure SystemMemoryContentionPressure]. "),
+            ),
         ];
         for (name, p, conditions, want) in cases {
             let got = admit_under_pressure(&p, &conditions).err();
