@@ -20,7 +20,6 @@ mod correlator;
 mod tests;
 
 use std::{
-    collections::BTreeMap,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -36,7 +35,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
 
 use super::ratelimit::RateLimiter;
-use crate::events::{EventRecorder, EventType};
+use crate::events::{AnnotatedEventRecorder, EventRecord, EventRecorder, EventType};
 
 use self::correlator::event_name;
 pub use self::correlator::{Correlator, Outcome};
@@ -175,31 +174,20 @@ impl ApiEventRecorder {
     }
 }
 
-impl EventRecorder for ApiEventRecorder {
-    fn record(&self, object: &ObjectReference, event_type: EventType, reason: &str, message: &str) {
-        self.record_annotated(object, event_type, reason, message, &BTreeMap::new());
-    }
-
-    fn record_annotated(
-        &self,
-        object: &ObjectReference,
-        event_type: EventType,
-        reason: &str,
-        message: &str,
-        annotations: &BTreeMap<String, String>,
-    ) {
+impl AnnotatedEventRecorder for ApiEventRecorder {
+    fn record_event(&self, e: &EventRecord<'_>) {
         let now = Timestamp::now();
-        let mut event = build_event(&self.node, object, event_type, reason, message, now);
-        if !annotations.is_empty() {
-            event.metadata.annotations = Some(annotations.clone());
+        let mut event = build_event(&self.node, e.object, e.event_type, e.reason, e.message, now);
+        if !e.annotations.is_empty() {
+            event.metadata.annotations = Some(e.annotations.clone());
         }
         let outcome = self.correlator.lock().unwrap_or_else(|p| p.into_inner()).correlate(event, now, Instant::now());
         if outcome == Outcome::Skip {
-            debug!(reason, "event dropped by the spam filter");
+            debug!(reason = e.reason, "event dropped by the spam filter");
             return;
         }
         if self.queue.try_send(outcome).is_err() {
-            warn!(reason, "event queue full; event dropped");
+            warn!(reason = e.reason, "event queue full; event dropped");
         }
     }
 }
@@ -208,23 +196,10 @@ impl EventRecorder for ApiEventRecorder {
 /// or a test's).
 pub struct TeeRecorder(pub Vec<Arc<dyn EventRecorder>>);
 
-impl EventRecorder for TeeRecorder {
-    fn record(&self, object: &ObjectReference, event_type: EventType, reason: &str, message: &str) {
+impl AnnotatedEventRecorder for TeeRecorder {
+    fn record_event(&self, e: &EventRecord<'_>) {
         for r in &self.0 {
-            r.record(object, event_type, reason, message);
-        }
-    }
-
-    fn record_annotated(
-        &self,
-        object: &ObjectReference,
-        event_type: EventType,
-        reason: &str,
-        message: &str,
-        annotations: &BTreeMap<String, String>,
-    ) {
-        for r in &self.0 {
-            r.record_annotated(object, event_type, reason, message, annotations);
+            r.record_annotated(e.object, e.event_type, e.reason, e.message, e.annotations);
         }
     }
 }
