@@ -9,10 +9,9 @@ use std::{
 
 use tokio::time::Instant;
 
-use crate::cri::api;
-
 use super::state::finish;
 use super::{Behavior, Call, FakeImage, FakeRuntime, Fault, Method, Pullable, State, fake_digest, lock, normalize};
+use crate::cri::api;
 
 impl FakeRuntime {
     pub fn new() -> FakeRuntime {

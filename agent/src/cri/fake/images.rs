@@ -4,10 +4,9 @@
 
 use async_trait::async_trait;
 
-use crate::cri::{ImageService, Result, api};
-
 use super::state::image_view;
 use super::{FakeRuntime, Method, Pullable, err, lock, normalize};
+use crate::cri::{ImageService, Result, api};
 
 #[async_trait]
 impl ImageService for FakeRuntime {

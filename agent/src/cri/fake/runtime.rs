@@ -6,10 +6,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::cri::{Result, RuntimeService, api};
-
 use super::state::{container_view, finish, labels_match, sandbox_state};
 use super::{Behavior, FakeContainer, FakeRuntime, FakeSandbox, Method, err, lock};
+use crate::cri::{Result, RuntimeService, api};
 
 #[async_trait]
 impl RuntimeService for FakeRuntime {

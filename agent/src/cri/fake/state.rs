@@ -7,9 +7,8 @@ use std::collections::HashMap;
 
 use tokio::time::Instant;
 
-use crate::cri::{CriError, Result, api};
-
 use super::{Behavior, Call, FakeContainer, FakeImage, FakeRuntime, Method, State, Times, err, lock, normalize};
+use crate::cri::{CriError, Result, api};
 
 impl State {
     pub(super) fn new_id(&mut self, prefix: &str) -> String {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use crate::pods::{status::TerminalReason, worker::Msg};
+use super::{Entry, PodManager, is_mirror, lock};
 use crate::{
     cm::{
         hierarchy::pod_requests,
@@ -17,9 +17,8 @@ use crate::{
     events::{EventType, pod_ref},
     eviction::driver::{EvictionContainer, EvictionPod, EvictionRequest, PodEvictor, PodProvider},
     gc::ActivePods,
+    pods::{status::TerminalReason, worker::Msg},
 };
-
-use super::{Entry, PodManager, is_mirror, lock};
 
 impl PodProvider for PodManager {
     fn eviction_pods(&self) -> Vec<EvictionPod> {

@@ -15,18 +15,17 @@ use k8s_openapi::{
 };
 use tracing::{info, warn};
 
-use crate::pods::{
-    admission, defaults,
-    manifest::CONFIG_SEEN,
-    worker::{Msg, Worker},
-};
+use super::{Entry, Inner, TOMBSTONE_TTL, lock, read, same_spec, uid};
 use crate::{
     cm::{hierarchy::burstable_cpu_request, qos::qos_class},
     cri::{api, labels},
     events::{EventType, pod_ref},
+    pods::{
+        admission, defaults,
+        manifest::CONFIG_SEEN,
+        worker::{Msg, Worker},
+    },
 };
-
-use super::{Entry, Inner, TOMBSTONE_TTL, lock, read, same_spec, uid};
 
 impl Inner {
     /// One pass over the merged sources: admits new pods, updates and

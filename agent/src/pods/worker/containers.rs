@@ -10,18 +10,17 @@ use std::{
 
 use k8s_openapi::api::core::v1::Container;
 
-use crate::pods::{
-    hosts,
-    observed::{ContainerRunState, ObservedPod},
-    probe::{self, Target},
-    spec::{self, ContainerStart},
-};
+use super::{SYNC_RETRY, Worker, container_ref, find_container, instant_of, lock, pod_name, spec_grace};
 use crate::{
     cri::{api, error::reason},
     events::EventType,
+    pods::{
+        hosts,
+        observed::{ContainerRunState, ObservedPod},
+        probe::{self, Target},
+        spec::{self, ContainerStart},
+    },
 };
-
-use super::{SYNC_RETRY, Worker, container_ref, find_container, instant_of, lock, pod_name, spec_grace};
 
 impl Worker {
     pub(super) fn backoff_key(&self, c: &Container) -> String {

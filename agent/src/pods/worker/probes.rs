@@ -12,14 +12,16 @@ use std::{
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 use tokio::sync::Notify;
 
-use crate::pods::{
-    observed::ObservedPod,
-    plan::ProbeVerdict,
-    probe::{self, ProbeType, Target, Tracker},
-};
-use crate::{cri::error::reason, events::EventType};
-
 use super::{Worker, WorkerDeps, container_ref, find_container, instant_of, lock};
+use crate::{
+    cri::error::reason,
+    events::EventType,
+    pods::{
+        observed::ObservedPod,
+        plan::ProbeVerdict,
+        probe::{self, ProbeType, Target, Tracker},
+    },
+};
 
 /// What the probe tasks found, read by the sync round (verdicts, started)
 /// and the status (readiness); keyed by container id.

@@ -4,13 +4,12 @@
 
 use k8s_openapi::jiff::Timestamp;
 
+use super::{Lifecycle, Worker, find_container, lock};
 use crate::pods::{
     observed::{self, ContainerRunState, ObservedPod},
     spec,
     status::{self, StatusInput},
 };
-
-use super::{Lifecycle, Worker, find_container, lock};
 
 /// Log lines a FallbackToLogsOnError message takes at most.
 const FALLBACK_LOG_LINES: usize = 80;

@@ -7,15 +7,18 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Container;
 use tracing::{debug, warn};
 
-use crate::pods::{
-    metrics::CgroupOperation,
-    observed::{self, ObservedPod},
-    probe::{self, Target},
-    spec,
-};
-use crate::{cm::qos::qos_class, cri::error::reason, events::EventType};
-
 use super::{Worker, container_ref, find_container, pod_name};
+use crate::{
+    cm::qos::qos_class,
+    cri::error::reason,
+    events::EventType,
+    pods::{
+        metrics::CgroupOperation,
+        observed::{self, ObservedPod},
+        probe::{self, Target},
+        spec,
+    },
+};
 
 /// The kubelet's minimum grace for a container stop after its preStop hook.
 const MIN_GRACE: Duration = Duration::from_secs(2);

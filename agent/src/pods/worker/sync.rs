@@ -6,12 +6,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use crate::pods::{
-    metrics::CgroupOperation,
-    observed::{self, ObservedPod},
-    plan::{self, ProbeVerdict},
-    spec,
-};
+use super::{SYNC_RETRY, Worker, container_ref, find_container, lock, pod_name, spec_grace};
 use crate::{
     cm::{
         hierarchy::{pod_cgroup_config, pod_hugetlb_limits},
@@ -19,10 +14,14 @@ use crate::{
     },
     cri::error::reason,
     events::{EventType, pod_ref},
+    pods::{
+        metrics::CgroupOperation,
+        observed::{self, ObservedPod},
+        plan::{self, ProbeVerdict},
+        spec,
+    },
     volumes::manager::FAILED_MOUNT,
 };
-
-use super::{SYNC_RETRY, Worker, container_ref, find_container, lock, pod_name, spec_grace};
 
 /// Volume set-up retries: 1 s doubling to 1 min.
 const MOUNT_RETRY_FIRST: Duration = Duration::from_secs(1);

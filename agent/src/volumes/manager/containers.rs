@@ -6,14 +6,15 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::cri::api;
-use crate::volumes::{
-    mounts::{self, VolumePath},
-    objects::EnvObjects,
-    subpath,
-};
-
 use super::{VolumeKind, VolumeManager, VolumeUsage, kinds::quantity_bytes, uid_of};
+use crate::{
+    cri::api,
+    volumes::{
+        mounts::{self, VolumePath},
+        objects::EnvObjects,
+        subpath,
+    },
+};
 
 impl VolumeManager {
     /// The container's mounts for the runtime: its volumeMounts, with

@@ -6,8 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Pod, Volume};
 
-use crate::cm::hierarchy::pod_limits;
-use crate::volumes::objects::Token;
+use crate::{cm::hierarchy::pod_limits, volumes::objects::Token};
 
 /// The kubelet's plugin directory names.
 pub const EMPTY_DIR: &str = "kubernetes.io~empty-dir";

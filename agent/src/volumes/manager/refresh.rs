@@ -11,16 +11,15 @@ use k8s_openapi::api::core::v1::Volume;
 use tokio::sync::watch;
 use tracing::debug;
 
-use crate::volumes::{
-    atomic,
-    objects::{ObjectKey, ObjectKind},
-};
+use super::{FAILED_MOUNT, PodState, PodsInUse, VolumeError, VolumeKind, VolumeManager, lock, setup::apply_fs_group};
 use crate::{
     cri::RuntimeService,
     events::{EventType, pod_ref},
+    volumes::{
+        atomic,
+        objects::{ObjectKey, ObjectKind},
+    },
 };
-
-use super::{FAILED_MOUNT, PodState, PodsInUse, VolumeError, VolumeKind, VolumeManager, lock, setup::apply_fs_group};
 
 impl VolumeManager {
     /// Rewrites the volumes of one pod whose kind matches; `key`, when

@@ -14,16 +14,15 @@ use k8s_openapi::api::core::v1::{Pod, Volume};
 use tokio::sync::Mutex as AsyncMutex;
 use tracing::debug;
 
-use crate::volumes::{
-    atomic, hostpath, mount,
-    objects::{ObjectError, TokenSpec},
-    payload::{self, DEFAULT_MODE, Payload},
-};
-
 use super::{
     MountedVolume, PodState, VolumeError, VolumeKind, VolumeManager, kind_of,
     kinds::{DEFAULT_TOKEN_SECONDS, quantity_bytes},
     lock, memory_volume_size, namespace_of, token_needs_refresh, uid_of,
+};
+use crate::volumes::{
+    atomic, hostpath, mount,
+    objects::{ObjectError, TokenSpec},
+    payload::{self, DEFAULT_MODE, Payload},
 };
 
 impl VolumeManager {

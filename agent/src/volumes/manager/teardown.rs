@@ -6,10 +6,11 @@ use std::{collections::BTreeSet, fs, path::Path};
 
 use tracing::{info, warn};
 
-use crate::cri::{RuntimeService, api, labels};
-use crate::volumes::mount;
-
 use super::{PodsInUse, VolumeManager, lock};
+use crate::{
+    cri::{RuntimeService, api, labels},
+    volumes::mount,
+};
 
 impl VolumeManager {
     /// Unmounts everything the pod has under its directory (tmpfs volumes,
