@@ -169,16 +169,7 @@ impl Worker {
                 let message = e.to_string();
                 warn!(pod = pod_name(&self.pod), "{message}");
                 self.deps.recorder.record(&pod_ref(&self.pod), EventType::Warning, FAILED_MOUNT, &message);
-                let names: Vec<String> = self
-                    .pod
-                    .spec
-                    .iter()
-                    .flat_map(|s| s.init_containers.iter().flatten().chain(s.containers.iter()))
-                    .map(|c| c.name.clone())
-                    .collect();
-                for name in names {
-                    self.waiting.insert(name, (reason::CONTAINER_CREATING.into(), message.clone()));
-                }
+                self.wait_creating(&message);
                 let delay = self.mount_retry.map_or(MOUNT_RETRY_FIRST, |d| (d * 2).min(MOUNT_RETRY_MAX));
                 self.mount_retry = Some(delay);
                 let at = Instant::now() + delay;
@@ -234,16 +225,7 @@ impl Worker {
                     &message,
                 );
                 // The containers wait on the sandbox, with the runtime's word.
-                let names: Vec<String> = self
-                    .pod
-                    .spec
-                    .iter()
-                    .flat_map(|s| s.init_containers.iter().flatten().chain(s.containers.iter()))
-                    .map(|c| c.name.clone())
-                    .collect();
-                for name in names {
-                    self.waiting.insert(name, (reason::CONTAINER_CREATING.into(), message.clone()));
-                }
+                self.wait_creating(&message);
                 return Err(e);
             }
         };
@@ -260,5 +242,21 @@ impl Worker {
             .filter(|ip| !ip.is_empty());
         debug!(pod = pod_name(&self.pod), sandbox = id, attempt, "sandbox created");
         Ok((id, ip))
+    }
+
+    /// Every container of the pod, init containers included, shows
+    /// ContainerCreating with `message`: what holds them all back (the
+    /// volumes, the sandbox) is the pod's, not one container's.
+    fn wait_creating(&mut self, message: &str) {
+        let names: Vec<String> = self
+            .pod
+            .spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten().chain(s.containers.iter()))
+            .map(|c| c.name.clone())
+            .collect();
+        for name in names {
+            self.waiting.insert(name, (reason::CONTAINER_CREATING.into(), message.to_owned()));
+        }
     }
 }
