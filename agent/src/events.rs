@@ -42,30 +42,49 @@ pub trait EventRecorder: Send + Sync {
     }
 }
 
+/// One event as an [`AnnotatedEventRecorder`] receives it; `annotations` is
+/// empty for [`EventRecorder::record`].
+#[derive(Clone, Copy, Debug)]
+pub struct EventRecord<'a> {
+    pub object: &'a ObjectReference,
+    pub event_type: EventType,
+    pub reason: &'a str,
+    pub message: &'a str,
+    pub annotations: &'a BTreeMap<String, String>,
+}
+
+/// A recorder that keeps annotations writes this one method and gets both
+/// of [`EventRecorder`]'s from the blanket impl below, so that `record`
+/// cannot drift from `record_annotated` in any of them. A recorder that
+/// drops annotations implements [`EventRecorder::record`] alone instead.
+pub trait AnnotatedEventRecorder: Send + Sync {
+    fn record_event(&self, event: &EventRecord<'_>);
+}
+
+impl<T: AnnotatedEventRecorder> EventRecorder for T {
+    fn record(&self, object: &ObjectReference, event_type: EventType, reason: &str, message: &str) {
+        self.record_event(&EventRecord { object, event_type, reason, message, annotations: &BTreeMap::new() });
+    }
+
+    fn record_annotated(&self, o: &ObjectReference, t: EventType, r: &str, m: &str, a: &BTreeMap<String, String>) {
+        self.record_event(&EventRecord { object: o, event_type: t, reason: r, message: m, annotations: a });
+    }
+}
+
 /// Logs events (standalone mode, and tests).
 pub struct LogRecorder;
 
-impl EventRecorder for LogRecorder {
-    fn record(&self, object: &ObjectReference, event_type: EventType, reason: &str, message: &str) {
-        self.record_annotated(object, event_type, reason, message, &BTreeMap::new());
-    }
-
-    fn record_annotated(
-        &self,
-        object: &ObjectReference,
-        event_type: EventType,
-        reason: &str,
-        message: &str,
-        annotations: &BTreeMap<String, String>,
-    ) {
+impl AnnotatedEventRecorder for LogRecorder {
+    fn record_event(&self, e: &EventRecord<'_>) {
         tracing::info!(
-            kind = object.kind.as_deref().unwrap_or(""),
-            namespace = object.namespace.as_deref().unwrap_or(""),
-            name = object.name.as_deref().unwrap_or(""),
-            r#type = event_type.as_str(),
-            reason,
-            annotations = ?annotations,
-            "event: {message}"
+            kind = e.object.kind.as_deref().unwrap_or(""),
+            namespace = e.object.namespace.as_deref().unwrap_or(""),
+            name = e.object.name.as_deref().unwrap_or(""),
+            r#type = e.event_type.as_str(),
+            reason = e.reason,
+            annotations = ?e.annotations,
+            "event: {}",
+            e.message
         );
     }
 }

@@ -15,13 +15,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use swiftlet::{
     app::Agent,
     cgroups::CgroupFs,
     config,
     cri::{CriClient, RuntimeService, api, labels},
-    events::{EventRecorder, EventType},
+    events::{AnnotatedEventRecorder, EventRecord, EventRecorder, EventType},
     pods::source::PodView,
     reload::ConfigDiff,
     volumes::{NoApiServer, ObjectSource},
@@ -50,26 +50,15 @@ pub struct RecordedEvent {
 #[derive(Default)]
 pub struct Events(Mutex<Vec<RecordedEvent>>);
 
-impl EventRecorder for Events {
-    fn record(&self, object: &ObjectReference, event_type: EventType, reason: &str, message: &str) {
-        self.record_annotated(object, event_type, reason, message, &Default::default());
-    }
-
-    fn record_annotated(
-        &self,
-        object: &ObjectReference,
-        event_type: EventType,
-        reason: &str,
-        message: &str,
-        annotations: &std::collections::BTreeMap<String, String>,
-    ) {
+impl AnnotatedEventRecorder for Events {
+    fn record_event(&self, e: &EventRecord<'_>) {
         self.0.lock().unwrap().push(RecordedEvent {
-            object: object.name.clone().unwrap_or_default(),
-            field_path: object.field_path.clone(),
-            event_type,
-            reason: reason.into(),
-            message: message.into(),
-            annotations: annotations.clone(),
+            object: e.object.name.clone().unwrap_or_default(),
+            field_path: e.object.field_path.clone(),
+            event_type: e.event_type,
+            reason: e.reason.into(),
+            message: e.message.into(),
+            annotations: e.annotations.clone(),
         });
     }
 }

@@ -244,31 +244,8 @@ pub fn burstable_cpu_request(spec: &PodSpec) -> i64 {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use k8s_openapi::{api::core::v1::ResourceRequirements, apimachinery::pkg::api::resource::Quantity as ApiQuantity};
-
     use super::*;
-
-    fn res(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, ApiQuantity>> {
-        (!pairs.is_empty()).then(|| pairs.iter().map(|(k, v)| (k.to_string(), ApiQuantity(v.to_string()))).collect())
-    }
-
-    fn c(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> Container {
-        Container {
-            name: "c".into(),
-            resources: Some(ResourceRequirements {
-                requests: res(requests),
-                limits: res(limits),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
-    fn spec(containers: Vec<Container>) -> PodSpec {
-        PodSpec { containers, ..Default::default() }
-    }
+    use crate::cm::test_support::{container, res, reservation, spec};
 
     const P: Duration = Duration::from_millis(100);
     const MI: u64 = 1 << 20;
@@ -286,48 +263,51 @@ mod tests {
         let cases: Vec<(&str, PodSpec, CgroupLimits)> = vec![
             (
                 "best effort",
-                spec(vec![c(&[], &[]), c(&[], &[])]),
+                spec(vec![container(&[], &[]), container(&[], &[])]),
                 CgroupLimits { memory: None, cpu: cpu(2, None), pids: None, hugetlb: vec![] },
             ),
             (
                 "guaranteed: sums of limits",
                 spec(vec![
-                    c(&[], &[("cpu", "500m"), ("memory", "128Mi")]),
-                    c(&[], &[("cpu", "250m"), ("memory", "64Mi")]),
+                    container(&[], &[("cpu", "500m"), ("memory", "128Mi")]),
+                    container(&[], &[("cpu", "250m"), ("memory", "64Mi")]),
                 ]),
                 CgroupLimits { memory: Some(192 * MI), cpu: cpu(768, Some(75_000)), pids: None, hugetlb: vec![] },
             ),
             (
                 "burstable with all limits",
                 spec(vec![
-                    c(&[("cpu", "100m"), ("memory", "64Mi")], &[("cpu", "1"), ("memory", "256Mi")]),
-                    c(&[("cpu", "100m")], &[("cpu", "1"), ("memory", "256Mi")]),
+                    container(&[("cpu", "100m"), ("memory", "64Mi")], &[("cpu", "1"), ("memory", "256Mi")]),
+                    container(&[("cpu", "100m")], &[("cpu", "1"), ("memory", "256Mi")]),
                 ]),
                 CgroupLimits { memory: Some(512 * MI), cpu: cpu(204, Some(200_000)), pids: None, hugetlb: vec![] },
             ),
             (
                 "burstable with a container lacking limits: no quota, no memory limit",
-                spec(vec![c(&[("cpu", "500m")], &[("cpu", "1"), ("memory", "1Gi")]), c(&[("memory", "1Gi")], &[])]),
+                spec(vec![
+                    container(&[("cpu", "500m")], &[("cpu", "1"), ("memory", "1Gi")]),
+                    container(&[("memory", "1Gi")], &[]),
+                ]),
                 CgroupLimits { memory: None, cpu: cpu(512, None), pids: None, hugetlb: vec![] },
             ),
             (
                 "burstable with memory limits only",
-                spec(vec![c(&[("cpu", "200m")], &[("memory", "100Mi")])]),
+                spec(vec![container(&[("cpu", "200m")], &[("memory", "100Mi")])]),
                 CgroupLimits { memory: Some(100 * MI), cpu: cpu(204, None), pids: None, hugetlb: vec![] },
             ),
             (
                 "an init container larger than the app containers",
                 PodSpec {
-                    init_containers: Some(vec![c(&[], &[("cpu", "2"), ("memory", "1Gi")])]),
-                    ..spec(vec![c(&[], &[("cpu", "1"), ("memory", "512Mi")])])
+                    init_containers: Some(vec![container(&[], &[("cpu", "2"), ("memory", "1Gi")])]),
+                    ..spec(vec![container(&[], &[("cpu", "1"), ("memory", "512Mi")])])
                 },
                 CgroupLimits { memory: Some(1024 * MI), cpu: cpu(2048, Some(200_000)), pids: None, hugetlb: vec![] },
             ),
             (
                 "a sidecar adds to the app containers",
                 PodSpec {
-                    init_containers: Some(vec![sidecar(c(&[], &[("cpu", "500m"), ("memory", "100Mi")]))]),
-                    ..spec(vec![c(&[], &[("cpu", "1"), ("memory", "200Mi")])])
+                    init_containers: Some(vec![sidecar(container(&[], &[("cpu", "500m"), ("memory", "100Mi")]))]),
+                    ..spec(vec![container(&[], &[("cpu", "1"), ("memory", "200Mi")])])
                 },
                 CgroupLimits { memory: Some(300 * MI), cpu: cpu(1536, Some(150_000)), pids: None, hugetlb: vec![] },
             ),
@@ -335,7 +315,7 @@ mod tests {
                 "overhead is added",
                 PodSpec {
                     overhead: res(&[("cpu", "250m"), ("memory", "120Mi")]),
-                    ..spec(vec![c(&[], &[("cpu", "1"), ("memory", "1Gi")])])
+                    ..spec(vec![container(&[], &[("cpu", "1"), ("memory", "1Gi")])])
                 },
                 CgroupLimits { memory: Some(1144 * MI), cpu: cpu(1280, Some(125_000)), pids: None, hugetlb: vec![] },
             ),
@@ -347,7 +327,7 @@ mod tests {
 
     #[test]
     fn quota_off_and_pids() {
-        let s = spec(vec![c(&[], &[("cpu", "1"), ("memory", "1Gi")])]);
+        let s = spec(vec![container(&[], &[("cpu", "1"), ("memory", "1Gi")])]);
         let cfg = pod_cgroup_config(&s, false, P, 1024);
         assert_eq!(cfg.cpu.quota_us, None, "cpuCFSQuota=false: no quota");
         assert_eq!(cfg.pids, Some(1024));
@@ -377,12 +357,7 @@ mod tests {
 
     #[test]
     fn reserved_cgroups() {
-        let r: Reservation = [
-            (ReservedResource::Cpu, "500m".parse().unwrap()),
-            (ReservedResource::Memory, "1Gi".parse().unwrap()),
-            (ReservedResource::Pid, "1000".parse().unwrap()),
-        ]
-        .into();
+        let r = reservation();
         let full = reserved_cgroup_limits(&r, false);
         assert_eq!(
             full,
@@ -396,8 +371,8 @@ mod tests {
     fn hugetlb_limits_cover_every_host_size() {
         const MI2: u64 = 2 << 20;
         const GI1: u64 = 1 << 30;
-        let one = c(&[], &[("hugepages-2Mi", "100Mi"), ("memory", "1Gi"), ("cpu", "1")]);
-        let two = c(&[("hugepages-2Mi", "20Mi")], &[("hugepages-2Mi", "20Mi")]);
+        let one = container(&[], &[("hugepages-2Mi", "100Mi"), ("memory", "1Gi"), ("cpu", "1")]);
+        let two = container(&[("hugepages-2Mi", "20Mi")], &[("hugepages-2Mi", "20Mi")]);
         let s = spec(vec![one, two]);
         assert_eq!(
             pod_hugetlb_limits(&s, &[MI2, GI1]),
@@ -405,7 +380,7 @@ mod tests {
             "summed; 0 for sizes not asked for"
         );
         assert!(pod_hugetlb_limits(&s, &[]).is_empty(), "no hugetlb controller: nothing to set");
-        let init = PodSpec { init_containers: Some(vec![c(&[], &[("hugepages-1Gi", "2Gi")])]), ..spec(vec![]) };
+        let init = PodSpec { init_containers: Some(vec![container(&[], &[("hugepages-1Gi", "2Gi")])]), ..spec(vec![]) };
         assert_eq!(pod_hugetlb_limits(&init, &[GI1]), vec![(GI1, 2 << 30)], "an init container's peak counts");
     }
 
@@ -415,9 +390,10 @@ mod tests {
         assert_eq!(qos_cgroup_limits(QosClass::Burstable, 0).cpu.shares, Some(2));
         assert_eq!(qos_cgroup_limits(QosClass::Burstable, 750).cpu.shares, Some(768));
         assert_eq!(qos_cgroup_limits(QosClass::Burstable, 750).memory, None);
-        let burstable = spec(vec![c(&[("cpu", "500m")], &[]), c(&[("cpu", "250m")], &[("memory", "1Gi")])]);
+        let burstable =
+            spec(vec![container(&[("cpu", "500m")], &[]), container(&[("cpu", "250m")], &[("memory", "1Gi")])]);
         assert_eq!(burstable_cpu_request(&burstable), 750);
-        let guaranteed = spec(vec![c(&[], &[("cpu", "1"), ("memory", "1Gi")])]);
+        let guaranteed = spec(vec![container(&[], &[("cpu", "1"), ("memory", "1Gi")])]);
         assert_eq!(burstable_cpu_request(&guaranteed), 0);
     }
 }

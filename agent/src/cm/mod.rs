@@ -13,3 +13,5 @@ pub mod naming;
 pub mod pod_cgroups;
 pub mod qos;
 pub mod systemd;
+#[cfg(test)]
+mod test_support;

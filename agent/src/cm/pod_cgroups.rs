@@ -157,12 +157,7 @@ impl PodCgroups {
 
 #[cfg(test)]
 mod tests {
-    use std::{collections::BTreeMap, fs, path::Path};
-
-    use k8s_openapi::{
-        api::core::v1::{Container, PodSpec, ResourceRequirements},
-        apimachinery::pkg::api::resource::Quantity as ApiQuantity,
-    };
+    use std::{fs, path::Path};
 
     use super::*;
     use crate::{
@@ -171,32 +166,13 @@ mod tests {
             allocatable::{Resource, ResourceList},
             hierarchy::{kubepods_limits, pod_cgroup_config},
             manager::InMemoryCgroups,
+            test_support::{container, reservation, spec},
         },
-        config::{Reservation, ReservedResource},
+        config::ReservedResource,
     };
 
     const P: Duration = Duration::from_millis(100);
     const MI: u64 = 1 << 20;
-
-    fn c(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> Container {
-        let res = |pairs: &[(&str, &str)]| -> Option<BTreeMap<String, ApiQuantity>> {
-            (!pairs.is_empty())
-                .then(|| pairs.iter().map(|(k, v)| (k.to_string(), ApiQuantity(v.to_string()))).collect())
-        };
-        Container {
-            name: "c".into(),
-            resources: Some(ResourceRequirements {
-                requests: res(requests),
-                limits: res(limits),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
-    fn spec(containers: Vec<Container>) -> PodSpec {
-        PodSpec { containers, ..Default::default() }
-    }
 
     fn read(p: &Path) -> String {
         fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).trim().to_owned()
@@ -233,8 +209,12 @@ mod tests {
         pc.update_burstable_cpu_shares(2_000).await.unwrap();
         assert_eq!(read(&kp.join("burstable/cpu.weight")), shares_to_weight(2048).to_string());
 
-        let cfg =
-            pod_cgroup_config(&spec(vec![c(&[("cpu", "250m")], &[("cpu", "500m"), ("memory", "64Mi")])]), true, P, 100);
+        let cfg = pod_cgroup_config(
+            &spec(vec![container(&[("cpu", "250m")], &[("cpu", "500m"), ("memory", "64Mi")])]),
+            true,
+            P,
+            100,
+        );
         let rel = pc.ensure_pod_cgroup(QosClass::Burstable, "u-1", &cfg).await.unwrap();
         assert_eq!(rel, "swiftlet-unit/kubepods/burstable/podu-1");
         let pod = tmp.path().join(&rel);
@@ -272,7 +252,7 @@ mod tests {
         assert_eq!(read(&cpu_dir.join("kubepods-besteffort.slice/cpu.shares")), "2");
         assert!(!tmp.path().join("pids/kubepods.slice/pids.max").exists(), "no pid capacity, no pids.max");
 
-        let g = pod_cgroup_config(&spec(vec![c(&[], &[("cpu", "1"), ("memory", "256Mi")])]), true, P, -1);
+        let g = pod_cgroup_config(&spec(vec![container(&[], &[("cpu", "1"), ("memory", "256Mi")])]), true, P, -1);
         let rel = pc.ensure_pod_cgroup(QosClass::Guaranteed, "a-b", &g).await.unwrap();
         assert_eq!(rel, "kubepods.slice/kubepods-poda_b.slice");
         assert_eq!(read(&tmp.path().join("memory").join(&rel).join("memory.limit_in_bytes")), (256 * MI).to_string());
@@ -281,12 +261,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_reserved_cgroup_must_exist_and_gets_its_limits() {
-        let r: Reservation = [
-            (ReservedResource::Cpu, "500m".parse().unwrap()),
-            (ReservedResource::Memory, "1Gi".parse().unwrap()),
-            (ReservedResource::Pid, "1000".parse().unwrap()),
-        ]
-        .into();
+        let r = reservation();
         let full = reserved_cgroup_limits(&r, false);
         let tmp = tempfile::tempdir().unwrap();
         let pc = PodCgroups::new(

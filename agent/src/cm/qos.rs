@@ -152,30 +152,11 @@ pub fn oom_score_adj(pod: &Pod, container: &Container, memory_capacity: u64) -> 
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use k8s_openapi::{api::core::v1::ResourceRequirements, apimachinery::pkg::api::resource::Quantity as ApiQuantity};
-
     use super::*;
-
-    fn res(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, ApiQuantity>> {
-        (!pairs.is_empty()).then(|| pairs.iter().map(|(k, v)| (k.to_string(), ApiQuantity(v.to_string()))).collect())
-    }
-
-    fn container(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> Container {
-        Container {
-            name: "c".into(),
-            resources: Some(ResourceRequirements {
-                requests: res(requests),
-                limits: res(limits),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
+    use crate::cm::test_support::{container, spec};
 
     fn pod(containers: Vec<Container>) -> Pod {
-        Pod { spec: Some(PodSpec { containers, ..Default::default() }), ..Default::default() }
+        Pod { spec: Some(spec(containers)), ..Default::default() }
     }
 
     #[test]

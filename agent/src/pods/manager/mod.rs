@@ -6,41 +6,30 @@
 //! source is still loading), and answers for the pods: their status
 //! (`PodView`), and to the eviction manager (`PodProvider`, `PodEvictor`).
 
+mod eviction;
+mod reconcile;
+
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     sync::{Arc, Mutex, RwLock, Weak},
     time::{Duration, Instant},
 };
 
-use k8s_openapi::{
-    api::core::v1::{Pod, PodStatus},
-    jiff::Timestamp,
-};
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::{
     admission::{self, Capacity},
-    defaults,
-    manifest::{CONFIG_MIRROR, CONFIG_SEEN},
+    manifest::CONFIG_MIRROR,
     metrics::PodMetrics,
     source::{PodSink, PodSnapshot, PodView, SourceKind, StatusReporter},
     status::TerminalReason,
-    worker::{Msg, Worker, WorkerDeps, WorkerHandle, WorkerSink},
+    worker::{Msg, WorkerDeps, WorkerHandle, WorkerSink},
 };
 use crate::{
-    cm::{
-        hierarchy::{burstable_cpu_request, pod_requests},
-        pod_cgroups::PodCgroups,
-        qos::{SYSTEM_CRITICAL_PRIORITY, priority, qos_class},
-    },
-    cri::{api, labels},
-    events::{EventType, pod_ref},
-    eviction::{
-        driver::{EvictionContainer, EvictionPod, EvictionRequest, PodEvictor, PodProvider},
-        signal::NodeCondition,
-    },
-    gc::ActivePods,
+    cm::hierarchy::burstable_cpu_request,
+    eviction::{driver::EvictionPod, signal::NodeCondition},
 };
 
 /// How long a removed pod's remains are not taken for an orphan's.
@@ -299,178 +288,8 @@ impl Inner {
         let s = lock(&self.sources);
         self.expected.iter().all(|k| s.contains_key(k))
     }
-
-    fn reconcile(&self) {
-        let mut desired: BTreeMap<String, Pod> = BTreeMap::new();
-        for pods in lock(&self.sources).values() {
-            for p in pods {
-                let mut p = p.clone();
-                defaults::apply(&mut p);
-                desired.entry(uid(&p)).or_insert(p);
-            }
-        }
-        let mut pods = lock(&self.pods);
-        // Pods of this round not admitted yet keep their devices while
-        // earlier ones are admitted (an agent restart re-admits them all).
-        let mut pending: std::collections::BTreeSet<String> =
-            desired.keys().filter(|id| !pods.contains_key(*id)).cloned().collect();
-        let sources_ready = self.sources_ready();
-        for (id, pod) in &desired {
-            if let Some(e) = pods.get_mut(id) {
-                if e.orphan {
-                    continue;
-                }
-                if !same_spec(&e.pod, pod) {
-                    e.pod = pod.clone();
-                    e.burstable_cpu_milli = e.pod.spec.as_ref().map_or(0, burstable_cpu_request);
-                    e.eviction = None;
-                    if let Some(h) = &e.handle {
-                        let _ = h.tx.send(Msg::Update(Box::new(pod.clone())));
-                    }
-                }
-                continue;
-            }
-            let seen = Instant::now();
-            let mut pod = pod.clone();
-            pod.metadata
-                .annotations
-                .get_or_insert_with(Default::default)
-                .entry(CONFIG_SEEN.into())
-                .or_insert_with(|| Timestamp::now().to_string());
-            let active: Vec<&Pod> = pods.values().filter(|e| e.active && !e.orphan).map(|e| &e.pod).collect();
-            pending.remove(id);
-            let pressure = lock(&self.pressure).as_ref().map(|c| c.borrow().clone()).unwrap_or_default();
-            let verdict = match lock(&self.refuse_new).clone() {
-                Some(r) => Err(r),
-                None => admission::admit_host(&pod, &read(&self.host))
-                    .and_then(|()| admission::admit_under_pressure(&pod, &pressure))
-                    .and_then(|()| admission::admit(&pod, &active, &lock(&self.capacity))),
-            };
-            // The device manager's admit handler: devices for every
-            // container, or UnexpectedAdmissionError. Devices of pods no
-            // longer active are freed first, once every source has spoken.
-            let verdict = match (verdict, &self.deps.devices) {
-                (Ok(()), Some(devices)) => {
-                    let keep = sources_ready.then(|| {
-                        let mut keep: std::collections::BTreeSet<String> =
-                            active.iter().filter_map(|p| p.metadata.uid.clone()).collect();
-                        keep.extend(pending.iter().cloned());
-                        keep
-                    });
-                    devices.admit(&pod, keep.as_ref()).map_err(|e| admission::Rejection {
-                        reason: admission::UNEXPECTED_ADMISSION_ERROR.into(),
-                        message: format!("Allocate failed due to {e}, which is unexpected"),
-                    })
-                }
-                (verdict, _) => verdict,
-            };
-            match verdict {
-                Ok(()) => {
-                    info!(
-                        pod = format!(
-                            "{}/{}",
-                            pod.metadata.namespace.as_deref().unwrap_or(""),
-                            pod.metadata.name.as_deref().unwrap_or("")
-                        ),
-                        uid = id,
-                        "pod added"
-                    );
-                    let handle = Worker::spawn(self.deps.clone(), self.sink(), pod.clone(), self.shutdown.clone());
-                    self.metrics.pod_worker_start_duration.observe(seen.elapsed().as_secs_f64());
-                    pods.insert(id.clone(), Entry::new(pod, Some(handle)));
-                }
-                Err(r) => {
-                    warn!(
-                        pod = pod.metadata.name.as_deref().unwrap_or(""),
-                        "pod rejected: {}: {}", r.reason, r.message
-                    );
-                    self.deps.recorder.record(&pod_ref(&pod), EventType::Warning, &r.reason, &r.message);
-                    let status = rejected_status(&pod, &r);
-                    self.reporter().report(&pod, &status);
-                    let mut e = Entry::new(pod, None);
-                    e.active = false;
-                    e.status = Some(status);
-                    pods.insert(id.clone(), e);
-                }
-            }
-        }
-        let gone: Vec<String> =
-            pods.iter().filter(|(id, e)| !e.orphan && !desired.contains_key(*id)).map(|(id, _)| id.clone()).collect();
-        for id in gone {
-            let e = pods.get_mut(&id).expect("listed above");
-            e.active = false;
-            match &e.handle {
-                Some(h) => {
-                    let _ = h.tx.send(Msg::Remove);
-                }
-                None => {
-                    pods.remove(&id);
-                }
-            }
-        }
-        self.metrics.pod_workers.set(pods.values().filter(|e| e.handle.is_some()).count() as i64);
-    }
-
-    async fn relist(&self, previous: &mut HashMap<String, Vec<(String, i32)>>) -> crate::cri::Result<()> {
-        let rt = &self.deps.runtime;
-        let sel = labels::managed_selector();
-        let (sandboxes, containers) = rt
-            .list_states(
-                Some(api::PodSandboxFilter { label_selector: sel.clone(), ..Default::default() }),
-                Some(api::ContainerFilter { label_selector: sel, ..Default::default() }),
-            )
-            .await?;
-        let mut now: HashMap<String, Vec<(String, i32)>> = HashMap::new();
-        let mut identity: HashMap<String, labels::PodIdentity> = HashMap::new();
-        for s in &sandboxes {
-            if let Some(id) = labels::identity(&s.labels) {
-                now.entry(id.uid.clone()).or_default().push((s.id.clone(), s.state));
-                identity.insert(id.uid.clone(), id);
-            }
-        }
-        for c in &containers {
-            if let Some(id) = labels::identity(&c.labels) {
-                now.entry(id.uid.clone()).or_default().push((c.id.clone(), c.state));
-                identity.entry(id.uid.clone()).or_insert(id);
-            }
-        }
-        for v in now.values_mut() {
-            v.sort();
-        }
-        let ready = self.sources_ready();
-        let mut tombstones = lock(&self.tombstones);
-        tombstones.retain(|_, at| at.elapsed() < TOMBSTONE_TTL);
-        let mut pods = lock(&self.pods);
-        for (uid, fp) in &now {
-            if previous.get(uid) != Some(fp)
-                && let Some(h) = pods.get(uid).and_then(|e| e.handle.as_ref())
-            {
-                h.wake.notify_one();
-            }
-            if ready && !pods.contains_key(uid) && !tombstones.contains_key(uid) {
-                let id = &identity[uid];
-                info!(
-                    pod = format!("{}/{}", id.namespace, id.name),
-                    uid, "stopping what runs for a pod no source wants"
-                );
-                let mut pod = Pod::default();
-                pod.metadata.uid = Some(id.uid.clone());
-                pod.metadata.name = Some(id.name.clone());
-                pod.metadata.namespace = Some(id.namespace.clone());
-                let handle = Worker::spawn(self.deps.clone(), self.sink(), pod.clone(), self.shutdown.clone());
-                let _ = handle.tx.send(Msg::Remove);
-                let mut e = Entry::new(pod, Some(handle));
-                e.orphan = true;
-                e.active = false;
-                pods.insert(uid.clone(), e);
-            }
-        }
-        *previous = now;
-        Ok(())
-    }
 }
 
-/// Pods from the API carry volatile metadata (resourceVersion, managed
 /// fields): a worker is only told about changes the kubelet acts on.
 fn same_spec(a: &Pod, b: &Pod) -> bool {
     a.spec == b.spec
@@ -486,7 +305,7 @@ fn same_spec(a: &Pod, b: &Pod) -> bool {
 fn gate_conditions(p: &Pod) -> Vec<(String, String)> {
     let gates: Vec<&str> =
         p.spec.iter().flat_map(|s| s.readiness_gates.iter().flatten()).map(|g| g.condition_type.as_str()).collect();
-    super::conditions::foreign(p)
+    crate::pods::conditions::foreign(p)
         .into_iter()
         .filter(|c| gates.contains(&c.type_.as_str()))
         .map(|c| (c.type_, c.status))
@@ -508,17 +327,6 @@ impl Entry {
             started_after: None,
             eviction: None,
         }
-    }
-}
-
-fn rejected_status(pod: &Pod, r: &admission::Rejection) -> PodStatus {
-    PodStatus {
-        phase: Some("Failed".into()),
-        reason: Some(r.reason.clone()),
-        message: Some(r.message.clone()),
-        qos_class: pod.spec.as_ref().map(|s| qos_class(s).as_str().to_owned()),
-        start_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now())),
-        ..Default::default()
     }
 }
 
@@ -596,110 +404,5 @@ impl PodView for PodManager {
             .collect();
         out.sort_by(|a, b| (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name)));
         out
-    }
-}
-
-impl PodProvider for PodManager {
-    fn eviction_pods(&self) -> Vec<EvictionPod> {
-        let mut pods = lock(&self.inner.pods);
-        let cgroups = &self.inner.deps.cgroups;
-        let evict_static = self.inner.evict_static.load(std::sync::atomic::Ordering::Relaxed);
-        pods.iter_mut()
-            .filter(|(_, e)| e.active && !e.orphan && e.handle.is_some())
-            .filter_map(|(id, e)| {
-                if e.eviction.is_none() {
-                    e.eviction = eviction_pod(id, e, cgroups, evict_static);
-                }
-                e.eviction.clone()
-            })
-            .collect()
-    }
-}
-
-fn eviction_pod(id: &str, e: &Entry, cgroups: &PodCgroups, evict_static: bool) -> Option<EvictionPod> {
-    let spec = e.pod.spec.as_ref()?;
-    let pod_cgroup = cgroups.pod_cgroup(qos_class(spec), id);
-    let prio = priority(&e.pod);
-    let ephemeral = spec
-        .containers
-        .iter()
-        .filter_map(|c| c.resources.as_ref()?.requests.as_ref()?.get("ephemeral-storage"))
-        .filter_map(|q| q.0.parse::<crate::quantity::Quantity>().ok())
-        .map(|q| q.value().max(0) as u64)
-        .sum();
-    Some(EvictionPod {
-        uid: id.to_owned(),
-        namespace: e.pod.metadata.namespace.clone().unwrap_or_default(),
-        name: e.pod.metadata.name.clone().unwrap_or_default(),
-        cgroup: pod_cgroup.clone(),
-        priority: prio,
-        // The kubelet's IsCriticalPod: static and mirror pods too, unless
-        // static pods were let go (mirror pods are never ours to evict).
-        critical: if evict_static {
-            prio >= SYSTEM_CRITICAL_PRIORITY || is_mirror(&e.pod)
-        } else {
-            crate::cm::qos::is_critical(&e.pod)
-        },
-        termination_grace_secs: spec.termination_grace_period_seconds.unwrap_or(30).max(0) as u64,
-        memory_request: pod_requests(spec).1.max(0) as u64,
-        ephemeral_storage_request: ephemeral,
-        containers: spec
-            .containers
-            .iter()
-            .map(|c| EvictionContainer {
-                name: c.name.clone(),
-                memory_request: crate::cm::qos::container_resources(c)
-                    .memory_request
-                    .map_or(0, |q| q.value().max(0) as u64),
-                cgroup: e.running.iter().find(|(n, _)| *n == c.name).map(|(_, cid)| format!("{pod_cgroup}/{cid}")),
-            })
-            .collect(),
-        disk_usage: None,
-        inodes_used: None,
-    })
-}
-
-impl PodEvictor for PodManager {
-    fn evict(&self, request: EvictionRequest) {
-        let mut pods = lock(&self.inner.pods);
-        let Some(e) = pods.get_mut(&request.uid) else {
-            warn!(uid = request.uid, "cannot evict an unknown pod");
-            return;
-        };
-        e.active = false;
-        e.evicted = true;
-        // One Evicted event, with the kubelet's annotations (the starved
-        // resource, the offending containers and their usage).
-        self.inner.deps.recorder.record_annotated(
-            &pod_ref(&e.pod),
-            EventType::Warning,
-            "Evicted",
-            &request.message,
-            &request.annotations,
-        );
-        if let Some(h) = &e.handle {
-            let _ = h.tx.send(Msg::Evict {
-                grace: Duration::from_secs(request.grace_period_secs),
-                reason: TerminalReason { reason: "Evicted".into(), message: request.message, disruption: true },
-            });
-        }
-    }
-}
-
-impl ActivePods for PodManager {
-    fn all_sources_ready(&self) -> bool {
-        self.inner.sources_ready()
-    }
-
-    /// Known and kept: running, or finished but not deleted (its last
-    /// containers hold its logs and exit status).
-    fn is_active(&self, uid: &str) -> bool {
-        lock(&self.inner.pods)
-            .get(uid)
-            .is_some_and(|e| !e.orphan && !e.evicted && (e.pod.metadata.deletion_timestamp.is_none() || e.active))
-    }
-
-    fn is_terminated(&self, uid: &str) -> bool {
-        lock(&self.inner.pods).get(uid).is_none_or(|e| !e.active)
     }
 }
