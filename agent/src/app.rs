@@ -593,14 +593,12 @@ impl Agent {
         if let Some(l) = self.eviction_loop.lock().unwrap_or_else(|p| p.into_inner()).take() {
             tasks.push(tokio::spawn(l.run(self.shutdown.clone())));
         }
-        // ---- memory.pressure signal ----
         if let Some(signal) = self.config.swiftlet.memory_pressure {
             match self.start_memory_pressure(signal) {
                 Ok(t) => tasks.push(t),
                 Err(e) => tracing::error!("--eviction-memory-pressure is set but the signal cannot run: {e}"),
             }
         }
-        // ---- end memory.pressure signal ----
         tasks.push(tokio::spawn(self.image_gc.clone().run(self.shutdown.clone())));
         tasks.push(tokio::spawn(self.container_gc.clone().run(self.shutdown.clone())));
         tasks.push(tokio::spawn(self.logs.clone().run(self.shutdown.clone())));
