@@ -1,4 +1,4 @@
-//! KubeletConfiguration fields read apart from `kubelet.rs` (which holds
+//! KubeletConfiguration fields read apart from `kubelet/` (which holds
 //! the bulk): the pods' unsafe sysctls, how OOM kills end a container, the
 //! agent's own file limit, the host's cgroup version policy and the CPUs
 //! reserved for the system.
