@@ -19,15 +19,18 @@ use super::{
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryKinds {
     pub anon: u64,
-    /// Page cache: active + inactive file pages.
-    pub file: u64,
+    /// Page cache on the file LRU lists: the part the working set counts,
+    /// which reclaim can shrink. (memory.stat's `file` also counts tmpfs
+    /// and shared memory, which sit on the anonymous lists and which
+    /// reclaim cannot take without swap.)
+    pub active_file: u64,
     pub inactive_file: u64,
 }
 
 impl MemoryKinds {
-    /// The page cache the working set counts, which reclaim can shrink.
-    pub fn active_file(&self) -> u64 {
-        self.file.saturating_sub(self.inactive_file)
+    /// Page cache reclaim can take.
+    pub fn file(&self) -> u64 {
+        self.active_file + self.inactive_file
     }
 }
 
@@ -57,13 +60,13 @@ pub fn plan(excess: u64, pods: &[(String, MemoryKinds)]) -> Option<Vec<ReclaimTa
     if excess == 0 {
         return Some(vec![]);
     }
-    let mut ranked: Vec<&(String, MemoryKinds)> = pods.iter().filter(|(_, m)| m.active_file() > 0).collect();
+    let mut ranked: Vec<&(String, MemoryKinds)> = pods.iter().filter(|(_, m)| m.active_file > 0).collect();
     // Most active cache first; ties by name, so the plan is stable.
-    ranked.sort_by(|a, b| b.1.active_file().cmp(&a.1.active_file()).then_with(|| a.0.cmp(&b.0)));
+    ranked.sort_by(|a, b| b.1.active_file.cmp(&a.1.active_file).then_with(|| a.0.cmp(&b.0)));
     let mut left = excess;
     let mut out = vec![];
     for (cgroup, m) in ranked {
-        let take = m.active_file().min(left);
+        let take = m.active_file.min(left);
         out.push(ReclaimTarget { cgroup: cgroup.clone(), bytes: m.inactive_file + take });
         left -= take;
         if left == 0 {
@@ -79,7 +82,7 @@ pub fn plan(excess: u64, pods: &[(String, MemoryKinds)]) -> Option<Vec<ReclaimTa
 /// active file pages).
 pub fn growth_is_anonymous(before: MemoryKinds, now: MemoryKinds) -> bool {
     let anon = now.anon as i128 - before.anon as i128;
-    let file = now.active_file() as i128 - before.active_file() as i128;
+    let file = now.active_file as i128 - before.active_file as i128;
     anon > 0 && anon >= file
 }
 
@@ -95,8 +98,9 @@ mod tests {
 
     const MI: u64 = 1 << 20;
 
+    /// anon, file (active + inactive), inactive file, in MiB.
     fn kinds(anon_mi: u64, file_mi: u64, inactive_mi: u64) -> MemoryKinds {
-        MemoryKinds { anon: anon_mi * MI, file: file_mi * MI, inactive_file: inactive_mi * MI }
+        MemoryKinds { anon: anon_mi * MI, active_file: (file_mi - inactive_mi) * MI, inactive_file: inactive_mi * MI }
     }
 
     #[test]

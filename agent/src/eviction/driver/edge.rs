@@ -73,7 +73,7 @@ impl Reclaimer for CgroupFs {
 
     fn memory_kinds(&self, cgroup: &str) -> Option<MemoryKinds> {
         let s = self.memory_stat(cgroup).ok()?;
-        Some(MemoryKinds { anon: s.anon, file: s.file, inactive_file: s.inactive_file })
+        Some(MemoryKinds { anon: s.anon, active_file: s.active_file, inactive_file: s.inactive_file })
     }
 
     fn reclaim(&self, cgroup: &str, bytes: u64) -> Result<ReclaimWrite, String> {
@@ -201,12 +201,12 @@ pub mod fake {
             let mut kinds = self.kinds.lock().unwrap();
             let Some(m) = kinds.get(cgroup).copied() else { return Err(format!("{cgroup}: gone")) };
             let inactive = m.inactive_file.min(bytes);
-            let active = m.active_file().min(bytes - inactive);
+            let active = m.active_file.min(bytes - inactive);
             // The cgroup and every ancestor the test describes.
             let mut path = cgroup.to_owned();
             loop {
                 if let Some(k) = kinds.get_mut(&path) {
-                    k.file -= inactive + active;
+                    k.active_file -= active;
                     k.inactive_file -= inactive;
                 }
                 if let Some(source) = &self.source {

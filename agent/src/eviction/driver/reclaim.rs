@@ -109,7 +109,7 @@ impl CacheReclaim {
         }
         let mut given_back = 0;
         for target in &targets {
-            let before = cache.iter().find(|(c, _)| *c == target.cgroup).map_or(0, |(_, m)| m.file);
+            let before = cache.iter().find(|(c, _)| *c == target.cgroup).map_or(0, |(_, m)| m.file());
             let result = match self.reclaimer.reclaim(&target.cgroup, target.bytes) {
                 Ok(r) => r.as_str(),
                 Err(e) => {
@@ -118,7 +118,7 @@ impl CacheReclaim {
                 }
             };
             self.metrics.reclaim.writes.get_or_create(&ReclaimResultLabels { result: result.into() }).inc();
-            let after = self.reclaimer.memory_kinds(&target.cgroup).map_or(before, |m| m.file);
+            let after = self.reclaimer.memory_kinds(&target.cgroup).map_or(before, |m| m.file());
             given_back += before.saturating_sub(after);
         }
         self.metrics.reclaim.reclaimed_bytes.inc_by(given_back);

@@ -18,8 +18,9 @@ use crate::{
 const CACHE: &str = "kubepods/podcache";
 const HOG: &str = "kubepods/podhog";
 
+/// anon, file (active + inactive), inactive file, in MiB.
 fn kinds(anon_mi: u64, file_mi: u64, inactive_mi: u64) -> MemoryKinds {
-    MemoryKinds { anon: anon_mi * MI, file: file_mi * MI, inactive_file: inactive_mi * MI }
+    MemoryKinds { anon: anon_mi * MI, active_file: (file_mi - inactive_mi) * MI, inactive_file: inactive_mi * MI }
 }
 
 /// What grew before the crossing.
@@ -54,7 +55,7 @@ async fn crossed(growth: Growth, reclaimer: Option<FakeReclaimer>) -> Harness {
     h.reclaimer.kinds.lock().unwrap().insert(pod_cgroup.into(), grown);
     let mut total = h.reclaimer.memory_kinds_of(KUBEPODS);
     total.anon += grown.anon - before.anon;
-    total.file += grown.file - before.file;
+    total.active_file += grown.active_file - before.active_file;
     h.reclaimer.kinds.lock().unwrap().insert(KUBEPODS.into(), total);
     let ws = h.source.cgroup(pod_cgroup).working_set_bytes + 200 * MI;
     h.source.set_cgroup(pod_cgroup, CgroupUsage { working_set_bytes: ws, processes: 1, ..Default::default() });
