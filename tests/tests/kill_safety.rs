@@ -217,8 +217,14 @@ fn with_reclaim_first_only_anonymous_growth_is_killed_in_the_kernel() {
     arm(&src, &kubepods, &pod);
     let from = events.lock().unwrap().len();
     cache.run(&format!("cache 16 {}", shm.path().display()));
-    let want = if stat_events { KillOutcome::DeferredFileGrowth } else { KillOutcome::DeferredUnknownGrowth };
-    assert_eq!(crossing_outcome(&events, from), want);
+    let outcome = crossing_outcome(&events, from);
+    if stat_events {
+        assert_eq!(outcome, KillOutcome::DeferredFileGrowth);
+    } else {
+        // A page counter says nothing of what was charged (an LRU-size
+        // hook, which sees file pages only, may see the crossing first).
+        assert!(outcome.deferred(), "{outcome:?}");
+    }
     // Alive: it answers.
     cache.run("uncache");
     assert!(kernel_kills(&events).is_empty(), "nothing killed for file pages: {:?}", events.lock().unwrap());
@@ -231,7 +237,8 @@ fn with_reclaim_first_only_anonymous_growth_is_killed_in_the_kernel() {
         assert_eq!(status.and_then(|s| s.signal()), Some(libc::SIGKILL), "anonymous growth: killed at the crossing");
         assert_eq!(crossing_outcome(&events, from), KillOutcome::Executed);
     } else {
-        assert_eq!(crossing_outcome(&events, from), KillOutcome::DeferredUnknownGrowth);
+        let outcome = crossing_outcome(&events, from);
+        assert!(outcome.deferred(), "{outcome:?}");
         assert!(kernel_kills(&events).is_empty(), "the page-counter strategy leaves every crossing to the agent");
     }
     drop(cache);
