@@ -347,12 +347,12 @@ fn page_cache_over_the_line_is_reclaimed_and_an_anonymous_hog_evicted() {
         "--kernel-eviction=true --memory-reclaim-before-eviction=true",
     );
     // 128 MiB of files, written and synced once (dirty pages cannot be
-    // reclaimed), then read over and over: from the second read on they
-    // are active page cache, which the working set counts.
+    // reclaimed), then read every 2 s: from the second read on they are
+    // active page cache, which the working set counts.
     let mut cache = container(
         "cache",
         "mkdir -p /data && for i in 1 2 3 4; do dd if=/dev/zero of=/data/f$i bs=1M count=32 2>/dev/null; done; \
-         sync; while :; do cat /data/f* > /dev/null; done",
+         sync; while :; do cat /data/f* > /dev/null; sleep 2; done",
     );
     // Its request covers what it holds (within the small allocatable that
     // so high a threshold leaves): the BestEffort hog, over its request

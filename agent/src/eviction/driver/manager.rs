@@ -33,6 +33,10 @@ use crate::{
 /// never empty.
 const IN_FLIGHT_FOR: Duration = Duration::from_secs(300);
 
+/// How many `memory.reclaim` rounds an evaluation makes before it evicts
+/// (reclaim-first), each on a fresh observation.
+const RECLAIM_ROUNDS: usize = 3;
+
 pub(super) struct Manager {
     cfg: Mutex<DriverConfig>,
     edges: Edges,
@@ -249,7 +253,15 @@ impl Manager {
         {
             // The condition first, as for disk: the pressure is real.
             self.publish(&obs, &eval);
-            if self.cache.reclaim(&ev.threshold, o, &pods) {
+            let (threshold, mut observation) = (ev.threshold.clone(), *o);
+            // A few rounds: the kernel takes inactive pages first and
+            // deactivates active ones as it goes, so one write may bring
+            // the working set down by less than asked while there is cache
+            // left to give.
+            for _ in 0..RECLAIM_ROUNDS {
+                if !self.cache.reclaim(&threshold, &observation, &pods) {
+                    break;
+                }
                 // Observe again: evict only if reclaim was not enough.
                 snapshot = self.edges.source.snapshot().unwrap_or_else(|_| snapshot.clone());
                 self.cache.rebase(&cfg.node.kubepods_cgroup);
@@ -257,6 +269,10 @@ impl Manager {
                 let candidates = self.candidates(&pods, &snapshot, tasks);
                 eval = state.evaluate(&cfg.eviction, now(), &obs, &candidates, false, &meter);
                 observed = ObservedAt::from(None, &snapshot);
+                match (&eval.action, obs.get(&threshold.signal)) {
+                    (Action::Evict(ev), Some(o)) if ev.threshold.signal == threshold.signal => observation = *o,
+                    _ => break,
+                }
             }
         }
         if let Some(at) = crossing_ns {
