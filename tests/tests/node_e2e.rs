@@ -384,8 +384,9 @@ fn page_cache_over_the_line_is_reclaimed_and_an_anonymous_hog_evicted() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // What the agent measured: the pod's file pages before − after.
     let reclaimed = node.metric("swiftlet_memory_reclaimed_bytes_total").unwrap_or(0.0);
-    assert!(reclaimed > 0.0, "the cache pod's page cache shrank: {reclaimed} bytes reclaimed");
+    assert!(reclaimed >= (16 * MIB) as f64, "the cache pod's page cache shrank: {reclaimed} bytes reclaimed");
     let deferred: f64 = ["deferred_file_growth", "deferred_unknown_growth"]
         .iter()
         .filter_map(|o| node.metric(&format!("swiftlet_kernel_plan_outcomes_total{{outcome=\"{o}\"}}")))
@@ -397,9 +398,6 @@ fn page_cache_over_the_line_is_reclaimed_and_an_anonymous_hog_evicted() {
     assert_eq!(cache_pod["status"]["phase"], "Running", "the cache pod was not evicted: {}", cache_pod["status"]);
     assert_eq!(container_status(&cache_pod, "cache")["restartCount"], 0);
     assert_eq!(node.metric("kubelet_evictions_total{eviction_signal=\"memory.available\"}"), None);
-    let stat = cgroup_file(&cache_cgroup, "memory.stat");
-    let file = stat.lines().find_map(|l| l.strip_prefix("file ")?.trim().parse::<u64>().ok()).unwrap_or(0);
-    assert!(file < 128 * MIB, "the cache pod holds less than its file set in page cache: {file} bytes");
 
     let hog = container(
         "hog",
