@@ -343,16 +343,16 @@ fn page_cache_over_the_line_is_reclaimed_and_an_anonymous_hog_evicted() {
     let _lru = ClassicLru::switch();
     let line = (memory_available() - 80 * MIB) / MIB;
     let node = Node::start(
-        &format!("evictionHard:\n  memory.available: {line}Mi\n"),
+        &format!("evictionPressureTransitionPeriod: 5s\nevictionHard:\n  memory.available: {line}Mi\n"),
         "--kernel-eviction=true --memory-reclaim-before-eviction=true",
     );
     // 128 MiB of files, written and synced once (dirty pages cannot be
-    // reclaimed), then read every 2 s: from the second read on they are
-    // active page cache, which the working set counts.
+    // reclaimed), then read every 2 s, 12 times: from the second read on
+    // they are active page cache, which the working set counts.
     let mut cache = container(
         "cache",
         "mkdir -p /data && for i in 1 2 3 4; do dd if=/dev/zero of=/data/f$i bs=1M count=32 2>/dev/null; done; \
-         sync; while :; do cat /data/f* > /dev/null; sleep 2; done",
+         sync; for n in 1 2 3 4 5 6 7 8 9 10 11 12; do cat /data/f* > /dev/null; sleep 2; done; exec sleep 3600",
     );
     // Its request covers what it holds (within the small allocatable that
     // so high a threshold leaves): the BestEffort hog, over its request
@@ -399,6 +399,11 @@ fn page_cache_over_the_line_is_reclaimed_and_an_anonymous_hog_evicted() {
     assert_eq!(container_status(&cache_pod, "cache")["restartCount"], 0);
     assert_eq!(node.metric("kubelet_evictions_total{eviction_signal=\"memory.available\"}"), None);
 
+    // The reads over, the pressure ends; a BestEffort pod is admitted
+    // again once MemoryPressure is no longer reported (the kubelet's
+    // admission refuses it before).
+    let condition = "swiftlet_node_condition{condition=\"MemoryPressure\"}";
+    wait("MemoryPressure to clear", Duration::from_secs(120), || (node.metric(condition) == Some(0.0)).then_some(()));
     let hog = container(
         "hog",
         "exec awk 'BEGIN { for (n = 1; n <= 900; n++) { a[n] = sprintf(\"%1048576s\", \"\"); if (n % 32 == 0) system(\"sleep 0.25\") } system(\"sleep 3600\") }'",
