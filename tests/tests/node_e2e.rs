@@ -6,7 +6,10 @@
 //! order (the node shutdown, which powers the VM off, last); anywhere else
 //! they fail and say so.
 
-use std::time::{Duration, Instant};
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use serde_json::{Value, json};
 use swiftlet_tests::node_vm::{
@@ -290,6 +293,131 @@ fn a_best_effort_hog_is_killed_in_the_kernel_at_memory_available() {
     assert_eq!(container_status(&steady, "steady")["restartCount"], 0, "the Guaranteed pod was not touched");
     let shown = node.kubectl.ok(&["get", "pod", "hog", "-o", "jsonpath={.status.phase}/{.status.reason}"]);
     assert_eq!(shown, "Failed/Evicted", "what kubectl shows of the hog");
+}
+
+/// The classic LRU for the life of the guard. With the multi-gen LRU on
+/// (6.12's default), page cache read with read(2) stays in the oldest
+/// generations, which memory.stat counts as inactive_file: the working set
+/// never holds it, and the problem reclaim-first answers does not arise.
+/// On the classic LRU a second read makes the pages active.
+struct ClassicLru(Option<String>);
+
+impl ClassicLru {
+    const KNOB: &'static str = "/sys/kernel/mm/lru_gen/enabled";
+
+    fn switch() -> ClassicLru {
+        let was = std::fs::read_to_string(Self::KNOB).ok().map(|s| s.trim().to_owned());
+        if was.is_some() {
+            std::fs::write(Self::KNOB, "n").expect("turn the multi-gen LRU off in the node VM");
+        }
+        ClassicLru(was)
+    }
+}
+
+impl Drop for ClassicLru {
+    fn drop(&mut self) {
+        if let Some(was) = &self.0 {
+            let _ = std::fs::write(Self::KNOB, was);
+        }
+    }
+}
+
+/// memory.stat's working-set fields of a cgroup (the root: "/"), for
+/// failure messages.
+fn working_set_fields(rel: &str) -> String {
+    let stat = std::fs::read_to_string(Path::new("/sys/fs/cgroup").join(rel.trim_matches('/')).join("memory.stat"))
+        .unwrap_or_default();
+    let keep = ["anon ", "file ", "active_file ", "inactive_file "];
+    stat.lines().filter(|l| keep.iter().any(|k| l.starts_with(k))).collect::<Vec<_>>().join(", ")
+}
+
+/// Reclaim before evicting (`--memory-reclaim-before-eviction`): a pod
+/// that re-reads a file set larger than the distance to the line pushes
+/// the node's working set over it with page cache; swiftlet reclaims that
+/// cache and evicts no one. A BestEffort anonymous hog afterwards is
+/// evicted, before the kernel's OOM killer has a reason to act.
+#[test]
+#[ignore = "runs in the node VM: cargo xtask vmtest --e2e"]
+fn page_cache_over_the_line_is_reclaimed_and_an_anonymous_hog_evicted() {
+    require_node_vm();
+    let _lru = ClassicLru::switch();
+    let line = (memory_available() - 80 * MIB) / MIB;
+    let node = Node::start(
+        // (The node's configuration holds the condition for 10 s.)
+        &format!("evictionHard:\n  memory.available: {line}Mi\n"),
+        "--kernel-eviction=true --memory-reclaim-before-eviction=true",
+    );
+    // 128 MiB of files, written and synced once (dirty pages cannot be
+    // reclaimed), then read every 2 s, 12 times: from the second read on
+    // they are active page cache, which the working set counts.
+    let mut cache = container(
+        "cache",
+        "mkdir -p /data && for i in 1 2 3 4; do dd if=/dev/zero of=/data/f$i bs=1M count=32 2>/dev/null; done; \
+         sync; for n in 1 2 3 4 5 6 7 8 9 10 11 12; do cat /data/f* > /dev/null; sleep 2; done; exec sleep 3600",
+    );
+    // Its request covers what it holds (within the small allocatable that
+    // so high a threshold leaves): the BestEffort hog, over its request
+    // of nothing, ranks before it.
+    cache["resources"] = resources(json!({"memory": "160Mi"}), json!({}));
+    let cache_uid = node.create_pod(pod("cache", json!({"containers": [cache]})));
+    node.wait_running("cache", Duration::from_secs(120));
+    let reclaims = |node: &Node| {
+        ["done", "short"]
+            .iter()
+            .filter_map(|r| node.metric(&format!("swiftlet_memory_reclaim_total{{result=\"{r}\"}}")))
+            .sum::<f64>()
+    };
+    let cache_cgroup = pod_cgroup(node.driver, "burstable", &cache_uid);
+    let started = Instant::now();
+    let mut last_print = Instant::now();
+    while reclaims(&node) < 1.0 {
+        // What the node and the pod hold, now and then, and at the end.
+        let (root, pod) = (working_set_fields("/"), working_set_fields(&cache_cgroup));
+        let available = memory_available() / MIB;
+        if last_print.elapsed() > Duration::from_secs(10) {
+            eprintln!("available {available}Mi (line {line}Mi); root: {root}; cache pod: {pod}");
+            last_print = Instant::now();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "no page cache reclaimed at the line in 90 s: available {available}Mi (line {line}Mi); root: {root}; \
+             cache pod: {pod}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // What the agent measured: the pod's file pages before − after.
+    let reclaimed = node.metric("swiftlet_memory_reclaimed_bytes_total").unwrap_or(0.0);
+    assert!(reclaimed >= (16 * MIB) as f64, "the cache pod's page cache shrank: {reclaimed} bytes reclaimed");
+    let deferred: f64 = ["deferred_file_growth", "deferred_unknown_growth"]
+        .iter()
+        .filter_map(|o| node.metric(&format!("swiftlet_kernel_plan_outcomes_total{{outcome=\"{o}\"}}")))
+        .sum();
+    assert!(deferred >= 1.0, "the kernel left the page-cache crossing to the agent");
+    // Reading on for a while: still no eviction.
+    std::thread::sleep(Duration::from_secs(5));
+    let cache_pod = node.pod("cache").expect("the cache pod");
+    assert_eq!(cache_pod["status"]["phase"], "Running", "the cache pod was not evicted: {}", cache_pod["status"]);
+    assert_eq!(container_status(&cache_pod, "cache")["restartCount"], 0);
+    assert_eq!(node.metric("kubelet_evictions_total{eviction_signal=\"memory.available\"}"), None);
+
+    // The reads over, the pressure ends; a BestEffort pod is admitted
+    // again once MemoryPressure is no longer reported (the kubelet's
+    // admission refuses it before).
+    let condition = "swiftlet_node_condition{condition=\"MemoryPressure\"}";
+    wait("MemoryPressure to clear", Duration::from_secs(120), || (node.metric(condition) == Some(0.0)).then_some(()));
+    let hog = container(
+        "hog",
+        "exec awk 'BEGIN { for (n = 1; n <= 900; n++) { a[n] = sprintf(\"%1048576s\", \"\"); if (n % 32 == 0) system(\"sleep 0.25\") } system(\"sleep 3600\") }'",
+    );
+    node.create_pod(pod("hog", json!({"containers": [hog]})));
+    let p = node.wait_pod("hog", "Failed/Evicted", Duration::from_secs(120), |p| p["status"]["reason"] == "Evicted");
+    let message = p["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("The node was low on resource: memory."), "{message}");
+    assert_eq!(kubepods_oom_kills(&node), 0, "the kernel OOM killer never fired");
+    let cache_pod = node.pod("cache").expect("the cache pod");
+    assert_eq!(cache_pod["status"]["phase"], "Running", "the hog went, not the cache pod");
+    let age = node.metric("kubelet_eviction_stats_age_seconds_count{eviction_signal=\"memory.available\"}");
+    assert_eq!(age, Some(1.0), "the stats age of the one eviction");
 }
 
 fn node_tasks() -> u64 {

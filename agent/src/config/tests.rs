@@ -253,6 +253,9 @@ fn every_flag_form() {
             c.swiftlet.memory_pressure.is_none()
                 && c.warnings.iter().any(|w| w.contains("has no effect without --eviction-memory-pressure"))
         }),
+        (&[], |c| !c.swiftlet.memory_reclaim_before_eviction),
+        (&["--memory-reclaim-before-eviction"], |c| c.swiftlet.memory_reclaim_before_eviction),
+        (&["--memory-reclaim-before-eviction=false"], |c| !c.swiftlet.memory_reclaim_before_eviction),
         (&["--feature-gates=A=true,B=false"], |c| {
             c.kubelet.feature_gates == BTreeMap::from([("A".into(), true), ("B".into(), false)])
         }),

@@ -8,4 +8,5 @@ pub mod observe;
 pub mod pressure;
 pub mod pressure_watch;
 pub mod ranking;
+pub mod reclaim;
 pub mod signal;

@@ -5,6 +5,7 @@
 
 pub mod kubelet;
 pub mod pressure;
+pub mod reclaim;
 pub mod rest_client;
 pub mod storage;
 
@@ -110,6 +111,8 @@ pub struct Metrics {
     pub storage: StorageMetrics,
     /// The memory.pressure eviction signal.
     pub pressure: pressure::PressureMetrics,
+    /// Reclaim before evicting, and the stats age behind each eviction.
+    pub reclaim: reclaim::ReclaimMetrics,
 }
 
 /// Where a kernel OOM kill's victim was.
@@ -215,6 +218,7 @@ impl Metrics {
             kernel_plan_outcomes.clone(),
         );
         let kubelet = KubeletMetrics::register(&mut registry);
+        let reclaim = reclaim::ReclaimMetrics::register(&mut registry);
         let storage = StorageMetrics::default();
         storage.register(&mut registry);
         let pressure = pressure::PressureMetrics::default();
@@ -229,6 +233,7 @@ impl Metrics {
         );
         Metrics {
             kubelet,
+            reclaim,
             storage,
             pressure,
             registry,

@@ -24,6 +24,9 @@ mod edge;
 mod fast;
 mod manager;
 mod pressure;
+mod reclaim;
+#[cfg(test)]
+mod reclaim_tests;
 #[cfg(test)]
 mod tests;
 
@@ -32,11 +35,11 @@ use std::{
     future::Future,
     path::PathBuf,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, atomic::AtomicBool},
     time::Duration,
 };
 
-pub use edge::{CgroupReader, Killer};
+pub use edge::{CgroupReader, Killer, ReclaimWrite, Reclaimer};
 use tokio::sync::{broadcast, mpsc, watch};
 
 use super::{core::EvictionConfig, observe::NodeInfo, signal::EvictionSignal, signal::NodeCondition};
@@ -175,6 +178,12 @@ pub struct DriverConfig {
     /// Hand the top of the plan to the kernel, which kills at the crossing
     /// (`--kernel-eviction`); otherwise the agent's fast path kills.
     pub kernel_eviction: bool,
+    /// `--memory-reclaim-before-eviction`: when a memory line is crossed,
+    /// reclaim the pods' page cache (`memory.reclaim`) before evicting, and
+    /// keep in-kernel kills for anonymous growth. Only where the cgroups
+    /// can do it (v2 with `memory.reclaim`); elsewhere it is logged at
+    /// start and the manager behaves as with it off.
+    pub reclaim_before_eviction: bool,
 }
 
 /// One planned victim: enough to kill it without asking anyone.
@@ -211,8 +220,17 @@ pub(crate) struct InFlight {
 #[derive(Debug)]
 pub(crate) enum Wake {
     /// A hard line was crossed. `value` is what crossed it (used amount,
-    /// in the signal's unit); `killed` the victim the fast path killed.
-    Crossing { at_ns: u64, value: u64, signal: EvictionSignal, killed: Option<PlannedVictim> },
+    /// in the signal's unit); `killed` the victim the fast path killed, at
+    /// `decided_ns`; `anonymous` when the kernel knew the growth was
+    /// anonymous memory (reclaim-first only).
+    Crossing {
+        at_ns: u64,
+        value: u64,
+        signal: EvictionSignal,
+        killed: Option<PlannedVictim>,
+        decided_ns: u64,
+        anonymous: bool,
+    },
     /// The kernel killed a planned victim (`cgroup`, with its kernel id).
     KernelKill {
         cgroup: String,
@@ -238,6 +256,9 @@ pub(crate) struct Shared {
     wake: mpsc::UnboundedSender<Wake>,
     /// The memory.pressure signal's node verdict.
     pressure: Mutex<pressure::NodePressure>,
+    /// Page cache is reclaimed before evicting for memory: the fast path
+    /// kills at a memory crossing only for anonymous growth.
+    reclaim_first: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -308,6 +329,8 @@ pub struct Edges {
     pub pods: Arc<dyn PodProvider>,
     pub evictor: Arc<dyn PodEvictor>,
     pub reclaimer: Option<Arc<dyn NodeReclaimer>>,
+    /// memory.reclaim on pod cgroups, for `reclaim_before_eviction`.
+    pub cache_reclaimer: Arc<dyn Reclaimer>,
 }
 
 impl EvictionManager {
@@ -325,7 +348,7 @@ impl EvictionManager {
         let fs = Arc::new(cgroupfs);
         EvictionManager::build(
             cfg,
-            Edges { source, cgroups: fs.clone(), killer: fs, pods, evictor, reclaimer },
+            Edges { source, cgroups: fs.clone(), killer: fs.clone(), pods, evictor, reclaimer, cache_reclaimer: fs },
             metrics,
         )
     }
@@ -342,6 +365,7 @@ impl EvictionManager {
             events,
             wake,
             pressure: Mutex::default(),
+            reclaim_first: AtomicBool::new(false),
         });
         metrics
             .signal_source

@@ -28,6 +28,8 @@ pub(crate) struct NodePressure {
     pub condition: bool,
     /// A firing not yet acted on.
     pub firing: Option<Firing>,
+    /// When the firing's figures were read: the stats age of its eviction.
+    pub fired_at: Option<tokio::time::Instant>,
 }
 
 /// Reports the watcher's verdicts to the manager, the metrics and the pods.
@@ -53,6 +55,7 @@ impl PressureSink for PressureReporter {
                 held_for: v.held_for,
                 grace_period: self.cfg.grace_period,
             });
+            p.fired_at = Some(tokio::time::Instant::now());
             tracing::info!(avg10, threshold = self.cfg.threshold_percent, held_for = ?v.held_for, "memory.pressure held above its threshold: one pod is evicted");
         }
         drop(p);

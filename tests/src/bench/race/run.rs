@@ -278,6 +278,7 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
                 housekeeping_interval: interval,
                 plan_interval: Duration::from_millis(200),
                 kernel_eviction: mode == Mode::Kernel,
+                reclaim_before_eviction: false,
             };
             let (manager, event_loop) = EvictionManager::new(
                 cfg,
