@@ -19,10 +19,10 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::{
-    Args,
+    Args, cache_disk,
     initramfs::build_initramfs,
     kernel::{KERNELS, KernelImage, KernelSpec, fetch_kernel},
-    qemu::{self, Boot, VmRun},
+    qemu::{self, Boot, Drive, VmRun},
 };
 use crate::{
     cmd::{self, note, step},
@@ -349,6 +349,7 @@ fn boot_matrix_vm(
     initramfs: &Path,
     dir: &Path,
     timeout: Duration,
+    drives: Vec<Drive>,
     on_line: impl FnMut(&str, f64),
 ) -> Result<VmRun> {
     let boot = Boot {
@@ -356,7 +357,7 @@ fn boot_matrix_vm(
         vmlinuz: &image.vmlinuz,
         initramfs,
         append: "quiet rdinit=/init".into(),
-        drives: vec![],
+        drives,
         memory_mib: 3072,
         cpu_max: false,
         timeout,
@@ -372,7 +373,7 @@ fn run_checks_in_vm(
     dir: &Path,
     checks: &[Check],
 ) -> Result<Column> {
-    let run = boot_matrix_vm(k, image, initramfs, dir, MATRIX_TIMEOUT, |line, t| {
+    let run = boot_matrix_vm(k, image, initramfs, dir, MATRIX_TIMEOUT, vec![], |line, t| {
         if let Some(rest) = line.strip_prefix("@@END ") {
             let id: Option<usize> = rest.split_whitespace().next().and_then(|i| i.parse().ok());
             if let Some(c) = id.and_then(|i| checks.get(i)) {
@@ -419,6 +420,11 @@ pub fn bench(
         fs::create_dir_all(&dir)?;
         let initramfs = dir.join("initramfs.cpio");
         let mut script = vm_prelude(root);
+        // The cache race's page cache lives on a disk of its own.
+        let drives = if cache_disk::wanted(names) { vec![cache_disk::disk(&dir)?] } else { vec![] };
+        if !drives.is_empty() {
+            script.push_str(cache_disk::SCRIPT);
+        }
         script.push_str(&format!(
             "check 0 /t/swiftlet-bench --out /tmp/bench --emit-json {}{}\necho @@DONE\nsync\npoweroff -f\n",
             if quick { "--quick " } else { "" },
@@ -430,9 +436,12 @@ pub fn bench(
             ("/t/swiftlet-workload".to_owned(), workload.to_owned()),
         ];
         build_initramfs(&initramfs, &image, &payload, &script)?;
+        if !drives.is_empty() {
+            cache_disk::add_disk_modules(&initramfs, &image)?;
+        }
         // A full race run is hundreds of runs under emulation.
         let timeout = if quick { MATRIX_TIMEOUT } else { Duration::from_secs(4 * 3600) };
-        let run = boot_matrix_vm(k, &image, &initramfs, &dir, timeout, |line, _| {
+        let run = boot_matrix_vm(k, &image, &initramfs, &dir, timeout, drives, |line, _| {
             if line.starts_with("    ") || line.starts_with("==> ") {
                 note(line.trim());
             }

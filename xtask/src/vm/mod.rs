@@ -9,6 +9,7 @@
 //!   node up; swiftlet runs from the project's systemd unit and the
 //!   end-to-end checks drive it as a cluster would.
 
+mod cache_disk;
 mod e2e;
 mod initramfs;
 mod kernel;
@@ -17,6 +18,7 @@ mod node;
 mod qemu;
 
 use anyhow::Result;
+pub use cache_disk::{BENCH as CACHE_BENCH, KERNEL as CACHE_BENCH_KERNEL};
 pub use e2e::{CI_PLAN, E2E_CHECKS, E2eColumn, print_e2e, run_e2e};
 pub use kernel::{CI_KERNEL, KERNELS};
 pub use matrix::{CHECKS, Outcome, bench, print_matrix, run_matrix};

@@ -29,11 +29,14 @@ use swiftlet::{
 };
 use swiftlet_common::Signal;
 
-use super::{ALLOCATABLE, ALLOCATABLE_THRESHOLD, MIB, Mode, NODE_HEADROOM, NODE_RAMP_TO_LINE, Run, Scenario};
+use super::{
+    ALLOCATABLE, ALLOCATABLE_THRESHOLD, MIB, Mode, NODE_HEADROOM, NODE_RAMP_TO_LINE, Run, Scenario,
+    cache::{self, CacheLoad},
+};
 use crate::{cgroup::TestCgroup, pods::FakePods, workload};
 
 /// A process killed (and reaped) when dropped.
-pub(super) struct Reaped(Child);
+pub(super) struct Reaped(pub(super) Child);
 
 impl Drop for Reaped {
     fn drop(&mut self) {
@@ -133,6 +136,8 @@ pub(super) struct RunOptions {
     pub busy: bool,
     /// How far the hog grows if nothing kills it (MiB); None: to the OOM point.
     pub max_mib: Option<u64>,
+    /// A cache pod re-reading its files before the hog starts (the cache race).
+    pub cache: Option<CacheLoad>,
 }
 
 pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptions) -> Result<Run> {
@@ -173,10 +178,17 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
         Some(Threshold { trigger: line_used + 1, rearm: line_used.saturating_sub(64 * MIB) }),
     )?;
     let seen = Arc::new(Mutex::new((None::<u64>, None::<u64>, Vec::<u64>::new())));
+    // Every crossing of the line either way: (up, kernel timestamp).
+    let line_events = Arc::new(Mutex::new(Vec::<(bool, u64)>::new()));
     let hog_pid = Arc::new(Mutex::new(0u32));
     {
-        let (seen, hog_pid, target) = (seen.clone(), hog_pid.clone(), target.clone());
+        let (seen, hog_pid, target, line_events) = (seen.clone(), hog_pid.clone(), target.clone(), line_events.clone());
         observer.subscribe(Arc::new(move |e: SignalEvent| {
+            if let SignalEvent::Crossing { direction, target: t, at_ns, .. } = &e
+                && *t == target
+            {
+                line_events.lock().unwrap().push((*direction == Direction::Up, *at_ns));
+            }
             let mut s = seen.lock().unwrap();
             match e {
                 SignalEvent::Crossing { direction: Direction::Up, target: t, at_ns, .. }
@@ -194,7 +206,8 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
     let mut steady = workload::Steps::spawn(&tc.fs, &steady_pod);
     steady.run("anon 32");
 
-    let pods = Arc::new(FakePods::new(vec![
+    let cache_pod = opts.cache.map(|_| tc.child("kubepods/burstable/podcache"));
+    let mut pod_list = vec![
         EvictionPod {
             uid: "hog".into(),
             namespace: "bench".into(),
@@ -215,7 +228,11 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
             memory_request: 64 * MIB,
             ..Default::default()
         },
-    ]));
+    ];
+    if let (Some(load), Some(pod)) = (opts.cache, &cache_pod) {
+        pod_list.push(cache::cache_pod(pod, load));
+    }
+    let pods = Arc::new(FakePods::new(pod_list));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut agent = None;
@@ -239,7 +256,7 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
             std::thread::sleep(Duration::from_millis(300));
             earlyoom = Some(Reaped(child));
         }
-        Mode::Kernel | Mode::Ebpf { .. } | Mode::Poll(_) => {
+        Mode::Kernel | Mode::Ebpf { .. } | Mode::Poll(_) | Mode::ReclaimFirst => {
             let (choice, interval) = match mode {
                 Mode::Poll(d) => (SourceChoice::Cgroupfs, d),
                 _ => (SourceChoice::Ebpf, Duration::from_secs(10)),
@@ -249,7 +266,7 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
                 // The agent's default (--eviction-realtime-priority).
                 _ => Some(10),
             };
-            let opts = EbpfOptions { kernel_eviction: mode == Mode::Kernel, reader_priority, ..Default::default() };
+            let opts = EbpfOptions { kernel_eviction: mode.kernel_kills(), reader_priority, ..Default::default() };
             let opened = signals::open(choice, tc.fs.clone(), &opts, interval)?;
             let signal = match scenario {
                 Scenario::Allocatable => EvictionSignal::AllocatableMemoryAvailable,
@@ -277,8 +294,9 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
                 // The kubelet's housekeeping period, or the poll interval.
                 housekeeping_interval: interval,
                 plan_interval: Duration::from_millis(200),
-                kernel_eviction: mode == Mode::Kernel,
+                kernel_eviction: mode.kernel_kills(),
             };
+            cache::require_reclaim_first(mode)?;
             let (manager, event_loop) = EvictionManager::new(
                 cfg,
                 opened.source.clone(),
@@ -305,6 +323,12 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
         Scenario::Allocatable => 2048,
         Scenario::Node => 4096 + NODE_HEADROOM / MIB,
     });
+    // The cache race: the cache pod's reader runs until its hot page cache
+    // crosses the line, then a while longer before the hog starts.
+    let cache_phase = match (opts.cache, &cache_pod) {
+        (Some(load), Some(pod)) => Some(cache::cache_phase(&tc.fs, pod, load, &line_events)?),
+        _ => None,
+    };
     let mut cmd = Command::new(workload::binary());
     cmd.args(["hog", &rate.to_string(), &max.to_string()]).stdout(Stdio::null());
     workload::in_cgroup(&mut cmd, &tc.fs, &hog_pod);
@@ -388,8 +412,16 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
         (Some(sum), Some(count)) if count >= 1.0 => Some(sum / count * 1e3),
         _ => None,
     };
-    // The mode's own line: earlyoom's is MemAvailable's.
-    let line_crossing = if mode == Mode::Earlyoom { peer_crossing } else { crossing };
+    // The mode's own line: earlyoom's is MemAvailable's; in the cache race,
+    // the line as the hog meets it (the cache may have crossed it before).
+    let line_crossing = if mode == Mode::Earlyoom {
+        peer_crossing
+    } else if cache_phase.is_some() {
+        cache::crossing_for_hog(&line_events.lock().unwrap(), start_ns)
+    } else {
+        crossing
+    };
+    let cache = cache_phase.map(|phase| phase.finish(&pods.evictions(), &line_events.lock().unwrap(), start_ns));
     Ok(Run {
         crossing_to_decision_ms: per_run(
             "swiftlet_eviction_crossing_to_decision_seconds_sum ",
@@ -415,7 +447,8 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
         agent_crossing_ms: agent_crossing_ns.and_then(since_crossing),
         kernel_kill_ms: kernel_kill.and_then(|(ns, _)| since_crossing(ns)),
         kernel_kill_current: kernel_kill.is_some_and(|(_, pid)| pid != 0),
-        kernel_outcome: if mode == Mode::Kernel { kernel_outcome } else { None },
+        kernel_outcome: if mode.kernel_kills() { kernel_outcome } else { None },
+        cache,
     })
 }
 
