@@ -483,6 +483,7 @@ impl Agent {
             housekeeping_interval: config.swiftlet.housekeeping_interval,
             plan_interval: PLAN_INTERVAL,
             kernel_eviction: config.swiftlet.kernel_eviction,
+            reclaim_before_eviction: config.swiftlet.memory_reclaim_before_eviction,
         };
         // ---- server (issue 8) ----
         let health = Arc::new(HealthChecks::new());

@@ -107,6 +107,7 @@ fn race(choice: SourceChoice, poll: Duration, kernel_eviction: bool, sleepers_in
         housekeeping_interval: Duration::from_secs(2),
         plan_interval: Duration::from_millis(200),
         kernel_eviction,
+        reclaim_before_eviction: false,
     };
     let metrics = Arc::new(Metrics::new());
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -317,6 +318,7 @@ fn a_thread_bomb_is_evicted_before_a_pod_with_more_processes() {
         housekeeping_interval: Duration::from_secs(2),
         plan_interval: Duration::from_millis(200),
         kernel_eviction: true,
+        reclaim_before_eviction: false,
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (_manager, event_loop) = EvictionManager::new(

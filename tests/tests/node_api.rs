@@ -505,6 +505,7 @@ fn pressure_conditions_and_taints_follow_the_eviction_manager() {
         housekeeping_interval: Duration::from_millis(500),
         plan_interval: Duration::from_secs(1),
         kernel_eviction: false,
+        reclaim_before_eviction: false,
     };
     let pods = Arc::new(FakePods::default());
     let (manager, event_loop) = EvictionManager::new(

@@ -409,6 +409,12 @@ pub static FLAGS: &[FlagDef] = &[
         Str,
         "Memory manager policy (only None; others are refused)",
     ),
+    only(
+        "memory-reclaim-before-eviction",
+        Bool,
+        Some("false"),
+        "swiftlet: on cgroup v2 (kernel 5.19+), when a hard memory threshold is crossed, reclaim the pods' page cache through memory.reclaim first and evict only if the working set is still over the line or the growth was anonymous; in-kernel kills are then kept for anonymous growth",
+    ),
     cfg(
         "minimum-image-ttl-duration",
         &["imageMinimumGCAge"],

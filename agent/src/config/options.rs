@@ -76,6 +76,11 @@ pub struct SwiftletOptions {
     /// --evict-static-pods: static pods below system-cluster-critical may
     /// be evicted (off: as the kubelet, never).
     pub evict_static_pods: bool,
+    /// --memory-reclaim-before-eviction: on cgroup v2 (memory.reclaim,
+    /// kernel 5.19+), a memory line crossed asks the kernel to reclaim the
+    /// pods' page cache first and evicts only if that is not enough (off:
+    /// as the kubelet, the working set is evicted on).
+    pub memory_reclaim_before_eviction: bool,
     /// --eviction-realtime-priority: the signal source's reader thread
     /// (which kills at a crossing) runs under SCHED_FIFO at this priority;
     /// None: the normal scheduler.
@@ -121,6 +126,7 @@ impl Default for SwiftletOptions {
             standalone: false,
             node_shutdown_marker: Some(PathBuf::from("/run/swiftlet/node-shutdown")),
             evict_static_pods: false,
+            memory_reclaim_before_eviction: false,
             eviction_realtime_priority: Some(10),
             server: ServerLimits::default(),
         }
@@ -240,6 +246,9 @@ pub fn read(cx: &Ctx, parsed: &ParsedFlags) -> Result<(KubeletFlags, SwiftletOpt
     }
     if let Some(n) = parsed.get("evict-static-pods") {
         s.evict_static_pods = cx.boolean(n, "")?;
+    }
+    if let Some(n) = parsed.get("memory-reclaim-before-eviction") {
+        s.memory_reclaim_before_eviction = cx.boolean(n, "")?;
     }
     if let Some(n) = parsed.get("eviction-realtime-priority") {
         let p = cx.int_in(n, "", 0, 99)?;

@@ -240,6 +240,9 @@ fn every_flag_form() {
             c.swiftlet.evict_static_pods && c.swiftlet.eviction_realtime_priority.is_none()
         }),
         (&["--eviction-realtime-priority=50"], |c| c.swiftlet.eviction_realtime_priority == Some(50)),
+        (&[], |c| !c.swiftlet.memory_reclaim_before_eviction),
+        (&["--memory-reclaim-before-eviction"], |c| c.swiftlet.memory_reclaim_before_eviction),
+        (&["--memory-reclaim-before-eviction=false"], |c| !c.swiftlet.memory_reclaim_before_eviction),
         (&["--feature-gates=A=true,B=false"], |c| {
             c.kubelet.feature_gates == BTreeMap::from([("A".into(), true), ("B".into(), false)])
         }),

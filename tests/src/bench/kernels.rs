@@ -195,6 +195,7 @@ fn run_once(obs: &Observer, mode: Mode, agent: &Arc<EbpfSource>) -> Result<Run> 
         housekeeping_interval: interval,
         plan_interval: Duration::from_millis(200),
         kernel_eviction: mode == Mode::Kernel,
+        reclaim_before_eviction: false,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

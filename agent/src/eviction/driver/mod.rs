@@ -174,6 +174,12 @@ pub struct DriverConfig {
     /// Hand the top of the plan to the kernel, which kills at the crossing
     /// (`--kernel-eviction`); otherwise the agent's fast path kills.
     pub kernel_eviction: bool,
+    /// `--memory-reclaim-before-eviction`: when a memory line is crossed,
+    /// reclaim the pods' page cache (`memory.reclaim`) before evicting, and
+    /// keep in-kernel kills for anonymous growth. Only where the cgroups
+    /// can do it (v2 with `memory.reclaim`); elsewhere it is logged at
+    /// start and the manager behaves as with it off.
+    pub reclaim_before_eviction: bool,
 }
 
 /// One planned victim: enough to kill it without asking anyone.

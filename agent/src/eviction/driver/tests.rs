@@ -124,6 +124,7 @@ impl Harness {
             housekeeping_interval: Duration::from_secs(10),
             plan_interval: Duration::from_secs(1),
             kernel_eviction: kernel,
+            reclaim_before_eviction: false,
         };
         let metrics = Arc::new(Metrics::new());
         let (manager, event_loop) = EvictionManager::build(

@@ -97,17 +97,6 @@ pub(super) fn cache_pod(cgroup: &str, load: CacheLoad) -> EvictionPod {
     }
 }
 
-/// The reclaim-first mode needs the agent's reclaim option.
-pub(super) fn require_reclaim_first(mode: Mode) -> Result<()> {
-    if mode == Mode::ReclaimFirst {
-        bail!(
-            "the reclaim-first mode needs the eviction manager's reclaim_before_eviction option, which this build \
-             does not have yet"
-        );
-    }
-    Ok(())
-}
-
 /// The cache pod's reader, running from the cache phase to the end of a run.
 pub(super) struct CachePhase {
     reader: Reaped,

@@ -295,8 +295,8 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
                 housekeeping_interval: interval,
                 plan_interval: Duration::from_millis(200),
                 kernel_eviction: mode.kernel_kills(),
+                reclaim_before_eviction: mode == Mode::ReclaimFirst,
             };
-            cache::require_reclaim_first(mode)?;
             let (manager, event_loop) = EvictionManager::new(
                 cfg,
                 opened.source.clone(),
