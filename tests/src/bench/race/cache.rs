@@ -83,6 +83,9 @@ pub struct CacheOutcome {
     /// end of the run (evicted, killed in the kernel, or OOM-killed).
     pub killed_before_hog: bool,
     pub killed: bool,
+    /// The agent evicted the Guaranteed pod beside them (its memory is
+    /// under its request: only a line that stays crossed reaches it).
+    pub steady_evicted: bool,
 }
 
 /// The cache pod as the eviction manager sees it.
@@ -154,6 +157,7 @@ impl CachePhase {
                 .filter(|(up, ns)| *up && *ns >= self.started_ns && *ns < hog_start_ns)
                 .count(),
             evicted: evictions.iter().any(|e| e.uid == "cache"),
+            steady_evicted: evictions.iter().any(|e| e.uid == "steady"),
             killed_before_hog: self.killed_before_hog,
             killed,
         }
@@ -269,8 +273,9 @@ pub fn race_cache(ctx: &Ctx) -> Result<BenchResult> {
             super::progress(&run);
             if let Some(c) = &run.cache {
                 eprintln!(
-                    "      cache pod: evicted {}, killed {} ({} before the hog), crossings before the hog {}",
-                    c.evicted, c.killed, c.killed_before_hog, c.crossings_before_hog
+                    "      cache pod: evicted {}, killed {} ({} before the hog), crossings before the hog {}; \
+                     Guaranteed pod evicted {}",
+                    c.evicted, c.killed, c.killed_before_hog, c.crossings_before_hog, c.steady_evicted
                 );
             }
             runs.push(run);
@@ -280,8 +285,10 @@ pub fn race_cache(ctx: &Ctx) -> Result<BenchResult> {
     let title = format!(
         "A Burstable cache pod (request {req} MiB) re-reads {FILES} × {FILE_MIB} MiB of files on ext4 with read(2) \
          until its active page cache pushes kubepods' working set over allocatableMemory.available<{thr}Mi \
-         (kubepods limited to {alloc} MiB, the kernel's OOM point); {delay} s later a BestEffort hog \
-         (oom_score_adj 1000) ramps at {RATE} MiB/s. Crossing → hog dead runs from the line as the hog meets it \
+         (kubepods limited to {alloc} MiB, the kernel's OOM point), beside a Guaranteed pod; {delay} s later \
+         a BestEffort hog's pod is scheduled (oom_score_adj 1000) and ramps at {RATE} MiB/s once the agent \
+         plans for it. An evicted cache pod's processes are killed, its page cache stays charged (as a pod's \
+         files on a volume would). Crossing → hog dead runs from the line as the hog meets it \
          (the hog's start when the working set was already over the line, else its crossing), both kernel \
          timestamps of an independent observer. Modes in turn, {n} runs each; MGLRU (lru_gen) {lru}.",
         req = CACHE_REQUEST / MIB,

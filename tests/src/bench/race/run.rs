@@ -15,7 +15,7 @@ use anyhow::{Context as _, Result, bail};
 use swiftlet::{
     eviction::{
         core::EvictionConfig,
-        driver::{DriverConfig, EvictionContainer, EvictionManager, EvictionPod},
+        driver::{DriverConfig, EvictionContainer, EvictionManager, EvictionPod, PlannedVictim},
         observe::NodeInfo,
         signal::{EvictionSignal, EvictionThreshold, ThresholdValue},
     },
@@ -207,30 +207,26 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
     steady.run("anon 32");
 
     let cache_pod = opts.cache.map(|_| tc.child("kubepods/burstable/podcache"));
-    let mut pod_list = vec![
-        EvictionPod {
-            uid: "hog".into(),
-            namespace: "bench".into(),
-            name: "hog".into(),
-            cgroup: hog_pod.clone(),
-            containers: vec![EvictionContainer {
-                name: "hog".into(),
-                memory_request: 0,
-                cgroup: Some(hog_pod.clone()),
-            }],
-            ..Default::default()
-        },
-        EvictionPod {
-            uid: "steady".into(),
-            namespace: "bench".into(),
-            name: "steady".into(),
-            cgroup: steady_pod.clone(),
-            memory_request: 64 * MIB,
-            ..Default::default()
-        },
-    ];
-    if let (Some(load), Some(pod)) = (opts.cache, &cache_pod) {
-        pod_list.push(cache::cache_pod(pod, load));
+    let hog_entry = EvictionPod {
+        uid: "hog".into(),
+        namespace: "bench".into(),
+        name: "hog".into(),
+        cgroup: hog_pod.clone(),
+        containers: vec![EvictionContainer { name: "hog".into(), memory_request: 0, cgroup: Some(hog_pod.clone()) }],
+        ..Default::default()
+    };
+    let mut pod_list = vec![EvictionPod {
+        uid: "steady".into(),
+        namespace: "bench".into(),
+        name: "steady".into(),
+        cgroup: steady_pod.clone(),
+        memory_request: 64 * MIB,
+        ..Default::default()
+    }];
+    // In the cache race the hog's pod is scheduled later, with the hog.
+    match (opts.cache, &cache_pod) {
+        (Some(load), Some(pod)) => pod_list.push(cache::cache_pod(pod, load)),
+        _ => pod_list.insert(0, hog_entry.clone()),
     }
     let pods = Arc::new(FakePods::new(pod_list));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
@@ -309,7 +305,12 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
             agent_events = Some(manager.events());
             let task = rt.spawn(event_loop.run(stop_rx));
             let deadline = Instant::now() + Duration::from_secs(10);
-            while manager.plan(signal).first().map(|v| v.uid.as_str()) != Some("hog") {
+            // The hog's pod first; in the cache race (no hog yet) any plan.
+            let ready = |plan: Vec<PlannedVictim>| match cache_pod {
+                None => plan.first().is_some_and(|v| v.uid == "hog"),
+                Some(_) => !plan.is_empty(),
+            };
+            while !ready(manager.plan(signal)) {
                 if Instant::now() > deadline {
                     bail!("the agent made no victim plan");
                 }
@@ -329,6 +330,19 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
         (Some(load), Some(pod)) => Some(cache::cache_phase(&tc.fs, pod, load, &line_events)?),
         _ => None,
     };
+    if cache_phase.is_some() {
+        pods.pods.lock().unwrap().push(hog_entry);
+        if let Some((manager, _, _)) = &agent {
+            let signal = EvictionSignal::AllocatableMemoryAvailable;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !manager.plan(signal).iter().any(|v| v.uid == "hog") {
+                if Instant::now() > deadline {
+                    bail!("the agent did not plan for the hog's pod");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
     let mut cmd = Command::new(workload::binary());
     cmd.args(["hog", &rate.to_string(), &max.to_string()]).stdout(Stdio::null());
     workload::in_cgroup(&mut cmd, &tc.fs, &hog_pod);

@@ -25,6 +25,8 @@ pub(super) struct ModeSummary {
     /// in all.
     pub cache_killed_before_hog: usize,
     pub cache_killed: usize,
+    /// Runs where the agent evicted the Guaranteed pod.
+    pub steady_evicted: usize,
     /// Runs where the hog died and the kernel OOM killer did not fire.
     pub hog_killed_first: usize,
     pub oom_kills: usize,
@@ -55,6 +57,7 @@ pub(super) fn summarize(mode: Mode, runs: &[Run]) -> ModeSummary {
         cache_evicted: count(&cache(|c| c.evicted)),
         cache_killed_before_hog: count(&cache(|c| c.killed_before_hog)),
         cache_killed: count(&cache(|c| c.killed)),
+        steady_evicted: count(&cache(|c| c.steady_evicted)),
         hog_killed_first: count(&|r| r.dead_ms.is_some() && !r.oom_killed),
         oom_kills: count(&|r| r.oom_killed),
         crossing_to_dead: Figure::distribution(
@@ -79,6 +82,7 @@ pub(super) fn row(s: &ModeSummary) -> Vec<String> {
         format!("{} of {}", s.cache_crossed, s.runs),
         s.cache_evicted.to_string(),
         format!("{} ({} before the hog)", s.cache_killed, s.cache_killed_before_hog),
+        s.steady_evicted.to_string(),
         format!("{} of {}", s.hog_killed_first, s.runs),
         s.oom_kills.to_string(),
         f.samples.to_string(),
@@ -124,6 +128,7 @@ pub(super) fn report(ctx: &Ctx, title: String, runs: &[Run]) -> Result<BenchResu
             "cache crossed the line",
             "cache pod evicted (agent)",
             "cache pod killed",
+            "Guaranteed pod evicted",
             "hog killed before the kernel OOM killer",
             "kernel OOM kills",
             "runs with a figure",
@@ -259,9 +264,10 @@ mod tests {
         assert_eq!(row[2], "2 of 2");
         assert_eq!(row[3], "1");
         assert_eq!(row[4], "1 (1 before the hog)");
-        assert_eq!(row[5], "2 of 2");
-        assert_eq!(row[10], "0.060");
-        assert_eq!(row[11], "executed: 2");
+        assert_eq!(row[5], "0");
+        assert_eq!(row[6], "2 of 2");
+        assert_eq!(row[11], "0.060");
+        assert_eq!(row[12], "executed: 2");
         let t = targets(&[s]);
         assert_eq!(t.rows[0][1], "1 evicted, 1 killed");
         assert_eq!(t.rows[1][1], "2 of 2");
