@@ -293,7 +293,28 @@ pub struct Control {
     /// getpgid calls, recognised by its pid namespace, tgid and
     /// [`REFRESH_TAG_SHIFT`] tag).
     pub refresh_runs: u64,
-    pub _reserved: u64,
+    /// Set to 1 by the agent when it reclaims page cache before evicting
+    /// (`--memory-reclaim-before-eviction`): a memory crossing whose growth
+    /// was not anonymous ([`growth`]) is then left to the agent
+    /// ([`KillOutcome::DeferredFileGrowth`], [`KillOutcome::DeferredUnknownGrowth`]).
+    pub reclaim_first: u32,
+    pub _reserved: u32,
+}
+
+/// What moved when a memory line was crossed, as the program that saw the
+/// crossing knows it; passed down to the plan's execution. A page-cache
+/// crossing can be undone by reclaim, an anonymous one only by a kill.
+pub mod growth {
+    /// The evaluation may not execute a plan (a pod's own line, a downward
+    /// crossing).
+    pub const NO_KILL: u32 = 0;
+    /// The program cannot tell (the charge path, the refresh program, the
+    /// counted signals).
+    pub const UNKNOWN: u32 = 1;
+    /// Anonymous pages (NR_ANON_MAPPED).
+    pub const ANON: u32 = 2;
+    /// Page cache (NR_FILE_PAGES, or inactive file pages made active).
+    pub const FILE: u32 = 3;
 }
 
 /// How long a doomed mark holds at most: the agent clears it within
@@ -393,10 +414,16 @@ pub enum KillOutcome {
     VictimMemcgUnknown = 8,
     /// The plan is older than its `max_age_ns`.
     PlanTooOld = 9,
+    /// Reclaim-first is on and page cache crossed the memory line: the
+    /// kernel does not kill, the agent reclaims first.
+    DeferredFileGrowth = 10,
+    /// Reclaim-first is on and the program that saw the memory crossing
+    /// cannot tell what grew: the kernel does not kill, the agent decides.
+    DeferredUnknownGrowth = 11,
 }
 
 impl KillOutcome {
-    pub const ALL: [KillOutcome; 10] = [
+    pub const ALL: [KillOutcome; 12] = [
         KillOutcome::NotAttempted,
         KillOutcome::Executed,
         KillOutcome::KernelEvictionOff,
@@ -407,6 +434,8 @@ impl KillOutcome {
         KillOutcome::VictimGone,
         KillOutcome::VictimMemcgUnknown,
         KillOutcome::PlanTooOld,
+        KillOutcome::DeferredFileGrowth,
+        KillOutcome::DeferredUnknownGrowth,
     ];
 
     pub const fn from_u32(v: u32) -> Option<KillOutcome> {
@@ -421,6 +450,8 @@ impl KillOutcome {
             7 => Some(KillOutcome::VictimGone),
             8 => Some(KillOutcome::VictimMemcgUnknown),
             9 => Some(KillOutcome::PlanTooOld),
+            10 => Some(KillOutcome::DeferredFileGrowth),
+            11 => Some(KillOutcome::DeferredUnknownGrowth),
             _ => None,
         }
     }
@@ -438,7 +469,15 @@ impl KillOutcome {
             KillOutcome::VictimGone => "victim_gone",
             KillOutcome::VictimMemcgUnknown => "victim_memcg_unknown",
             KillOutcome::PlanTooOld => "plan_too_old",
+            KillOutcome::DeferredFileGrowth => "deferred_file_growth",
+            KillOutcome::DeferredUnknownGrowth => "deferred_unknown_growth",
         }
+    }
+
+    /// The kernel left a memory crossing to the agent because reclaim-first
+    /// is on and the growth was not known to be anonymous.
+    pub const fn deferred(self) -> bool {
+        matches!(self, KillOutcome::DeferredFileGrowth | KillOutcome::DeferredUnknownGrowth)
     }
 }
 

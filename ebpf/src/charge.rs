@@ -23,6 +23,8 @@ use aya_ebpf::{
     programs::{FEntryContext, FExitContext},
 };
 
+use swiftlet_common::growth;
+
 use crate::{
     kernel, kill,
     maps::layout,
@@ -42,9 +44,11 @@ fn counter_moved(counter: u64) -> i32 {
         kill::kill_current_if_member(doomed);
     }
     let Some(memcg) = kernel::memcg_of_counter(counter) else { return 0 };
-    node_from_kernel(memcg, PID_CURRENT, true);
+    // A page counter does not say what was charged: a crossing seen here
+    // is of unknown growth (reclaim-first leaves it to the agent).
+    node_from_kernel(memcg, PID_CURRENT, growth::UNKNOWN);
     let Some(r) = resolve(memcg) else { return 0 };
-    update_chain(r, 0, PID_CURRENT);
+    update_chain(r, 0, PID_CURRENT, growth::UNKNOWN);
     0
 }
 
@@ -76,7 +80,8 @@ fn inactive_moved(lruvec: u64, delta: i64) -> i32 {
     }
     let Some(memcg) = kernel::lruvec_memcg(lruvec) else { return 0 };
     let Some(r) = resolve(memcg) else { return 0 };
-    update_chain(r, delta, PID_CURRENT);
+    // Inactive file pages made active: page-cache growth.
+    update_chain(r, delta, PID_CURRENT, growth::FILE);
     0
 }
 

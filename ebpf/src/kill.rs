@@ -23,7 +23,7 @@
 //! refused by the verifier outside LSM, iterator and sleepable programs.
 
 use aya_ebpf::helpers::{bpf_ktime_get_ns, bpf_send_signal};
-use swiftlet_common::{DOOMED_FOR_NS, EventKind, KillOutcome, MAX_PLANS, Signal, slot_flags};
+use swiftlet_common::{DOOMED_FOR_NS, EventKind, KillOutcome, MAX_PLANS, Signal, growth, slot_flags};
 
 use crate::{
     kernel,
@@ -73,15 +73,35 @@ pub fn generation_of(r: u64) -> u32 {
 }
 
 /// Executes the plan for a crossing of `signal` on slot `trigger`, if the
-/// agent made one and enabled kernel eviction. Returns the outcome and the
+/// agent made one and enabled kernel eviction, and, when the agent reclaims
+/// page cache first, only if the memory that grew (`kind`, a [`growth`]
+/// value) was anonymous. Returns the outcome and the
 /// generation executed, packed (see [`result`]). A global function: the
 /// verifier checks it once on its own rather than in every state of every
 /// caller, which keeps the callers' loops within its budget.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn swiftlet_execute_plan(trigger: u32, signal: u32, crossing_ns: u64, crossing_value: u64) -> u64 {
+pub extern "C" fn swiftlet_execute_plan(
+    trigger: u32,
+    signal: u32,
+    crossing_ns: u64,
+    crossing_value: u64,
+    kind: u32,
+) -> u64 {
     let Some(signal) = Signal::from_u32(signal) else { return result(KillOutcome::NotAttempted, 0) };
     let Some(ctl) = control() else { return result(KillOutcome::NotAttempted, 0) };
+    // Checked first, so that any other outcome of a memory crossing in this
+    // mode says the growth was anonymous. Page cache can be reclaimed: a
+    // kill for it would take a pod the agent's reclaim may spare.
+    // SAFETY: ctl points at the control map's single element.
+    if signal == Signal::MemoryWorkingSet
+        && kind != growth::ANON
+        && unsafe { core::ptr::read_volatile(&(*ctl).reclaim_first) } != 0
+    {
+        let deferred =
+            if kind == growth::FILE { KillOutcome::DeferredFileGrowth } else { KillOutcome::DeferredUnknownGrowth };
+        return result(deferred, 0);
+    }
     // SAFETY: ctl points at the control map's single element.
     if unsafe { core::ptr::read_volatile(&(*ctl).kernel_eviction) } == 0 {
         return result(KillOutcome::KernelEvictionOff, 0);

@@ -11,12 +11,12 @@
 //! of pages (from its own deltas only where their layout is unknown).
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
-use swiftlet_common::{MAX_WALK, NODE_SLOT, Resolution, Signal};
+use swiftlet_common::{MAX_WALK, NODE_SLOT, Resolution, Signal, growth};
 
 use crate::{
     kernel, kill,
     maps::{NODE_LINE_SLACK, NODE_MEMORY_BATCH, NODE_PENDING, layout, slot},
-    threshold::{PID_CURRENT, atomic_add, evaluate, resolve, swiftlet_evaluate},
+    threshold::{PID_CURRENT, atomic_add, resolve, swiftlet_evaluate},
 };
 
 #[btf_tracepoint(function = "mod_memcg_lruvec_state")]
@@ -35,9 +35,12 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
     }
     let delta = ctx.arg::<u64>(2) as i32 as i64;
     let memcg = kernel::scalar(ctx.arg::<u64>(0));
-    node_delta(memcg, inactive_file, delta);
+    // What a crossing seen here is made of: reclaim-first leaves page cache
+    // (file pages, or inactive file pages made active) to the agent.
+    let kind = if item == layout!(nr_anon_mapped) { growth::ANON } else { growth::FILE };
+    node_delta(memcg, inactive_file, delta, kind);
     let Some(r) = resolve(memcg) else { return 0 };
-    update_chain(r, if inactive_file { delta } else { 0 }, PID_CURRENT);
+    update_chain(r, if inactive_file { delta } else { 0 }, PID_CURRENT, kind);
     0
 }
 
@@ -48,7 +51,9 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
 /// evaluated, so that the slot's shared cache line is not written by every
 /// CPU on every page. Near the node's memory line, where a batch held back
 /// on each CPU would make the crossing late (64 pages per CPU is 1 ms of a
-/// 256 MiB/s ramp), every page is added at once.
+/// 256 MiB/s ramp), every page is added at once. A crossing is put down
+/// to `kind`, the item of the update that brought the batch in (near the
+/// line, the page that crossed it).
 ///
 /// The slot takes the kernel's per-node statistics (see
 /// [`kernel::node_stats`]) when their layout is known: every instance of
@@ -57,7 +62,7 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
 /// the kernel dropped. Otherwise the deltas are added to the seed the agent
 /// wrote.
 #[inline(always)]
-fn node_delta(memcg: u64, inactive_file: bool, delta: i64) {
+fn node_delta(memcg: u64, inactive_file: bool, delta: i64, kind: u32) {
     let Some(pending) = NODE_PENDING.get_ptr_mut(0) else { return };
     let Some(node) = slot(NODE_SLOT) else { return };
     // SAFETY: this CPU's element. Only this program uses it, and the kernel
@@ -79,7 +84,7 @@ fn node_delta(memcg: u64, inactive_file: bool, delta: i64) {
         (u, i)
     };
     if layout!(nr_node_ids) != 0 {
-        node_from_kernel(memcg, PID_CURRENT, true);
+        node_from_kernel(memcg, PID_CURRENT, kind);
         return;
     }
     // SAFETY: `node` points into the slot array.
@@ -92,7 +97,7 @@ fn node_delta(memcg: u64, inactive_file: bool, delta: i64) {
         }
         (*node).working_set_pages()
     };
-    evaluate(NODE_SLOT, Signal::MemoryWorkingSet, ws, PID_CURRENT, true);
+    swiftlet_evaluate(NODE_SLOT, Signal::MemoryWorkingSet as u32, ws, PID_CURRENT, kind);
 }
 
 /// True when the node has a memory line and its working set, with `pending`
@@ -118,10 +123,10 @@ fn near_line(node: *mut swiftlet_common::CgroupSlot, pending: i64) -> bool {
 
 /// The node's usage (anon + file pages) and inactive file pages from the
 /// kernel's per-node statistics (pgdats found through `memcg`, any memory
-/// cgroup), and its threshold evaluated; a no-op where their layout is
-/// unknown.
+/// cgroup), and its threshold evaluated with `kind` (a [`growth`] value);
+/// a no-op where their layout is unknown.
 #[inline(always)]
-pub fn node_from_kernel(memcg: u64, pid: u32, may_kill: bool) {
+pub fn node_from_kernel(memcg: u64, pid: u32, kind: u32) {
     let Some((anon, file, inactive)) = kernel::node_stats(memcg) else { return };
     if let Some(node) = slot(NODE_SLOT) {
         // SAFETY: `node` points into the slot array.
@@ -130,18 +135,18 @@ pub fn node_from_kernel(memcg: u64, pid: u32, may_kill: bool) {
             core::ptr::write_volatile(&mut (*node).inactive_file_pages, inactive);
             (*node).working_set_pages()
         };
-        evaluate(NODE_SLOT, Signal::MemoryWorkingSet, ws, pid, may_kill);
+        swiftlet_evaluate(NODE_SLOT, Signal::MemoryWorkingSet as u32, ws, pid, kind);
     }
 }
 
 /// Brings one registered slot up to date: its page counter read directly
 /// (what `memory.current` / `memory.usage_in_bytes` report), `inactive_delta`
-/// added to its inactive file pages, and its memory threshold evaluated.
-/// Shared by every memory strategy; a global function, verified once (see
-/// `swiftlet_resolve`).
+/// added to its inactive file pages, and its memory threshold evaluated
+/// with `kind` (a [`growth`] value). Shared by every memory strategy; a
+/// global function, verified once (see `swiftlet_resolve`).
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn swiftlet_memory_slot(index: u32, memcg: u64, inactive_delta: i64, pid: u32) -> u32 {
+pub extern "C" fn swiftlet_memory_slot(index: u32, memcg: u64, inactive_delta: i64, pid: u32, kind: u32) -> u32 {
     let Some(s) = slot(index) else { return 0 };
     let usage = kernel::memcg_usage_pages(memcg);
     // The page counter moves in charge batches (64 pages per CPU) while the
@@ -169,12 +174,12 @@ pub extern "C" fn swiftlet_memory_slot(index: u32, memcg: u64, inactive_delta: i
         core::ptr::write_volatile(&mut (*s).memcg, memcg);
         (*s).working_set_pages()
     };
-    swiftlet_evaluate(index, Signal::MemoryWorkingSet as u32, ws, pid, 1)
+    swiftlet_evaluate(index, Signal::MemoryWorkingSet as u32, ws, pid, kind)
 }
 
 /// [`swiftlet_memory_slot`] for every registered slot of a resolution.
 #[inline(always)]
-pub fn update_chain(r: &Resolution, inactive_delta: i64, pid: u32) {
+pub fn update_chain(r: &Resolution, inactive_delta: i64, pid: u32, kind: u32) {
     let present = r.present;
     let mut i = 0;
     while i < MAX_WALK {
@@ -182,7 +187,7 @@ pub fn update_chain(r: &Resolution, inactive_delta: i64, pid: u32) {
             break;
         }
         if present & (1 << i) != 0 {
-            swiftlet_memory_slot(r.slots[i], r.memcg[i], inactive_delta, pid);
+            swiftlet_memory_slot(r.slots[i], r.memcg[i], inactive_delta, pid, kind);
         }
         i += 1;
     }

@@ -13,7 +13,7 @@
 use aya_ebpf::{
     bindings::bpf_pidns_info, helpers::bpf_get_ns_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
 };
-use swiftlet_common::{REFRESH_BATCH, REFRESH_TAG_MAX, REFRESH_TAG_SHIFT, Signal, slot_flags};
+use swiftlet_common::{REFRESH_BATCH, REFRESH_TAG_MAX, REFRESH_TAG_SHIFT, Signal, growth, slot_flags};
 
 use crate::{
     kernel,
@@ -63,7 +63,7 @@ pub fn refresh(ctx: TracePointContext) -> u32 {
         // agent is never the victim's, so the victim is doomed and dies at
         // its next charge, or by the agent's hand.
         let memcg = kernel::task_memcg(kernel::current_task()).unwrap_or(0);
-        crate::memory::node_from_kernel(memcg, 0, true);
+        crate::memory::node_from_kernel(memcg, 0, growth::UNKNOWN);
     }
     let mut n: u32 = 0;
     while n < REFRESH_BATCH {

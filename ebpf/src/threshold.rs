@@ -4,7 +4,7 @@
 use core::intrinsics::{AtomicOrdering::Relaxed, atomic_cxchg, atomic_xadd};
 
 use aya_ebpf::{bindings::BPF_RB_FORCE_WAKEUP, helpers::bpf_ktime_get_ns};
-use swiftlet_common::{DIRECTION_DOWN, DIRECTION_UP, Event, EventKind, MAX_WALK, Resolution, Signal};
+use swiftlet_common::{DIRECTION_DOWN, DIRECTION_UP, Event, EventKind, MAX_WALK, Resolution, Signal, growth};
 
 use crate::{
     kernel,
@@ -179,13 +179,14 @@ pub const PID_CURRENT: u32 = u32::MAX;
 /// that exactly one CPU reports the crossing. Returns 1 on an upward
 /// crossing.
 ///
-/// With `may_kill`, an upward crossing executes the agent's victim plan for
-/// this slot and signal, if any, and the crossing's record says what came
-/// of it (the lines that kill are the node's and kubepods'; a pod's own
-/// lines pass 0). A global function, as `swiftlet_resolve`.
+/// Unless `kind` is `growth::NO_KILL`, an upward crossing executes the
+/// agent's victim plan for this slot and signal, if any, and the crossing's
+/// record says what came of it (the lines that kill are the node's and
+/// kubepods'); `kind` says what grew, as far as the caller knows (see
+/// `swiftlet_execute_plan`). A global function, as `swiftlet_resolve`.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn swiftlet_evaluate(index: u32, signal: u32, value: u64, pid: u32, may_kill: u32) -> u32 {
+pub extern "C" fn swiftlet_evaluate(index: u32, signal: u32, value: u64, pid: u32, kind: u32) -> u32 {
     let Some(signal) = Signal::from_u32(signal) else { return 0 };
     let Some(s) = slot(index) else { return 0 };
     // SAFETY: `s` points into the slot array; fields are read individually
@@ -223,8 +224,8 @@ pub extern "C" fn swiftlet_evaluate(index: u32, signal: u32, value: u64, pid: u3
     // SAFETY: no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let pid = if pid == PID_CURRENT { kernel::task_pid(kernel::current_task()).unwrap_or(0) } else { pid };
-    let executed = if may_kill != 0 && direction == DIRECTION_UP {
-        crate::kill::swiftlet_execute_plan(index, signal as u32, now, value)
+    let executed = if kind != growth::NO_KILL && direction == DIRECTION_UP {
+        crate::kill::swiftlet_execute_plan(index, signal as u32, now, value, kind)
     } else {
         0
     };
@@ -246,7 +247,8 @@ pub extern "C" fn swiftlet_evaluate(index: u32, signal: u32, value: u64, pid: u3
 
 #[inline(always)]
 pub fn evaluate(index: u32, signal: Signal, value: u64, pid: u32, may_kill: bool) -> bool {
-    swiftlet_evaluate(index, signal as u32, value, pid, u32::from(may_kill)) == 1
+    let kind = if may_kill { growth::UNKNOWN } else { growth::NO_KILL };
+    swiftlet_evaluate(index, signal as u32, value, pid, kind) == 1
 }
 
 /// Applies a process or inode delta to slot `index` and evaluates its

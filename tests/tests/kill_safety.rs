@@ -8,6 +8,9 @@
 //! - The refresh program knows the agent inside a pid namespace.
 //! - One kill ends a fork storm: on cgroup v1 the cgroup is frozen, and
 //!   its tasks read, only once it reads FROZEN.
+//! - With reclaim-first on, a crossing by page-cache growth is left to the
+//!   agent; anonymous growth is still killed in the kernel (where the
+//!   memcg statistics tracepoint tells them apart).
 
 use std::{
     os::unix::process::{CommandExt, ExitStatusExt},
@@ -21,7 +24,7 @@ use swiftlet::signals::{
     ebpf::{EbpfOptions, EbpfSource},
     monotonic_ns,
 };
-use swiftlet_tests::{cgroup::TestCgroup, prereq, workload};
+use swiftlet_tests::{cgroup::TestCgroup, prereq, tmpfs::SmallFs, workload};
 
 const MIB: u64 = 1 << 20;
 
@@ -176,6 +179,62 @@ fn the_allocating_task_is_killed_at_any_depth_below_the_pod() {
         })
     });
     assert_eq!(outcome, KillOutcome::Executed);
+}
+
+/// The outcome of the first upward crossing recorded after `from` events.
+fn crossing_outcome(events: &Mutex<Vec<SignalEvent>>, from: usize) -> KillOutcome {
+    wait_for("the crossing's record", Duration::from_secs(5), || {
+        events.lock().unwrap()[from..].iter().find_map(|e| match e {
+            SignalEvent::Crossing { direction: Direction::Up, kernel_outcome, .. } => Some(*kernel_outcome),
+            _ => None,
+        })
+    })
+}
+
+/// Reclaim-first: what crossed the line decides whether the kernel kills.
+/// tmpfs pages are counted as file pages (NR_FILE_PAGES), as page cache
+/// is: the kernel defers the crossing to the agent (which, finding no
+/// page cache to reclaim, evicts). Anonymous pages are killed at the
+/// crossing as before. The page-counter strategy cannot tell them apart:
+/// every memory crossing is deferred there.
+#[test]
+fn with_reclaim_first_only_anonymous_growth_is_killed_in_the_kernel() {
+    let tc = TestCgroup::new();
+    let src = load(&tc);
+    src.set_reclaim_first(true);
+    let events = collect(&*src);
+    let kubepods = tc.child("kubepods");
+    let pod = tc.child("kubepods/podcache");
+    src.register(&kubepods, CgroupKind::Kubepods).unwrap();
+    src.register(&pod, CgroupKind::Pod).unwrap();
+    let stat_events = SignalSource::strategies(&*src)
+        .iter()
+        .any(|(signal, strategy)| *signal == "memory" && strategy.contains("mod_memcg_lruvec_state"));
+    let mut cache = workload::Steps::spawn(&tc.fs, &pod);
+    cache.run("anon 1");
+    let shm = SmallFs::mount(64 * MIB, 1024);
+
+    arm(&src, &kubepods, &pod);
+    let from = events.lock().unwrap().len();
+    cache.run(&format!("cache 16 {}", shm.path().display()));
+    let want = if stat_events { KillOutcome::DeferredFileGrowth } else { KillOutcome::DeferredUnknownGrowth };
+    assert_eq!(crossing_outcome(&events, from), want);
+    // Alive: it answers.
+    cache.run("uncache");
+    assert!(kernel_kills(&events).is_empty(), "nothing killed for file pages: {:?}", events.lock().unwrap());
+
+    // Below the line again, re-armed, then anonymous memory crosses it.
+    let from = events.lock().unwrap().len();
+    arm(&src, &kubepods, &pod);
+    let status = allocate(&tc, &pod);
+    if stat_events {
+        assert_eq!(status.and_then(|s| s.signal()), Some(libc::SIGKILL), "anonymous growth: killed at the crossing");
+        assert_eq!(crossing_outcome(&events, from), KillOutcome::Executed);
+    } else {
+        assert_eq!(crossing_outcome(&events, from), KillOutcome::DeferredUnknownGrowth);
+        assert!(kernel_kills(&events).is_empty(), "the page-counter strategy leaves every crossing to the agent");
+    }
+    drop(cache);
 }
 
 /// The part run inside a new pid namespace (as PID 1 there), by the test

@@ -292,6 +292,70 @@ fn a_best_effort_hog_is_killed_in_the_kernel_at_memory_available() {
     assert_eq!(shown, "Failed/Evicted", "what kubectl shows of the hog");
 }
 
+/// Reclaim before evicting (`--memory-reclaim-before-eviction`): a pod
+/// that re-reads a file set larger than the distance to the line pushes
+/// the node's working set over it with page cache; swiftlet reclaims that
+/// cache and evicts no one. A BestEffort anonymous hog afterwards is
+/// evicted, before the kernel's OOM killer has a reason to act.
+#[test]
+#[ignore = "runs in the node VM: cargo xtask vmtest --e2e"]
+fn page_cache_over_the_line_is_reclaimed_and_an_anonymous_hog_evicted() {
+    require_node_vm();
+    let line = (memory_available() - 120 * MIB) / MIB;
+    let node = Node::start(
+        &format!("evictionHard:\n  memory.available: {line}Mi\n"),
+        "--kernel-eviction=true --memory-reclaim-before-eviction=true",
+    );
+    // 192 MiB of files, written and synced once (dirty pages cannot be
+    // reclaimed), then read over and over: from the second read on they
+    // are active page cache, which the working set counts.
+    let mut cache = container(
+        "cache",
+        "mkdir -p /data && for i in 1 2 3 4 5 6; do dd if=/dev/zero of=/data/f$i bs=1M count=32 2>/dev/null; done; \
+         sync; while :; do cat /data/f* > /dev/null; done",
+    );
+    cache["resources"] = resources(json!({"memory": "64Mi"}), json!({}));
+    let cache_uid = node.create_pod(pod("cache", json!({"containers": [cache]})));
+    node.wait_running("cache", Duration::from_secs(120));
+    let reclaims = |node: &Node| {
+        ["done", "short"]
+            .iter()
+            .filter_map(|r| node.metric(&format!("swiftlet_memory_reclaim_total{{result=\"{r}\"}}")))
+            .sum::<f64>()
+    };
+    wait("page cache reclaimed at the line", Duration::from_secs(90), || (reclaims(&node) >= 1.0).then_some(()));
+    let reclaimed = node.metric("swiftlet_memory_reclaimed_bytes_total").unwrap_or(0.0);
+    assert!(reclaimed > 0.0, "the cache pod's page cache shrank: {reclaimed} bytes reclaimed");
+    let deferred: f64 = ["deferred_file_growth", "deferred_unknown_growth"]
+        .iter()
+        .filter_map(|o| node.metric(&format!("swiftlet_kernel_plan_outcomes_total{{outcome=\"{o}\"}}")))
+        .sum();
+    assert!(deferred >= 1.0, "the kernel left the page-cache crossing to the agent");
+    // Reading on for a while: still no eviction.
+    std::thread::sleep(Duration::from_secs(5));
+    let cache_pod = node.pod("cache").expect("the cache pod");
+    assert_eq!(cache_pod["status"]["phase"], "Running", "the cache pod was not evicted: {}", cache_pod["status"]);
+    assert_eq!(container_status(&cache_pod, "cache")["restartCount"], 0);
+    assert_eq!(node.metric("kubelet_evictions_total{eviction_signal=\"memory.available\"}"), None);
+    let stat = cgroup_file(&pod_cgroup(node.driver, "burstable", &cache_uid), "memory.stat");
+    let file = stat.lines().find_map(|l| l.strip_prefix("file ")?.trim().parse::<u64>().ok()).unwrap_or(0);
+    assert!(file < 192 * MIB, "the cache pod holds less than its file set in page cache: {file} bytes");
+
+    let hog = container(
+        "hog",
+        "exec awk 'BEGIN { for (n = 1; n <= 900; n++) { a[n] = sprintf(\"%1048576s\", \"\"); if (n % 32 == 0) system(\"sleep 0.25\") } system(\"sleep 3600\") }'",
+    );
+    node.create_pod(pod("hog", json!({"containers": [hog]})));
+    let p = node.wait_pod("hog", "Failed/Evicted", Duration::from_secs(120), |p| p["status"]["reason"] == "Evicted");
+    let message = p["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("The node was low on resource: memory."), "{message}");
+    assert_eq!(kubepods_oom_kills(&node), 0, "the kernel OOM killer never fired");
+    let cache_pod = node.pod("cache").expect("the cache pod");
+    assert_eq!(cache_pod["status"]["phase"], "Running", "the hog went, not the cache pod");
+    let age = node.metric("kubelet_eviction_stats_age_seconds_count{eviction_signal=\"memory.available\"}");
+    assert_eq!(age, Some(1.0), "the stats age of the one eviction");
+}
+
 fn node_tasks() -> u64 {
     let s = std::fs::read_to_string("/proc/loadavg").expect("/proc/loadavg");
     s.split_whitespace().nth(3).and_then(|f| f.split('/').nth(1)).and_then(|n| n.parse().ok()).expect("tasks")

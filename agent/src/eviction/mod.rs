@@ -6,4 +6,5 @@ pub mod core;
 pub mod driver;
 pub mod observe;
 pub mod ranking;
+pub mod reclaim;
 pub mod signal;

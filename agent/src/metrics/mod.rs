@@ -4,6 +4,7 @@
 //! `swiftlet_`.
 
 pub mod kubelet;
+pub mod reclaim;
 pub mod rest_client;
 pub mod storage;
 
@@ -107,6 +108,8 @@ pub struct Metrics {
     pub kubelet: KubeletMetrics,
     /// The volume manager's operations.
     pub storage: StorageMetrics,
+    /// Reclaim before evicting, and the stats age behind each eviction.
+    pub reclaim: reclaim::ReclaimMetrics,
 }
 
 /// Where a kernel OOM kill's victim was.
@@ -212,6 +215,7 @@ impl Metrics {
             kernel_plan_outcomes.clone(),
         );
         let kubelet = KubeletMetrics::register(&mut registry);
+        let reclaim = reclaim::ReclaimMetrics::register(&mut registry);
         let storage = StorageMetrics::default();
         storage.register(&mut registry);
         RestClientMetrics::global().register(&mut registry);
@@ -224,6 +228,7 @@ impl Metrics {
         );
         Metrics {
             kubelet,
+            reclaim,
             storage,
             registry,
             kubelet_evictions,

@@ -889,6 +889,11 @@ impl SignalSource for EbpfSource {
         Ok(true)
     }
 
+    fn set_reclaim_first(&self, on: bool) {
+        // SAFETY: mapped control block; the kernel reads this field only.
+        unsafe { std::ptr::write_volatile(&mut (*self.shared.control.at(0)).reclaim_first, u32::from(on)) };
+    }
+
     fn kernel_kill_finished(&self, cgroup_id: u64) {
         // SAFETY: mapped control block; the mark is cleared only if it is
         // still this victim's (the kernel may have doomed another since).

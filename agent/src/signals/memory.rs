@@ -31,6 +31,7 @@ struct State {
     lines: HashMap<(Target, Signal), Threshold>,
     plans: HashMap<(Target, Signal), RecordedPlan>,
     kills_finished: Vec<u64>,
+    reclaim_first: bool,
     sink: Option<Arc<dyn EventSink>>,
 }
 
@@ -50,6 +51,15 @@ impl MemorySource {
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn node(&self) -> NodeUsage {
+        self.state().node
+    }
+
+    /// The figures set for a cgroup (zeros when none were).
+    pub fn cgroup(&self, cgroup: &str) -> CgroupUsage {
+        self.state().cgroups.get(cgroup).copied().unwrap_or_default()
     }
 
     pub fn set_node(&self, node: NodeUsage) {
@@ -80,6 +90,11 @@ impl MemorySource {
 
     pub fn plan(&self, target: &Target, signal: Signal) -> Option<RecordedPlan> {
         self.state().plans.get(&(target.clone(), signal)).cloned()
+    }
+
+    /// Whether the code under test turned reclaim-first on.
+    pub fn reclaim_first(&self) -> bool {
+        self.state().reclaim_first
     }
 
     pub fn kills_finished(&self) -> Vec<u64> {
@@ -144,5 +159,9 @@ impl SignalSource for MemorySource {
 
     fn kernel_kill_finished(&self, cgroup_id: u64) {
         self.state().kills_finished.push(cgroup_id);
+    }
+
+    fn set_reclaim_first(&self, on: bool) {
+        self.state().reclaim_first = on;
     }
 }

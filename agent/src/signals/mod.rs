@@ -263,6 +263,12 @@ pub trait SignalSource: Send + Sync {
     /// `cgroup_id`: stop signalling its tasks.
     fn kernel_kill_finished(&self, _cgroup_id: u64) {}
 
+    /// The agent reclaims page cache before evicting for memory: the kernel
+    /// then kills at a memory crossing only when the growth was anonymous,
+    /// and leaves the others to the agent. Sources that never kill in the
+    /// kernel have nothing to leave.
+    fn set_reclaim_first(&self, _on: bool) {}
+
     /// Counters for the metrics endpoint: (name, value).
     fn counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()

@@ -55,6 +55,10 @@ pub const E2E_CHECKS: &[E2eCheck] = &[
         test: "a_best_effort_hog_is_killed_in_the_kernel_at_memory_available",
     },
     E2eCheck {
+        row: "reclaim first: page cache reclaimed, the hog evicted",
+        test: "page_cache_over_the_line_is_reclaimed_and_an_anonymous_hog_evicted",
+    },
+    E2eCheck {
         row: "PID pressure: the fork bomb's pod evicted",
         test: "a_fork_bomb_pod_is_evicted_under_pid_pressure",
     },

@@ -64,6 +64,12 @@ pub const CHECKS: &[Check] = &[
     ),
     check("kill: refresh in a pid namespace", "kill_safety", "the_refresh_knows_the_agent_in_a_pid_namespace", false),
     check("kill: one kill ends a fork storm", "kill_safety", "one_kill_ends_a_fork_storm", false),
+    check(
+        "kill: reclaim-first defers page cache",
+        "kill_safety",
+        "with_reclaim_first_only_anonymous_growth_is_killed_in_the_kernel",
+        false,
+    ),
     check("fallback: auto → cgroupfs", "signals", "auto_mode_falls_back_to_cgroupfs_when_ebpf_cannot_load", false),
     check(
         "fallback: cgroupfs poll 100ms evicts",

@@ -3,17 +3,19 @@
 //! the kernel did not act on kills the first victim of the plan the
 //! manager published, there and then. Nothing is ranked or registered
 //! here: a plan too old for its line (PID lines) is left to the manager,
-//! which ranks again.
+//! which ranks again. With reclaim-first on, a memory crossing is killed
+//! here only when the kernel knew the growth to be anonymous: page cache
+//! is the manager's to reclaim first.
 
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Weak, atomic::Ordering};
 
 use tracing::warn;
 
-use super::{KillPath, PID_PLAN_MAX_AGE, Plan, PlannedVictim, Shared, Wake, lock};
+use super::{KillPath, PID_PLAN_MAX_AGE, Plan, PlannedVictim, Shared, Wake, lock, reclaim::is_memory};
 use crate::{
     eviction::signal::EvictionSignal,
     metrics::OutcomeLabels,
-    signals::{Direction, EventSink, KillOutcome, SignalEvent},
+    signals::{Direction, EventSink, KillOutcome, SignalEvent, monotonic_ns},
 };
 
 /// Receives signal events on the source's reader thread.
@@ -44,14 +46,17 @@ impl EventSink for Sink {
                                 .get_or_create(&OutcomeLabels { outcome: kernel_outcome.name().into() })
                                 .inc();
                         }
+                        let signal = line.eviction_signal;
+                        let reclaim_first = is_memory(signal) && shared.reclaim_first.load(Ordering::Relaxed);
+                        let anonymous = reclaim_first && anonymous_growth(kernel_outcome);
                         // When the kernel already killed at this crossing, the
                         // fast path stands down: one victim per crossing.
-                        let killed = if kernel_generation == 0 {
-                            fast_kill(&shared, &plan, line.eviction_signal, at_ns)
+                        let killed = if kernel_generation == 0 && (!reclaim_first || anonymous) {
+                            fast_kill(&shared, &plan, signal, at_ns)
                         } else {
                             None
                         };
-                        Wake::Crossing { at_ns, value, signal: line.eviction_signal, killed }
+                        Wake::Crossing { at_ns, value, signal, killed, decided_ns: monotonic_ns(), anonymous }
                     }
                     None => Wake::Other,
                 }
@@ -90,6 +95,14 @@ impl EventSink for Sink {
         };
         let _ = shared.wake.send(wake);
     }
+}
+
+/// Whether the kernel, in reclaim-first mode, knew a memory crossing to be
+/// anonymous growth: it checks the growth before anything else, so any
+/// outcome but a deferral says so; `NotAttempted` (a source that never
+/// asks the kernel) says nothing.
+fn anonymous_growth(outcome: KillOutcome) -> bool {
+    !outcome.deferred() && outcome != KillOutcome::NotAttempted
 }
 
 /// Kills the first victim of `signal`'s plan, when the plan is fresh

@@ -1,6 +1,7 @@
 //! The manager's task: registrations and kernel lines, the ranking of the
 //! pods for each line (the plan), and each step of an eviction: observe,
-//! decide (the pure core), kill (through [`Shared::kill`]) and record.
+//! decide (the pure core), reclaim page cache first for memory when asked
+//! ([`super::reclaim`]), kill (through [`Shared::kill`]) and record.
 
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
@@ -14,6 +15,7 @@ use tracing::{debug, info, warn};
 use super::{
     DiskUsageMeter, DriverConfig, Edges, EvictionPod, EvictionRequest, KillPath, PID_PLAN_MAX_AGE, Plan, PlannedVictim,
     Shared, Wake, lock,
+    reclaim::{CacheReclaim, is_memory},
 };
 use crate::{
     eviction::{
@@ -40,11 +42,14 @@ pub(super) struct Manager {
     disk_meter: Mutex<Option<Arc<dyn DiskUsageMeter>>>,
     registered: Mutex<HashSet<String>>,
     conditions: watch::Sender<BTreeSet<NodeCondition>>,
+    cache: CacheReclaim,
 }
 
 impl Manager {
     pub(super) fn new(cfg: DriverConfig, edges: Edges, metrics: Arc<Metrics>, shared: Arc<Shared>) -> Manager {
+        let cache = CacheReclaim::new(edges.cache_reclaimer.clone(), metrics.clone());
         Manager {
+            cache,
             cfg: Mutex::new(cfg),
             edges,
             metrics,
@@ -83,6 +88,8 @@ impl Manager {
     pub(super) fn start(&self) {
         // kubepods' line needs kubepods registered.
         self.sync_registrations();
+        let cfg = self.cfg();
+        self.cache.start(cfg.reclaim_before_eviction, &cfg.node.kubepods_cgroup, &self.shared, &*self.edges.source);
         self.program_lines();
         self.rank();
     }
@@ -91,10 +98,13 @@ impl Manager {
     /// timestamp when it was one (for the crossing → decision time).
     pub(super) fn on_wake(&self, state: &mut State, wake: Wake) -> Option<u64> {
         match wake {
-            Wake::Crossing { at_ns, value, signal, killed } => {
+            Wake::Crossing { at_ns, value, signal, killed, decided_ns, anonymous } => {
                 state.crossed(signal, tokio::time::Instant::now().into_std());
+                if anonymous {
+                    self.cache.anonymous_crossing();
+                }
                 if let Some(v) = killed {
-                    self.record_kill(&v, signal, KillPath::Agent, value);
+                    self.record_kill(&v, signal, KillPath::Agent, value, decided_ns.saturating_sub(at_ns));
                 }
                 Some(at_ns)
             }
@@ -107,7 +117,9 @@ impl Manager {
                         self.shared.kill(&v, KillPath::Kernel, Some(crossing_ns), Some(at_ns));
                         self.edges.source.kernel_kill_finished(cgroup_id);
                         match (claimed, signal) {
-                            (true, Some(signal)) => self.record_kill(&v, signal, KillPath::Kernel, value),
+                            (true, Some(signal)) => {
+                                self.record_kill(&v, signal, KillPath::Kernel, value, at_ns.saturating_sub(crossing_ns))
+                            }
                             (true, None) => warn!(pod = v.name, "the kernel killed for a line the agent no longer has"),
                             (false, _) => {}
                         }
@@ -142,8 +154,9 @@ impl Manager {
 
     /// Records a victim killed at a crossing (by the kernel or the fast
     /// path). `used` is the value that crossed the line: the message
-    /// reports what the decision saw, not what is left after the kill.
-    fn record_kill(&self, v: &PlannedVictim, signal: EvictionSignal, killed: KillPath, used: u64) {
+    /// reports what the decision saw, not what is left after the kill;
+    /// `age_ns` how old the crossing was when the kill was decided.
+    fn record_kill(&self, v: &PlannedVictim, signal: EvictionSignal, killed: KillPath, used: u64, age_ns: u64) {
         let cfg = self.cfg();
         let threshold = cfg.eviction.thresholds.iter().find(|t| t.signal == signal && t.is_hard()).cloned().unwrap_or(
             EvictionThreshold {
@@ -166,16 +179,19 @@ impl Manager {
         };
         let meter = |cg: &str| self.edges.cgroups.working_set(cg);
         info!(pod = format!("{}/{}", v.namespace, v.name), %signal, killed_by = killed.as_str(), "evicted at the crossing");
-        self.record(core::victim(&cfg.eviction, &threshold, &observed, &candidate, &meter), signal, killed);
+        let age = Duration::from_nanos(age_ns);
+        self.record(core::victim(&cfg.eviction, &threshold, &observed, &candidate, &meter), signal, killed, age);
     }
 
     /// The one place an eviction is recorded: counted, logged, and handed
     /// to the pod manager as the request the victim's description makes.
-    fn record(&self, v: Victim, signal: EvictionSignal, killed: KillPath) {
+    /// `stats_age` is how old the observation behind the decision was.
+    fn record(&self, v: Victim, signal: EvictionSignal, killed: KillPath, stats_age: Duration) {
         self.metrics
             .kubelet_evictions
             .get_or_create(&EvictionSignalLabels { eviction_signal: signal.name().into() })
             .inc();
+        self.metrics.reclaim.observe_stats_age(signal.name(), stats_age.as_secs_f64());
         info!(pod = format!("{}/{}", v.namespace, v.name), %signal, killed_by = killed.as_str(), "evicting: {}", v.message);
         self.edges.evictor.evict(EvictionRequest {
             uid: v.uid,
@@ -195,14 +211,16 @@ impl Manager {
     pub(super) async fn evaluate(&self, state: &mut State, crossing_ns: Option<u64>) -> Option<tokio::time::Instant> {
         let cfg = self.cfg();
         let pods = self.sync_registrations();
-        let snapshot = match self.edges.source.snapshot() {
+        let mut snapshot = match self.edges.source.snapshot() {
             Ok(s) => s,
             Err(e) => {
                 warn!("eviction: cannot read signals: {e}");
                 return None;
             }
         };
-        let obs = self.observe(&snapshot, &cfg);
+        let reclaim_first = self.cache.on(&self.shared);
+        let anonymous = reclaim_first && self.cache.growth_was_anonymous(&cfg.node.kubepods_cgroup);
+        let mut obs = self.observe(&snapshot, &cfg);
         let tasks = needs_tasks(&cfg).then_some(&*self.edges.cgroups);
         let candidates = self.candidates(&pods, &snapshot, tasks);
         let meter = |cg: &str| self.edges.cgroups.working_set(cg);
@@ -219,6 +237,27 @@ impl Manager {
             let obs = self.observe(&after, &cfg);
             let candidates = self.with_disk_usage(candidates.clone()).await;
             eval = state.evaluate(&cfg.eviction, now(), &obs, &candidates, true, &meter);
+        }
+        // How old the figures behind an eviction are: the kernel event's
+        // age when a crossing woke this evaluation, else the snapshot's.
+        let mut observed = ObservedAt::from(crossing_ns, &snapshot);
+        if let Action::Evict(ev) = &eval.action
+            && reclaim_first
+            && !anonymous
+            && is_memory(ev.threshold.signal)
+            && let Some(o) = obs.get(&ev.threshold.signal)
+        {
+            // The condition first, as for disk: the pressure is real.
+            self.publish(&obs, &eval);
+            if self.cache.reclaim(&ev.threshold, o, &pods) {
+                // Observe again: evict only if reclaim was not enough.
+                snapshot = self.edges.source.snapshot().unwrap_or_else(|_| snapshot.clone());
+                self.cache.rebase(&cfg.node.kubepods_cgroup);
+                obs = self.observe(&snapshot, &cfg);
+                let candidates = self.candidates(&pods, &snapshot, tasks);
+                eval = state.evaluate(&cfg.eviction, now(), &obs, &candidates, false, &meter);
+                observed = ObservedAt::from(None, &snapshot);
+            }
         }
         if let Some(at) = crossing_ns {
             self.metrics.crossing_to_decision.observe(monotonic_ns().saturating_sub(at) as f64 / 1e9);
@@ -241,7 +280,7 @@ impl Manager {
                 } else {
                     KillPath::Graceful
                 };
-                self.record(v, ev.threshold.signal, killed);
+                self.record(v, ev.threshold.signal, killed, observed.age());
             }
         }
         self.rank_from(&pods, &snapshot);
@@ -448,6 +487,28 @@ impl Manager {
                 false
             }
         });
+    }
+}
+
+/// When the observation behind an evaluation was made.
+#[derive(Clone, Copy)]
+enum ObservedAt {
+    /// A kernel crossing (CLOCK_MONOTONIC ns, the kernel's timestamp).
+    Crossing(u64),
+    /// A snapshot of the signal source.
+    Snapshot(std::time::Instant),
+}
+
+impl ObservedAt {
+    fn from(crossing_ns: Option<u64>, snapshot: &Snapshot) -> ObservedAt {
+        crossing_ns.map_or(ObservedAt::Snapshot(snapshot.taken_at), ObservedAt::Crossing)
+    }
+
+    fn age(self) -> Duration {
+        match self {
+            ObservedAt::Crossing(at) => Duration::from_nanos(monotonic_ns().saturating_sub(at)),
+            ObservedAt::Snapshot(at) => at.elapsed(),
+        }
     }
 }
 

@@ -23,6 +23,9 @@
 mod edge;
 mod fast;
 mod manager;
+mod reclaim;
+#[cfg(test)]
+mod reclaim_tests;
 #[cfg(test)]
 mod tests;
 
@@ -31,11 +34,11 @@ use std::{
     future::Future,
     path::PathBuf,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, atomic::AtomicBool},
     time::Duration,
 };
 
-pub use edge::{CgroupReader, Killer};
+pub use edge::{CgroupReader, Killer, ReclaimWrite, Reclaimer};
 use tokio::sync::{broadcast, mpsc, watch};
 
 use super::{core::EvictionConfig, observe::NodeInfo, signal::EvictionSignal, signal::NodeCondition};
@@ -216,8 +219,17 @@ pub(crate) struct InFlight {
 #[derive(Debug)]
 pub(crate) enum Wake {
     /// A hard line was crossed. `value` is what crossed it (used amount,
-    /// in the signal's unit); `killed` the victim the fast path killed.
-    Crossing { at_ns: u64, value: u64, signal: EvictionSignal, killed: Option<PlannedVictim> },
+    /// in the signal's unit); `killed` the victim the fast path killed, at
+    /// `decided_ns`; `anonymous` when the kernel knew the growth was
+    /// anonymous memory (reclaim-first only).
+    Crossing {
+        at_ns: u64,
+        value: u64,
+        signal: EvictionSignal,
+        killed: Option<PlannedVictim>,
+        decided_ns: u64,
+        anonymous: bool,
+    },
     /// The kernel killed a planned victim (`cgroup`, with its kernel id).
     KernelKill {
         cgroup: String,
@@ -241,6 +253,9 @@ pub(crate) struct Shared {
     in_flight: Mutex<HashMap<String, InFlight>>,
     events: broadcast::Sender<SignalEvent>,
     wake: mpsc::UnboundedSender<Wake>,
+    /// Page cache is reclaimed before evicting for memory: the fast path
+    /// kills at a memory crossing only for anonymous growth.
+    reclaim_first: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -311,6 +326,8 @@ pub struct Edges {
     pub pods: Arc<dyn PodProvider>,
     pub evictor: Arc<dyn PodEvictor>,
     pub reclaimer: Option<Arc<dyn NodeReclaimer>>,
+    /// memory.reclaim on pod cgroups, for `reclaim_before_eviction`.
+    pub cache_reclaimer: Arc<dyn Reclaimer>,
 }
 
 impl EvictionManager {
@@ -328,7 +345,7 @@ impl EvictionManager {
         let fs = Arc::new(cgroupfs);
         EvictionManager::build(
             cfg,
-            Edges { source, cgroups: fs.clone(), killer: fs, pods, evictor, reclaimer },
+            Edges { source, cgroups: fs.clone(), killer: fs.clone(), pods, evictor, reclaimer, cache_reclaimer: fs },
             metrics,
         )
     }
@@ -344,6 +361,7 @@ impl EvictionManager {
             in_flight: Mutex::new(HashMap::new()),
             events,
             wake,
+            reclaim_first: AtomicBool::new(false),
         });
         metrics
             .signal_source

@@ -13,7 +13,8 @@ use tokio::sync::watch;
 
 use super::{
     DriverConfig, Edges, EvictionContainer, EvictionManager, EvictionPod, EvictionRequest, KillPath, PodEvictor,
-    PodProvider, edge::fake::FakeCgroups,
+    PodProvider,
+    edge::fake::{FakeCgroups, FakeReclaimer},
 };
 use crate::{
     eviction::{
@@ -28,14 +29,14 @@ use crate::{
     },
 };
 
-const MI: u64 = 1 << 20;
-const CAPACITY: u64 = 4096 * MI;
-const ALLOCATABLE: u64 = 1024 * MI;
+pub(super) const MI: u64 = 1 << 20;
+pub(super) const CAPACITY: u64 = 4096 * MI;
+pub(super) const ALLOCATABLE: u64 = 1024 * MI;
 const PID_LIMIT: u64 = 32768;
-const KUBEPODS: &str = "kubepods";
+pub(super) const KUBEPODS: &str = "kubepods";
 
 #[derive(Default)]
-struct Pods {
+pub(super) struct Pods {
     pods: Mutex<Vec<EvictionPod>>,
     requests: Mutex<Vec<EvictionRequest>>,
 }
@@ -53,7 +54,7 @@ impl PodEvictor for Pods {
     }
 }
 
-fn pod(name: &str, memory_request: u64) -> EvictionPod {
+pub(super) fn pod(name: &str, memory_request: u64) -> EvictionPod {
     let cgroup = format!("{KUBEPODS}/pod{name}");
     EvictionPod {
         uid: name.into(),
@@ -71,20 +72,21 @@ fn pod(name: &str, memory_request: u64) -> EvictionPod {
     }
 }
 
-fn hard(signal: EvictionSignal, value: ThresholdValue) -> EvictionThreshold {
+pub(super) fn hard(signal: EvictionSignal, value: ThresholdValue) -> EvictionThreshold {
     EvictionThreshold { signal, value, grace_period: Duration::ZERO, min_reclaim: None }
 }
 
-fn quantity(v: u64) -> ThresholdValue {
+pub(super) fn quantity(v: u64) -> ThresholdValue {
     ThresholdValue::Quantity(Quantity::from_units(v as i64))
 }
 
-struct Harness {
-    source: Arc<MemorySource>,
-    cgroups: Arc<FakeCgroups>,
+pub(super) struct Harness {
+    pub(super) source: Arc<MemorySource>,
+    pub(super) cgroups: Arc<FakeCgroups>,
+    pub(super) reclaimer: Arc<FakeReclaimer>,
     pods: Arc<Pods>,
     metrics: Arc<Metrics>,
-    manager: EvictionManager,
+    pub(super) manager: EvictionManager,
     stop: watch::Sender<bool>,
 }
 
@@ -92,7 +94,20 @@ impl Harness {
     /// The manager running on `thresholds` over `pods`, each pod using
     /// `usage` MiB (its container the same), kubepods their sum.
     async fn start(thresholds: Vec<EvictionThreshold>, pods: &[(EvictionPod, u64)], kernel: bool) -> Harness {
+        Harness::start_with(thresholds, pods, kernel, None).await
+    }
+
+    /// [`Harness::start`] with reclaim-first on when `reclaimer` is given
+    /// (its working-set changes go to the harness's source).
+    pub(super) async fn start_with(
+        thresholds: Vec<EvictionThreshold>,
+        pods: &[(EvictionPod, u64)],
+        kernel: bool,
+        reclaimer: Option<FakeReclaimer>,
+    ) -> Harness {
         let source = Arc::new(MemorySource::new(kernel));
+        let reclaim_before_eviction = reclaimer.is_some();
+        let reclaimer = Arc::new(FakeReclaimer { source: Some(source.clone()), ..reclaimer.unwrap_or_default() });
         let cgroups = Arc::new(FakeCgroups::default());
         let h_pods = Arc::new(Pods::default());
         for (p, usage_mi) in pods {
@@ -124,7 +139,7 @@ impl Harness {
             housekeeping_interval: Duration::from_secs(10),
             plan_interval: Duration::from_secs(1),
             kernel_eviction: kernel,
-            reclaim_before_eviction: false,
+            reclaim_before_eviction,
         };
         let metrics = Arc::new(Metrics::new());
         let (manager, event_loop) = EvictionManager::build(
@@ -136,30 +151,31 @@ impl Harness {
                 pods: h_pods.clone(),
                 evictor: h_pods.clone(),
                 reclaimer: None,
+                cache_reclaimer: reclaimer.clone(),
             },
             metrics.clone(),
         );
         let (stop, stop_rx) = watch::channel(false);
         tokio::spawn(event_loop.run(stop_rx));
         settle().await;
-        Harness { source, cgroups, pods: h_pods, metrics, manager, stop }
+        Harness { source, cgroups, reclaimer, pods: h_pods, metrics, manager, stop }
     }
 
-    fn requests(&self) -> Vec<EvictionRequest> {
+    pub(super) fn requests(&self) -> Vec<EvictionRequest> {
         self.pods.requests.lock().unwrap().clone()
     }
 
-    fn conditions(&self) -> BTreeSet<NodeCondition> {
+    pub(super) fn conditions(&self) -> BTreeSet<NodeCondition> {
         self.manager.conditions().borrow().clone()
     }
 
     /// A metric's value from the exposition ("name{labels}" as written).
-    fn metric(&self, series: &str) -> Option<f64> {
+    pub(super) fn metric(&self, series: &str) -> Option<f64> {
         let text = self.metrics.encode();
         text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
-    fn crossing(&self, target: Target, signal: Signal, value: u64, at_ns: u64) {
+    pub(super) fn crossing(&self, target: Target, signal: Signal, value: u64, at_ns: u64) {
         self.source.inject(SignalEvent::Crossing {
             target,
             signal,
@@ -183,7 +199,7 @@ impl Drop for Harness {
 
 /// Lets the manager's task run what it was woken for (the paused clock
 /// moves on only when every task is idle).
-async fn settle() {
+pub(super) async fn settle() {
     tokio::time::sleep(Duration::from_millis(1)).await;
 }
 
