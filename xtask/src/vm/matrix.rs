@@ -426,6 +426,14 @@ pub fn bench(
         fs::create_dir_all(&dir)?;
         let initramfs = dir.join("initramfs.cpio");
         let mut script = vm_prelude(root);
+        // The run counts the benches read, passed on from this shell.
+        for var in ["SWIFTLET_BENCH_RACE_RUNS", "SWIFTLET_BENCH_CACHE_RUNS"] {
+            if let Ok(v) = std::env::var(var)
+                && v.chars().all(|c| c.is_ascii_digit() || c == ',')
+            {
+                script.push_str(&format!("export {var}={v}\n"));
+            }
+        }
         // The cache race's page cache lives on a disk of its own.
         let drives = if cache_disk::wanted(names) { vec![cache_disk::disk(&dir)?] } else { vec![] };
         if !drives.is_empty() {
