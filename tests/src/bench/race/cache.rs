@@ -134,7 +134,20 @@ pub(super) fn cache_phase(
     let crossed_ms = first_up().map(|ns| (ns - started_ns) as f64 / 1e6);
     match crossed_ms {
         Some(ms) => eprintln!("      the cache crossed the line {ms:.0} ms after its reader started"),
-        None => eprintln!("      the cache did not cross the line within {}s", load.crossing_timeout.as_secs()),
+        None => {
+            // What the cache pod holds, to tell a slow reader from cache
+            // that never became active.
+            let stat = std::fs::read_to_string(fs.memory_dir(pod).join("memory.stat")).unwrap_or_default();
+            let held: Vec<&str> = stat
+                .lines()
+                .filter(|l| ["anon ", "file ", "active_file ", "inactive_file "].iter().any(|k| l.starts_with(k)))
+                .collect();
+            eprintln!(
+                "      the cache did not cross the line within {}s; the cache pod's memory.stat: {}",
+                load.crossing_timeout.as_secs(),
+                held.join(", ")
+            );
+        }
     }
     std::thread::sleep(load.hog_delay);
     let killed_before_hog = reader.0.try_wait()?.is_some();
@@ -227,17 +240,54 @@ fn write_file_set(dir: &Path) -> Result<()> {
 
 /// Drops the file set from the page cache, so the next cache pod's reads
 /// fault it in and are charged to that pod (a page stays charged to the
-/// cgroup that first read it).
+/// cgroup that first read it). Pages just written, or still in a CPU's LRU
+/// batch, survive one DONTNEED: it is repeated until mincore(2) finds
+/// none resident.
 fn drop_cache(dir: &Path) -> Result<()> {
     for f in set_files(dir) {
         let file = std::fs::File::open(&f).with_context(|| format!("cannot open {}", f.display()))?;
-        // SAFETY: fadvise on an open descriptor.
-        let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        if rc != 0 {
-            bail!("{}: posix_fadvise(DONTNEED): {}", f.display(), std::io::Error::from_raw_os_error(rc));
+        let mut resident = 0;
+        for _ in 0..50 {
+            // SAFETY: fadvise on an open descriptor.
+            let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            if rc != 0 {
+                bail!("{}: posix_fadvise(DONTNEED): {}", f.display(), std::io::Error::from_raw_os_error(rc));
+            }
+            resident = resident_pages(&file).with_context(|| format!("{}: mincore", f.display()))?;
+            if resident == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if resident > 0 {
+            eprintln!("      {}: {resident} pages still cached after DONTNEED", f.display());
         }
     }
     Ok(())
+}
+
+/// How many of the file's pages are in the page cache.
+fn resident_pages(file: &std::fs::File) -> std::io::Result<usize> {
+    let len = file.metadata()?.len() as usize;
+    if len == 0 {
+        return Ok(0);
+    }
+    // SAFETY: a shared read-only mapping of an open file, unmapped below;
+    // mincore writes one byte per page into a vector of that many.
+    unsafe {
+        let addr = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0);
+        if addr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut vec = vec![0u8; len.div_ceil(4096)];
+        let rc = libc::mincore(addr, len, vec.as_mut_ptr());
+        let err = std::io::Error::last_os_error();
+        libc::munmap(addr, len);
+        if rc != 0 {
+            return Err(err);
+        }
+        Ok(vec.iter().filter(|b| **b & 1 == 1).count())
+    }
 }
 
 /// Runs per mode: `SWIFTLET_BENCH_CACHE_RUNS` when set.
