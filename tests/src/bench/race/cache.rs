@@ -100,6 +100,17 @@ pub(super) fn cache_pod(cgroup: &str, load: CacheLoad) -> EvictionPod {
     }
 }
 
+/// Sets kubepods' memory.high to its limit: no throttling below the
+/// limit, and a memory.high someone else chose, which the cgroupfs
+/// source never overwrites with its tripwire at the line. That tripwire
+/// makes the kernel reclaim kubepods at the line, so with it the polling
+/// mode's cache never crossed at all; the poll then keeps what a poll has
+/// on v2 (memory.events and PSI wake-ups), without a throttle of its own.
+pub(super) fn hold_memory_high(fs: &CgroupFs, kubepods: &str) -> Result<()> {
+    let file = fs.memory_dir(kubepods).join("memory.high");
+    std::fs::write(&file, ALLOCATABLE.to_string()).with_context(|| format!("cannot write {}", file.display()))
+}
+
 /// The cache pod's reader, running from the cache phase to the end of a run.
 pub(super) struct CachePhase {
     reader: Reaped,

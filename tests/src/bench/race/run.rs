@@ -159,6 +159,9 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
     let (target, line_used, threshold) = match scenario {
         Scenario::Allocatable => {
             tc.fs.set_memory_limit(&kubepods, Some(ALLOCATABLE))?;
+            if opts.cache.is_some() {
+                cache::hold_memory_high(&tc.fs, &kubepods)?;
+            }
             (Target::Cgroup(kubepods.clone()), ALLOCATABLE - ALLOCATABLE_THRESHOLD, ALLOCATABLE_THRESHOLD)
         }
         Scenario::Node => {
