@@ -160,6 +160,11 @@ pub fn all() -> Vec<(&'static str, &'static str, BenchFn)> {
             "the userspace kill with both cores busy: reader thread in the normal scheduler vs SCHED_FIFO",
             race::busy,
         ),
+        (
+            "eviction-race-cache",
+            "a cache pod's hot page cache crosses the line, a hog starts later: evictions per mode (cgroup v2 VM)",
+            race::race_cache,
+        ),
         ("pod-start", "pod start latency vs the same CRI calls made directly", pods::pod_start),
         ("pods-110", "110 pause pods started, listed, deleted; agent RSS and idle CPU", pods::pods_110),
         (

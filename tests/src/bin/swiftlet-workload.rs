@@ -18,6 +18,8 @@
 //! `swiftlet-workload touch <MiB>` touches that much memory in 4 KiB pages, then exits.
 //! `swiftlet-workload forkloop <N>` forks N children that exit at once, one at a time.
 //! `swiftlet-workload fileloop <N> <dir>` creates and unlinks N files.
+//! `swiftlet-workload reread <dir>` reads every file in the directory with
+//! read(2), over and over until killed: hot page cache, charged to its cgroup.
 
 use std::{
     fs,
@@ -182,6 +184,13 @@ fn main() {
                 }
             }
         }
+        Some("reread") => {
+            let dir = PathBuf::from(args.get(1).map(String::as_str).unwrap_or("."));
+            if let Err(e) = reread(&dir) {
+                eprintln!("reread: {}: {e}", dir.display());
+                std::process::exit(1);
+            }
+        }
         Some("sleep") => loop {
             std::thread::sleep(Duration::from_secs(3600));
         },
@@ -193,6 +202,25 @@ fn main() {
         _ => {
             eprintln!("usage: swiftlet-workload steps | hog <MiB/s> <max MiB> | sleep");
             std::process::exit(2);
+        }
+    }
+}
+
+/// Reads every regular file in `dir` in turn, forever. A page read twice
+/// moves to the active list, so from the second pass on the whole set is
+/// active page cache (what the working set counts).
+fn reread(dir: &std::path::Path) -> std::io::Result<()> {
+    let mut files: Vec<PathBuf> =
+        fs::read_dir(dir)?.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_file())).map(|e| e.path()).collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(std::io::Error::other("no files to read"));
+    }
+    let mut buf = vec![0u8; MIB];
+    loop {
+        for f in &files {
+            let mut file = fs::File::open(f)?;
+            while std::io::Read::read(&mut file, &mut buf)? > 0 {}
         }
     }
 }

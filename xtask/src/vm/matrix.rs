@@ -22,7 +22,7 @@ use super::{
     Args,
     initramfs::build_initramfs,
     kernel::{KERNELS, KernelImage, KernelSpec, fetch_kernel},
-    qemu::{self, Boot, VmRun},
+    qemu::{self, Boot, Drive, VmRun},
 };
 use crate::{
     cmd::{self, note, step},
@@ -298,7 +298,7 @@ fn vm_script(checks: &[Check], root: &Path) -> String {
 
 /// The mounts and scratch filesystem every VM run starts with, and the
 /// `check` function that runs a command between markers.
-fn vm_prelude(root: &Path) -> String {
+pub(super) fn vm_prelude(root: &Path) -> String {
     let tmp = target_tmpdir(root);
     format!(
         r#"#!/bin/busybox sh
@@ -346,15 +346,16 @@ fn test_payload(binaries: &Binaries) -> Vec<(String, PathBuf)> {
 
 /// How long one matrix VM may take (boot, the checks, power-off) before it
 /// is killed: TCG runs the tests several times slower than the host.
-const MATRIX_TIMEOUT: Duration = Duration::from_secs(25 * 60);
+pub(super) const MATRIX_TIMEOUT: Duration = Duration::from_secs(25 * 60);
 
 /// Boots a kernel with an initramfs that runs everything itself.
-fn boot_matrix_vm(
+pub(super) fn boot_matrix_vm(
     k: &KernelSpec,
     image: &KernelImage,
     initramfs: &Path,
     dir: &Path,
     timeout: Duration,
+    drives: Vec<Drive>,
     on_line: impl FnMut(&str, f64),
 ) -> Result<VmRun> {
     let boot = Boot {
@@ -362,7 +363,7 @@ fn boot_matrix_vm(
         vmlinuz: &image.vmlinuz,
         initramfs,
         append: "quiet rdinit=/init".into(),
-        drives: vec![],
+        drives,
         memory_mib: 3072,
         cpu_max: false,
         timeout,
@@ -378,7 +379,7 @@ fn run_checks_in_vm(
     dir: &Path,
     checks: &[Check],
 ) -> Result<Column> {
-    let run = boot_matrix_vm(k, image, initramfs, dir, MATRIX_TIMEOUT, |line, t| {
+    let run = boot_matrix_vm(k, image, initramfs, dir, MATRIX_TIMEOUT, vec![], |line, t| {
         if let Some(rest) = line.strip_prefix("@@END ") {
             let id: Option<usize> = rest.split_whitespace().next().and_then(|i| i.parse().ok());
             if let Some(c) = id.and_then(|i| checks.get(i)) {
@@ -392,85 +393,6 @@ fn run_checks_in_vm(
         col.failures.push((format!("VM ({why})"), run.console));
     }
     Ok(col)
-}
-
-/// Benches run inside VM kernels: each of `names` in each of `kernels`
-/// (their results come back over the console), added to `report_dir`'s
-/// report as `<bench>@<kernel>`. `runner` and `workload` are the runner's
-/// build. Timings under TCG are emulated; the benches report ratios of
-/// modes measured side by side in the same VM.
-pub fn bench(
-    runner: &Path,
-    workload: &Path,
-    report_dir: &Path,
-    quick: bool,
-    kernels: &[String],
-    names: &[String],
-) -> Result<()> {
-    setup::ensure_apt(setup::APT_VM)?;
-    let root = cmd::workspace_root();
-    let out = report_dir.join("kernels");
-    fs::create_dir_all(&out)?;
-    let mut imports = vec![];
-    let selected: Vec<&KernelSpec> =
-        KERNELS.iter().filter(|k| kernels.is_empty() || kernels.iter().any(|n| n == k.name)).collect();
-    for n in kernels {
-        if !KERNELS.iter().any(|k| k.name == n) {
-            bail!("no VM kernel `{n}` (known: {})", KERNELS.iter().map(|k| k.name).collect::<Vec<_>>().join(", "));
-        }
-    }
-    for k in selected {
-        let image = fetch_kernel(k)?;
-        let dir = root.join("target/vmtest").join(format!("bench-{}", k.name));
-        fs::create_dir_all(&dir)?;
-        let initramfs = dir.join("initramfs.cpio");
-        let mut script = vm_prelude(root);
-        script.push_str(&format!(
-            "check 0 /t/swiftlet-bench --out /tmp/bench --emit-json {}{}\necho @@DONE\nsync\npoweroff -f\n",
-            if quick { "--quick " } else { "" },
-            names.join(" ")
-        ));
-        step(format!("kernel {}: initramfs with the benchmark runner", k.name));
-        let payload = vec![
-            ("/t/swiftlet-bench".to_owned(), runner.to_owned()),
-            ("/t/swiftlet-workload".to_owned(), workload.to_owned()),
-        ];
-        build_initramfs(&initramfs, &image, &payload, &script)?;
-        // A full race run is hundreds of runs under emulation.
-        let timeout = if quick { MATRIX_TIMEOUT } else { Duration::from_secs(4 * 3600) };
-        let run = boot_matrix_vm(k, &image, &initramfs, &dir, timeout, |line, _| {
-            if line.starts_with("    ") || line.starts_with("==> ") {
-                note(line.trim());
-            }
-        })?;
-        let json = run.console.lines().find_map(|l| l.strip_prefix("@@BENCH-JSON ")).map(str::to_owned);
-        match (json, run.early_end) {
-            (Some(json), None) => {
-                let file = out.join(format!("{}-{}.json", k.name, names.join("+")));
-                fs::write(&file, json)?;
-                imports.push(format!("{}={}", k.name, file.display()));
-            }
-            (_, why) => {
-                eprintln!("{}", run.console);
-                bail!(
-                    "the benches {} did not finish on {} ({}); its console is above",
-                    names.join(", "),
-                    k.name,
-                    why.unwrap_or_else(|| "no results printed".into())
-                );
-            }
-        }
-    }
-    let mut c = Command::new(runner);
-    c.arg("--out").arg(report_dir);
-    for i in &imports {
-        c.arg("--import").arg(i);
-    }
-    if quick {
-        c.arg("--quick");
-    }
-    step(format!("adding the VM kernels' rows to {}/report.md", report_dir.display()));
-    cmd::run(&mut c)
 }
 
 /// Outcomes, strategies and failure sections from a VM's console.

@@ -9,6 +9,8 @@
 //!   node up; swiftlet runs from the project's systemd unit and the
 //!   end-to-end checks drive it as a cluster would.
 
+mod bench;
+mod cache_disk;
 mod e2e;
 mod initramfs;
 mod kernel;
@@ -17,9 +19,11 @@ mod node;
 mod qemu;
 
 use anyhow::Result;
+pub use bench::bench;
+pub use cache_disk::{BENCH as CACHE_BENCH, KERNEL as CACHE_BENCH_KERNEL};
 pub use e2e::{CI_PLAN, E2E_CHECKS, E2eColumn, print_e2e, run_e2e};
 pub use kernel::{CI_KERNEL, KERNELS};
-pub use matrix::{CHECKS, Outcome, bench, print_matrix, run_matrix};
+pub use matrix::{CHECKS, Outcome, print_matrix, run_matrix};
 
 #[derive(clap::Args, Clone)]
 pub struct Args {

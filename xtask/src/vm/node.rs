@@ -306,7 +306,7 @@ fn depends(module: &[u8]) -> Vec<String> {
 }
 
 /// The boot modules this kernel has as files, dependencies first.
-fn boot_modules(image: &KernelImage) -> Result<Vec<(String, Vec<u8>)>> {
+pub(super) fn boot_modules(image: &KernelImage) -> Result<Vec<(String, Vec<u8>)>> {
     let mut found: Vec<(String, Vec<u8>)> = vec![];
     for (dir, name) in BOOT_MODULES {
         if let Some(module) = find_module(&image.tree, dir, name)? {

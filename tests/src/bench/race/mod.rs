@@ -19,11 +19,15 @@
 //!   the hog stops 256 MiB past it;
 //! - `eviction-busy`: the userspace kill with both cores kept busy, its
 //!   reader thread in the normal scheduler and under SCHED_FIFO, side by
-//!   side.
+//!   side;
+//! - `eviction-race-cache` (`cache.rs`): the allocatable race with a pod
+//!   whose hot page cache crosses the line first, the hog starting later
+//!   (cgroup v2 and a block-device filesystem: run in the VM).
 //!
 //! `SWIFTLET_BENCH_RACE_RUNS=F,S` sets the runs per rate of the swiftlet
 //! modes (F) and of the others (S).
 
+mod cache;
 mod report;
 mod run;
 
@@ -33,6 +37,7 @@ use anyhow::{Result, bail};
 use swiftlet::signals::KillOutcome;
 
 use super::{BenchResult, Ctx};
+pub use cache::race_cache;
 use run::{RunOptions, balloon, earlyoom_running, run_once};
 
 const MIB: u64 = 1 << 20;
@@ -79,6 +84,10 @@ pub enum Mode {
     Earlyoom,
     /// No agent: the kernel OOM killer alone.
     NoAgent,
+    /// The in-kernel kill for anonymous growth, and for a crossing the
+    /// kernel defers (page cache) the agent reclaims the pods' file-backed
+    /// memory before it evicts anyone (`--memory-reclaim-before-eviction`).
+    ReclaimFirst,
 }
 
 impl Mode {
@@ -91,13 +100,14 @@ impl Mode {
             Mode::Poll(d) => format!("cgroupfs poll {}ms", d.as_millis()),
             Mode::Earlyoom => "earlyoom".into(),
             Mode::NoAgent => "no agent (kernel OOM)".into(),
+            Mode::ReclaimFirst => "swiftlet reclaim-first (in-kernel kill for anon)".into(),
         }
     }
 
     /// Whether the mode kills at or near the line (so a run without a
     /// balloon stays within the machine).
     fn stops_at_the_line(self) -> bool {
-        matches!(self, Mode::Kernel | Mode::Ebpf { .. } | Mode::Earlyoom)
+        matches!(self, Mode::Kernel | Mode::Ebpf { .. } | Mode::Earlyoom | Mode::ReclaimFirst)
             || matches!(self, Mode::Poll(d) if d < Duration::from_secs(1))
     }
 }
@@ -137,6 +147,15 @@ pub struct Run {
     /// In-kernel runs: what the kernel did with the plan at the agent's
     /// crossing (None: the agent saw no crossing).
     pub kernel_outcome: Option<KillOutcome>,
+    /// The cache race: what happened to the cache pod (None in the others).
+    pub cache: Option<cache::CacheOutcome>,
+}
+
+impl Mode {
+    /// Whether the agent hands its plan to the kernel (in-kernel kill).
+    fn kernel_kills(self) -> bool {
+        matches!(self, Mode::Kernel | Mode::ReclaimFirst)
+    }
 }
 
 /// A figure in milliseconds for the progress lines and tables, "-" without one.
@@ -175,7 +194,7 @@ fn progress(run: &Run) {
         ms(run.crossing_to_decision_ms),
         run.overshoot_mib.map_or("-".into(), |o| format!("{o:.1} MiB")),
         if run.oom_killed { ", kernel OOM kill" } else { "" },
-        if run.mode == Mode::Kernel {
+        if run.mode.kernel_kills() {
             format!(", kernel: {}", run::outcome_name(run.kernel_outcome))
         } else {
             String::new()
@@ -218,7 +237,11 @@ fn race_scenario(ctx: &Ctx, scenario: Scenario) -> Result<BenchResult> {
     let no_balloon = scenario == Scenario::Node && std::env::var_os("SWIFTLET_BENCH_NO_BALLOON").is_some();
     let (fast_runs, slow_runs) = run_counts(ctx)?;
     let modes: Vec<Mode> = modes(scenario).into_iter().filter(|m| !no_balloon || m.stops_at_the_line()).collect();
-    let opts = RunOptions { busy: false, max_mib: no_balloon.then_some((NODE_RAMP_TO_LINE + 256 * MIB) / MIB) };
+    let opts = RunOptions {
+        busy: false,
+        max_mib: no_balloon.then_some((NODE_RAMP_TO_LINE + 256 * MIB) / MIB),
+        ..Default::default()
+    };
     let mut out = BenchResult {
         name: match scenario {
             Scenario::Allocatable => "eviction-race".into(),
@@ -286,7 +309,7 @@ fn race_scenario(ctx: &Ctx, scenario: Scenario) -> Result<BenchResult> {
 pub fn busy(ctx: &Ctx) -> Result<BenchResult> {
     let (n, _) = run_counts(ctx)?;
     let modes = [Mode::Ebpf { realtime: false }, Mode::Ebpf { realtime: true }];
-    let opts = RunOptions { busy: true, max_mib: None };
+    let opts = RunOptions { busy: true, ..Default::default() };
     let mut runs = vec![];
     for i in 0..n {
         for mode in modes {

@@ -15,7 +15,7 @@ use anyhow::{Context as _, Result, bail};
 use swiftlet::{
     eviction::{
         core::EvictionConfig,
-        driver::{DriverConfig, EvictionContainer, EvictionManager, EvictionPod},
+        driver::{DriverConfig, EvictionContainer, EvictionManager, EvictionPod, PlannedVictim},
         observe::NodeInfo,
         signal::{EvictionSignal, EvictionThreshold, ThresholdValue},
     },
@@ -29,11 +29,14 @@ use swiftlet::{
 };
 use swiftlet_common::Signal;
 
-use super::{ALLOCATABLE, ALLOCATABLE_THRESHOLD, MIB, Mode, NODE_HEADROOM, NODE_RAMP_TO_LINE, Run, Scenario};
+use super::{
+    ALLOCATABLE, ALLOCATABLE_THRESHOLD, MIB, Mode, NODE_HEADROOM, NODE_RAMP_TO_LINE, Run, Scenario,
+    cache::{self, CacheLoad},
+};
 use crate::{cgroup::TestCgroup, pods::FakePods, workload};
 
 /// A process killed (and reaped) when dropped.
-pub(super) struct Reaped(Child);
+pub(super) struct Reaped(pub(super) Child);
 
 impl Drop for Reaped {
     fn drop(&mut self) {
@@ -133,6 +136,8 @@ pub(super) struct RunOptions {
     pub busy: bool,
     /// How far the hog grows if nothing kills it (MiB); None: to the OOM point.
     pub max_mib: Option<u64>,
+    /// A cache pod re-reading its files before the hog starts (the cache race).
+    pub cache: Option<CacheLoad>,
 }
 
 pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptions) -> Result<Run> {
@@ -154,6 +159,9 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
     let (target, line_used, threshold) = match scenario {
         Scenario::Allocatable => {
             tc.fs.set_memory_limit(&kubepods, Some(ALLOCATABLE))?;
+            if opts.cache.is_some() {
+                cache::hold_memory_high(&tc.fs, &kubepods)?;
+            }
             (Target::Cgroup(kubepods.clone()), ALLOCATABLE - ALLOCATABLE_THRESHOLD, ALLOCATABLE_THRESHOLD)
         }
         Scenario::Node => {
@@ -173,10 +181,17 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
         Some(Threshold { trigger: line_used + 1, rearm: line_used.saturating_sub(64 * MIB) }),
     )?;
     let seen = Arc::new(Mutex::new((None::<u64>, None::<u64>, Vec::<u64>::new())));
+    // Every crossing of the line either way: (up, kernel timestamp).
+    let line_events = Arc::new(Mutex::new(Vec::<(bool, u64)>::new()));
     let hog_pid = Arc::new(Mutex::new(0u32));
     {
-        let (seen, hog_pid, target) = (seen.clone(), hog_pid.clone(), target.clone());
+        let (seen, hog_pid, target, line_events) = (seen.clone(), hog_pid.clone(), target.clone(), line_events.clone());
         observer.subscribe(Arc::new(move |e: SignalEvent| {
+            if let SignalEvent::Crossing { direction, target: t, at_ns, .. } = &e
+                && *t == target
+            {
+                line_events.lock().unwrap().push((*direction == Direction::Up, *at_ns));
+            }
             let mut s = seen.lock().unwrap();
             match e {
                 SignalEvent::Crossing { direction: Direction::Up, target: t, at_ns, .. }
@@ -194,28 +209,29 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
     let mut steady = workload::Steps::spawn(&tc.fs, &steady_pod);
     steady.run("anon 32");
 
-    let pods = Arc::new(FakePods::new(vec![
-        EvictionPod {
-            uid: "hog".into(),
-            namespace: "bench".into(),
-            name: "hog".into(),
-            cgroup: hog_pod.clone(),
-            containers: vec![EvictionContainer {
-                name: "hog".into(),
-                memory_request: 0,
-                cgroup: Some(hog_pod.clone()),
-            }],
-            ..Default::default()
-        },
-        EvictionPod {
-            uid: "steady".into(),
-            namespace: "bench".into(),
-            name: "steady".into(),
-            cgroup: steady_pod.clone(),
-            memory_request: 64 * MIB,
-            ..Default::default()
-        },
-    ]));
+    let cache_pod = opts.cache.map(|_| tc.child("kubepods/burstable/podcache"));
+    let hog_entry = EvictionPod {
+        uid: "hog".into(),
+        namespace: "bench".into(),
+        name: "hog".into(),
+        cgroup: hog_pod.clone(),
+        containers: vec![EvictionContainer { name: "hog".into(), memory_request: 0, cgroup: Some(hog_pod.clone()) }],
+        ..Default::default()
+    };
+    let mut pod_list = vec![EvictionPod {
+        uid: "steady".into(),
+        namespace: "bench".into(),
+        name: "steady".into(),
+        cgroup: steady_pod.clone(),
+        memory_request: 64 * MIB,
+        ..Default::default()
+    }];
+    // In the cache race the hog's pod is scheduled later, with the hog.
+    match (opts.cache, &cache_pod) {
+        (Some(load), Some(pod)) => pod_list.push(cache::cache_pod(pod, load)),
+        _ => pod_list.insert(0, hog_entry.clone()),
+    }
+    let pods = Arc::new(FakePods::new(pod_list));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut agent = None;
@@ -239,7 +255,7 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
             std::thread::sleep(Duration::from_millis(300));
             earlyoom = Some(Reaped(child));
         }
-        Mode::Kernel | Mode::Ebpf { .. } | Mode::Poll(_) => {
+        Mode::Kernel | Mode::Ebpf { .. } | Mode::Poll(_) | Mode::ReclaimFirst => {
             let (choice, interval) = match mode {
                 Mode::Poll(d) => (SourceChoice::Cgroupfs, d),
                 _ => (SourceChoice::Ebpf, Duration::from_secs(10)),
@@ -249,7 +265,7 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
                 // The agent's default (--eviction-realtime-priority).
                 _ => Some(10),
             };
-            let opts = EbpfOptions { kernel_eviction: mode == Mode::Kernel, reader_priority, ..Default::default() };
+            let opts = EbpfOptions { kernel_eviction: mode.kernel_kills(), reader_priority, ..Default::default() };
             let opened = signals::open(choice, tc.fs.clone(), &opts, interval)?;
             let signal = match scenario {
                 Scenario::Allocatable => EvictionSignal::AllocatableMemoryAvailable,
@@ -277,8 +293,8 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
                 // The kubelet's housekeeping period, or the poll interval.
                 housekeeping_interval: interval,
                 plan_interval: Duration::from_millis(200),
-                kernel_eviction: mode == Mode::Kernel,
-                reclaim_before_eviction: false,
+                kernel_eviction: mode.kernel_kills(),
+                reclaim_before_eviction: mode == Mode::ReclaimFirst,
             };
             let (manager, event_loop) = EvictionManager::new(
                 cfg,
@@ -292,7 +308,12 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
             agent_events = Some(manager.events());
             let task = rt.spawn(event_loop.run(stop_rx));
             let deadline = Instant::now() + Duration::from_secs(10);
-            while manager.plan(signal).first().map(|v| v.uid.as_str()) != Some("hog") {
+            // The hog's pod first; in the cache race (no hog yet) any plan.
+            let ready = |plan: Vec<PlannedVictim>| match cache_pod {
+                None => plan.first().is_some_and(|v| v.uid == "hog"),
+                Some(_) => !plan.is_empty(),
+            };
+            while !ready(manager.plan(signal)) {
                 if Instant::now() > deadline {
                     bail!("the agent made no victim plan");
                 }
@@ -306,6 +327,25 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
         Scenario::Allocatable => 2048,
         Scenario::Node => 4096 + NODE_HEADROOM / MIB,
     });
+    // The cache race: the cache pod's reader runs until its hot page cache
+    // crosses the line, then a while longer before the hog starts.
+    let cache_phase = match (opts.cache, &cache_pod) {
+        (Some(load), Some(pod)) => Some(cache::cache_phase(&tc.fs, pod, load, &line_events)?),
+        _ => None,
+    };
+    if cache_phase.is_some() {
+        pods.pods.lock().unwrap().push(hog_entry);
+        if let Some((manager, _, _)) = &agent {
+            let signal = EvictionSignal::AllocatableMemoryAvailable;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !manager.plan(signal).iter().any(|v| v.uid == "hog") {
+                if Instant::now() > deadline {
+                    bail!("the agent did not plan for the hog's pod");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
     let mut cmd = Command::new(workload::binary());
     cmd.args(["hog", &rate.to_string(), &max.to_string()]).stdout(Stdio::null());
     workload::in_cgroup(&mut cmd, &tc.fs, &hog_pod);
@@ -389,8 +429,16 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
         (Some(sum), Some(count)) if count >= 1.0 => Some(sum / count * 1e3),
         _ => None,
     };
-    // The mode's own line: earlyoom's is MemAvailable's.
-    let line_crossing = if mode == Mode::Earlyoom { peer_crossing } else { crossing };
+    // The mode's own line: earlyoom's is MemAvailable's; in the cache race,
+    // the line as the hog meets it (the cache may have crossed it before).
+    let line_crossing = if mode == Mode::Earlyoom {
+        peer_crossing
+    } else if cache_phase.is_some() {
+        cache::crossing_for_hog(&line_events.lock().unwrap(), start_ns)
+    } else {
+        crossing
+    };
+    let cache = cache_phase.map(|phase| phase.finish(&pods.evictions(), &line_events.lock().unwrap(), start_ns));
     Ok(Run {
         crossing_to_decision_ms: per_run(
             "swiftlet_eviction_crossing_to_decision_seconds_sum ",
@@ -416,7 +464,8 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
         agent_crossing_ms: agent_crossing_ns.and_then(since_crossing),
         kernel_kill_ms: kernel_kill.and_then(|(ns, _)| since_crossing(ns)),
         kernel_kill_current: kernel_kill.is_some_and(|(_, pid)| pid != 0),
-        kernel_outcome: if mode == Mode::Kernel { kernel_outcome } else { None },
+        kernel_outcome: if mode.kernel_kills() { kernel_outcome } else { None },
+        cache,
     })
 }
 
