@@ -56,6 +56,15 @@ impl PsiSample {
     pub fn is_empty(&self) -> bool {
         self.cpu.is_none() && self.memory.is_none() && self.io.is_none()
     }
+
+    /// The pressure of `resource`, where it was read.
+    pub fn get(&self, resource: Resource) -> Option<Pressure> {
+        match resource {
+            Resource::Cpu => self.cpu,
+            Resource::Memory => self.memory,
+            Resource::Io => self.io,
+        }
+    }
 }
 
 /// The three resources, by the name their files carry.

@@ -11,7 +11,7 @@ use std::fmt;
 use prometheus_client::{encoding::DescriptorEncoder, metrics::MetricType};
 
 use super::cadvisor::{Row, per_row};
-use crate::psi::{Pressure, Resource};
+use crate::psi::Resource;
 
 fn seconds(us: u64) -> f64 {
     us as f64 / 1e6
@@ -31,15 +31,6 @@ fn help(resource: Resource, stalled: bool) -> String {
     }
 }
 
-fn pressure(r: &Row, resource: Resource) -> Option<Pressure> {
-    let p = &r.cgroup.psi;
-    match resource {
-        Resource::Cpu => p.cpu,
-        Resource::Memory => p.memory,
-        Resource::Io => p.io,
-    }
-}
-
 /// Writes the six families (nothing when no row has PSI).
 pub(super) fn encode(e: &mut DescriptorEncoder, rows: &[Row]) -> fmt::Result {
     if rows.iter().all(|r| r.cgroup.psi.is_empty()) {
@@ -53,7 +44,7 @@ pub(super) fn encode(e: &mut DescriptorEncoder, rows: &[Row]) -> fmt::Result {
                 if stalled { "stalled" } else { "waiting" }
             );
             per_row(e, rows, &name, &help(resource, stalled), MetricType::Counter, |r| {
-                let p = pressure(r, resource)?;
+                let p = r.cgroup.psi.get(resource)?;
                 // No full line (the node's CPU before 5.13): nothing
                 // stalled everyone, as cAdvisor's zero says.
                 Some(seconds(if stalled { p.full.map_or(0, |f| f.total_us) } else { p.some.total_us }))
