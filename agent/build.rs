@@ -25,14 +25,17 @@ fn main() {
         .parent()
         .expect("the agent crate sits inside the workspace")
         .to_path_buf();
-    for watched in ["ebpf/src", "ebpf/Cargo.toml", "ebpf/build.rs", "common/src", "common/Cargo.toml"] {
+    for watched in
+        ["ebpf/src", "ebpf/Cargo.toml", "ebpf/build.rs", "ebpf/rust-toolchain.toml", "common/src", "common/Cargo.toml"]
+    {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
     if Command::new("bpf-linker").arg("--version").output().is_err() {
         fail("bpf-linker is not on PATH; run `cargo xtask setup` (it installs bpf-linker against the nightly's LLVM)");
     }
     let host_arch = env::var("CARGO_CFG_TARGET_ARCH").expect("cargo sets CARGO_CFG_TARGET_ARCH");
-    let mut cmd = build::command(&root, &host_arch);
+    let toolchain = build::toolchain(&root).unwrap_or_else(|e| fail(&e));
+    let mut cmd = build::command(&root, &host_arch, &toolchain);
     match cmd.output() {
         Ok(o) if o.status.success() => {}
         Ok(o) => {

@@ -104,14 +104,29 @@ pub fn ensure_host_components() -> Result<()> {
     Ok(())
 }
 
-/// The nightly's sysroot, failing with what to do when there is no nightly.
-fn nightly_sysroot() -> Result<PathBuf> {
-    let out = cmd::output(Command::new("rustc").args(["+nightly", "--print", "sysroot"])).context(
-        "no nightly Rust toolchain: the eBPF programs build with the nightly. \
-             Install it with `rustup toolchain install nightly --component rust-src` \
-             (TOOLCHAIN.md names the nightly this project was built with)",
-    )?;
-    Ok(PathBuf::from(out.trim()))
+/// The pinned nightly (ebpf/rust-toolchain.toml) and its sysroot, installing
+/// it when rustup has neither it nor a plain `nightly` of the same date.
+fn pinned_nightly() -> Result<(String, PathBuf)> {
+    let root = cmd::workspace_root();
+    let pinned = swiftlet_common::build::pinned_channel(root).map_err(anyhow::Error::msg)?;
+    if swiftlet_common::build::toolchain(root).is_err() {
+        step(format!("installing the pinned nightly {pinned} (ebpf/rust-toolchain.toml)"));
+        cmd::run(
+            Command::new("rustup")
+                .args(["toolchain", "install", &pinned, "--profile", "minimal"])
+                .args(["--component", "rust-src"]),
+        )
+        .with_context(|| {
+            format!(
+                "the eBPF programs build with {pinned}, pinned in ebpf/rust-toolchain.toml, and rustup cannot \
+                 install it; install it by hand (`rustup toolchain install {pinned} --component rust-src`)"
+            )
+        })?;
+    }
+    let toolchain = swiftlet_common::build::toolchain(root).map_err(anyhow::Error::msg)?;
+    let sysroot = swiftlet_common::build::sysroot(&toolchain)
+        .with_context(|| format!("rustup has {toolchain} but `rustc +{toolchain} --print sysroot` fails"))?;
+    Ok((toolchain, sysroot))
 }
 
 /// The nightly's bundled LLVM shared library (found by glob, not by name, so a
@@ -146,11 +161,11 @@ fn cargo_bin_dir() -> PathBuf {
 
 /// rust-src for the nightly, then bpf-linker against the nightly's LLVM.
 pub fn ensure_ebpf_toolchain() -> Result<EbpfToolchain> {
-    let sysroot = nightly_sysroot()?;
+    let (toolchain, sysroot) = pinned_nightly()?;
     if !sysroot.join("lib/rustlib/src/rust/library/core/Cargo.toml").exists() {
-        step("installing the nightly's rust-src (needed by -Z build-std=core)");
-        cmd::run(Command::new("rustup").args(["+nightly", "component", "add", "rust-src"]))
-            .context("cannot add rust-src; run `rustup +nightly component add rust-src`")?;
+        step(format!("installing {toolchain}'s rust-src (needed by -Z build-std=core)"));
+        cmd::run(Command::new("rustup").args([&format!("+{toolchain}"), "component", "add", "rust-src"]))
+            .with_context(|| format!("cannot add rust-src; run `rustup +{toolchain} component add rust-src`"))?;
     }
 
     let bin_dir = cargo_bin_dir();
@@ -277,7 +292,8 @@ pub fn ensure_tracefs() -> Result<()> {
 pub fn build_ebpf(tc: &EbpfToolchain) -> Result<()> {
     step("building the eBPF programs (nightly, bpfel-unknown-none)");
     let root = cmd::workspace_root();
-    let mut c = swiftlet_common::build::command(root, std::env::consts::ARCH);
+    let toolchain = swiftlet_common::build::toolchain(root).map_err(anyhow::Error::msg)?;
+    let mut c = swiftlet_common::build::command(root, std::env::consts::ARCH, &toolchain);
     c.env("PATH", tc.path_env());
     cmd::run(&mut c)?;
     note(format!("object: {}", swiftlet_common::build::object_path(root).display()));
