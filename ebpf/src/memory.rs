@@ -11,12 +11,12 @@
 //! of pages (from its own deltas only where their layout is unknown).
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
-use swiftlet_common::{MAX_WALK, NODE_SLOT, Resolution, Signal, growth};
+use swiftlet_common::{NODE_SLOT, Resolution, Signal, growth};
 
 use crate::{
     kernel, kill,
     maps::{NODE_LINE_SLACK, NODE_MEMORY_BATCH, NODE_PENDING, layout, slot},
-    threshold::{PID_CURRENT, atomic_add, resolve, swiftlet_evaluate},
+    threshold::{PID_CURRENT, atomic_add, for_each_present, resolve, swiftlet_evaluate},
 };
 
 #[btf_tracepoint(function = "mod_memcg_lruvec_state")]
@@ -180,15 +180,7 @@ pub extern "C" fn swiftlet_memory_slot(index: u32, memcg: u64, inactive_delta: i
 /// [`swiftlet_memory_slot`] for every registered slot of a resolution.
 #[inline(always)]
 pub fn update_chain(r: &Resolution, inactive_delta: i64, pid: u32, kind: u32) {
-    let present = r.present;
-    let mut i = 0;
-    while i < MAX_WALK {
-        if present >> i == 0 {
-            break;
-        }
-        if present & (1 << i) != 0 {
-            swiftlet_memory_slot(r.slots[i], r.memcg[i], inactive_delta, pid, kind);
-        }
-        i += 1;
-    }
+    for_each_present(r.present, |i| {
+        swiftlet_memory_slot(r.slots[i], r.memcg[i], inactive_delta, pid, kind);
+    });
 }

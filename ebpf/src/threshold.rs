@@ -273,20 +273,30 @@ pub extern "C" fn swiftlet_count_slot(index: u32, signal: u32, delta: i64, pid: 
     swiftlet_evaluate(index, signal, value, pid, may_kill)
 }
 
-/// Applies a process or inode delta to every slot of a resolution.
+/// Calls `f` with each depth whose bit is set in `present` (a resolution's
+/// registered ancestors), lowest first. The loop is bounded by `MAX_WALK`
+/// and ends at the highest set bit, a shape the verifier follows; inlined,
+/// the closure costs nothing over writing the loop at each use.
 #[inline(always)]
-pub fn apply_count(r: &Resolution, signal: Signal, delta: i64, pid: u32, may_kill: bool) {
-    let present = r.present;
+pub fn for_each_present(present: u32, mut f: impl FnMut(usize)) {
     let mut i = 0;
     while i < MAX_WALK {
         if present >> i == 0 {
             break;
         }
         if present & (1 << i) != 0 {
-            swiftlet_count_slot(r.slots[i], signal as u32, delta, pid, u32::from(may_kill));
+            f(i);
         }
         i += 1;
     }
+}
+
+/// Applies a process or inode delta to every slot of a resolution.
+#[inline(always)]
+pub fn apply_count(r: &Resolution, signal: Signal, delta: i64, pid: u32, may_kill: bool) {
+    for_each_present(r.present, |i| {
+        swiftlet_count_slot(r.slots[i], signal as u32, delta, pid, u32::from(may_kill));
+    });
 }
 
 /// Applies a process delta to the registered slots `slots` at the depths
@@ -298,25 +308,18 @@ pub fn apply_count(r: &Resolution, signal: Signal, delta: i64, pid: u32, may_kil
 #[inline(always)]
 pub fn apply_processes(present: u32, slots: &[u32; MAX_WALK], delta: i64, pid: u32) {
     let bit = Signal::Processes.bit();
-    let mut i = 0;
-    while i < MAX_WALK {
-        if present >> i == 0 {
-            break;
-        }
-        if present & (1 << i) != 0 {
-            let index = slots[i];
-            if let Some(s) = slot(index) {
-                // SAFETY: `s` points into the slot array.
-                unsafe {
-                    let counter = &raw mut (*s).processes;
-                    atomic_add(counter, delta);
-                    if core::ptr::read_volatile(&(*s).lines) & bit != 0 {
-                        let value = core::ptr::read_volatile(counter).max(0) as u64;
-                        swiftlet_evaluate(index, Signal::Processes as u32, value, pid, 1);
-                    }
+    for_each_present(present, |i| {
+        let index = slots[i];
+        if let Some(s) = slot(index) {
+            // SAFETY: `s` points into the slot array.
+            unsafe {
+                let counter = &raw mut (*s).processes;
+                atomic_add(counter, delta);
+                if core::ptr::read_volatile(&(*s).lines) & bit != 0 {
+                    let value = core::ptr::read_volatile(counter).max(0) as u64;
+                    swiftlet_evaluate(index, Signal::Processes as u32, value, pid, 1);
                 }
             }
         }
-        i += 1;
-    }
+    });
 }

@@ -102,6 +102,19 @@ impl CgroupfsManager {
 
 /// Kills a cgroup's processes and removes its directories (the cgroupfs
 /// driver's destroy, and the systemd driver's for what systemd left).
+/// The cgroup's path relative to the hierarchy, if it exists: an update
+/// never creates the cgroup it changes.
+pub(crate) fn existing<'a>(fs: &CgroupFs, cgroup: &'a str) -> Result<&'a str, CmError> {
+    let rel = cgroup.trim_matches('/');
+    if fs.exists(rel) {
+        return Ok(rel);
+    }
+    Err(CmError {
+        what: format!("set limits on {cgroup}"),
+        source: Box::new(CmCause::Missing("the cgroup does not exist".into())),
+    })
+}
+
 pub(crate) async fn kill_and_remove(fs: &CgroupFs, rel: &str, timeout: Duration) -> Result<(), CmError> {
     if !fs.exists(rel) {
         return Ok(());
@@ -131,13 +144,7 @@ impl CgroupManager for CgroupfsManager {
     }
 
     async fn update(&self, cgroup: &str, limits: &CgroupLimits) -> Result<(), CmError> {
-        let rel = cgroup.trim_matches('/');
-        if !self.fs.exists(rel) {
-            return Err(CmError {
-                what: format!("set limits on {cgroup}"),
-                source: Box::new(CmCause::Missing("the cgroup does not exist".into())),
-            });
-        }
+        let rel = existing(&self.fs, cgroup)?;
         write_limits(&self.fs, rel, limits)
     }
 

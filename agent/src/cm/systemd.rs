@@ -13,7 +13,7 @@ use async_trait::async_trait;
 
 use super::{
     hierarchy::CgroupLimits,
-    manager::{CgroupManager, CmCause, CmError, ctx, kill_and_remove, write_limits},
+    manager::{CgroupManager, CmCause, CmError, ctx, existing, kill_and_remove, write_limits},
     naming::{CgroupDriver, unit_name},
 };
 use crate::{
@@ -84,13 +84,7 @@ impl CgroupManager for SystemdCgroupManager {
     }
 
     async fn update(&self, cgroup: &str, limits: &CgroupLimits) -> Result<(), CmError> {
-        let rel = cgroup.trim_matches('/');
-        if !self.fs.exists(rel) {
-            return Err(CmError {
-                what: format!("set limits on {cgroup}"),
-                source: Box::new(CmCause::Missing("the cgroup does not exist".into())),
-            });
-        }
+        let rel = existing(&self.fs, cgroup)?;
         // The system's own units (system.slice, a kube.slice the operator
         // made) keep their settings across daemon reloads only as
         // properties.

@@ -220,33 +220,30 @@ impl StatusManager {
 
 impl StatusReporter for StatusManager {
     fn report(&self, pod: &Pod, status: &PodStatus) {
-        let uid = uid_of(pod);
-        let mut entries = self.lock();
-        let e = entries.entry(uid).or_insert_with(|| Entry {
-            pod: pod.clone(),
-            status: None,
-            version: 0,
-            synced: 0,
-            terminated: false,
+        self.update(pod, |e| {
+            e.pod = pod.clone();
+            e.status = Some(status.clone());
+            e.version += 1;
         });
-        e.pod = pod.clone();
-        e.status = Some(status.clone());
-        e.version += 1;
-        drop(entries);
-        self.notify.notify_one();
     }
 
     fn terminated(&self, pod: &Pod) {
-        let uid = uid_of(pod);
+        self.update(pod, |e| e.terminated = true);
+    }
+}
+
+impl StatusManager {
+    /// Changes the pod's entry (made on first sight) and wakes the syncer.
+    fn update(&self, pod: &Pod, change: impl FnOnce(&mut Entry)) {
         let mut entries = self.lock();
-        let e = entries.entry(uid).or_insert_with(|| Entry {
+        let e = entries.entry(uid_of(pod)).or_insert_with(|| Entry {
             pod: pod.clone(),
             status: None,
             version: 0,
             synced: 0,
             terminated: false,
         });
-        e.terminated = true;
+        change(e);
         drop(entries);
         self.notify.notify_one();
     }

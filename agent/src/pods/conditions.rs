@@ -15,7 +15,8 @@ pub const READINESS_GATES_NOT_READY: &str = "ReadinessGatesNotReady";
 pub const POD_COMPLETED: &str = "PodCompleted";
 pub const POD_FAILED: &str = "PodFailed";
 
-fn condition(type_: &str, ok: bool, reason: Option<&str>, message: Option<String>) -> PodCondition {
+/// A pod condition the kubelet sets, True or False.
+pub(super) fn condition(type_: &str, ok: bool, reason: Option<&str>, message: Option<String>) -> PodCondition {
     PodCondition {
         type_: type_.into(),
         status: if ok { "True" } else { "False" }.into(),

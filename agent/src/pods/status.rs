@@ -9,14 +9,14 @@ use std::collections::HashMap;
 use k8s_openapi::{
     api::core::v1::{
         Container, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
-        ContainerStatus, HostIP, Pod, PodCondition, PodIP, PodStatus,
+        ContainerStatus, HostIP, Pod, PodIP, PodStatus,
     },
     apimachinery::pkg::apis::meta::v1::Time,
     jiff::Timestamp,
 };
 
 use super::{
-    conditions,
+    conditions::{self, condition},
     observed::{self, ContainerRunState, ObservedPod},
     sidecars,
 };
@@ -273,16 +273,6 @@ pub fn phase(pod: &Pod, init: &[ContainerStatus], regular: &[ContainerStatus], t
     "Pending"
 }
 
-fn condition(type_: &str, ok: bool, reason: Option<&str>, message: Option<String>) -> PodCondition {
-    PodCondition {
-        type_: type_.into(),
-        status: if ok { "True" } else { "False" }.into(),
-        reason: reason.map(str::to_owned),
-        message,
-        ..Default::default()
-    }
-}
-
 pub fn generate(input: &StatusInput<'_>) -> PodStatus {
     let pod = input.pod;
     let empty = vec![];
@@ -362,7 +352,7 @@ pub fn generate(input: &StatusInput<'_>) -> PodStatus {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::{PodSpec, Probe};
+    use k8s_openapi::api::core::v1::{PodCondition, PodSpec, Probe};
 
     use super::*;
     use crate::pods::observed::{ContainerState as Obs, SandboxState};

@@ -20,6 +20,7 @@ pub struct Summary {
     pub pods: Vec<PodStats>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeStats {
@@ -27,84 +28,68 @@ pub struct NodeStats {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub system_containers: Vec<ContainerStats>,
     pub start_time: Time,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<CpuStats>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io: Option<IoStats>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkStats>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fs: Option<FsStats>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<RuntimeStats>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rlimit: Option<RlimitStats>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RlimitStats {
     pub time: Time,
     /// The maximum number of process ids (pid_max).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maxpid: Option<i64>,
     /// Running processes (threads included, as sysinfo counts them).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub curproc: Option<i64>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RuntimeStats {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_fs: Option<FsStats>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_fs: Option<FsStats>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProcessStats {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub process_count: Option<u64>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodStats {
     pub pod_ref: PodReference,
     pub start_time: Time,
     pub containers: Vec<ContainerStats>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<CpuStats>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io: Option<IoStats>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkStats>,
     #[serde(default, rename = "volume", skip_serializing_if = "Vec::is_empty")]
     pub volume_stats: Vec<VolumeStats>,
-    #[serde(default, rename = "ephemeral-storage", skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "ephemeral-storage")]
     pub ephemeral_storage: Option<FsStats>,
-    #[serde(default, rename = "process_stats", skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "process_stats")]
     pub process_stats: Option<ProcessStats>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerStats {
     pub name: String,
     pub start_time: Time,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<CpuStats>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io: Option<IoStats>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rootfs: Option<FsStats>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logs: Option<FsStats>,
 }
 
@@ -115,17 +100,14 @@ pub struct PodReference {
     pub uid: String,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InterfaceStats {
     pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rx_bytes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rx_errors: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tx_bytes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tx_errors: Option<u64>,
 }
 
@@ -139,25 +121,23 @@ pub struct NetworkStats {
     pub interfaces: Vec<InterfaceStats>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CpuStats {
     pub time: Time,
     /// Average usage over the last sampling interval, in nanocores.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage_nano_cores: Option<u64>,
     /// Cumulative CPU time, in core-nanoseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage_core_nano_seconds: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub psi: Option<PsiStats>,
 }
 
 /// IO stats (KEP-4205): only pressure so far.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct IoStats {
     pub time: Time,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub psi: Option<PsiStats>,
 }
 
@@ -194,41 +174,30 @@ fn io(s: &CgroupSample, at: Timestamp) -> Option<IoStats> {
     psi_stats(s.psi.io).map(|psi| IoStats { time: t(at), psi: Some(psi) })
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MemoryStats {
     pub time: Time,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub available_bytes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage_bytes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub working_set_bytes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rss_bytes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub page_faults: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub major_page_faults: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub psi: Option<PsiStats>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FsStats {
     pub time: Time,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub available_bytes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity_bytes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub used_bytes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inodes_free: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inodes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inodes_used: Option<u64>,
 }
 
