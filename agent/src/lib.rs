@@ -31,6 +31,6 @@ pub mod startup;
 pub mod systemd;
 pub mod version;
 pub mod volumes;
-pub mod yaml_depth;
+pub mod yaml_read;
 // ---- device plugins (issue 13) ----
 pub mod deviceplugin;

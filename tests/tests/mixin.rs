@@ -327,7 +327,7 @@ fn kube_prometheus_dashboards_and_alerts_see_the_kubelets_metrics() {
     prereq::require_root();
     let _ = cri::endpoint();
     let fixture: Fixture =
-        serde_yaml::from_str(&std::fs::read_to_string(fixture_dir().join("queries.yaml")).unwrap()).unwrap();
+        serde_saphyr::from_str(&std::fs::read_to_string(fixture_dir().join("queries.yaml")).unwrap()).unwrap();
 
     // The cluster: an API server the node registers with.
     let api = FakeApiServer::start(Options { tls: true, ..Default::default() }).unwrap();

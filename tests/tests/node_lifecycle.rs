@@ -35,22 +35,22 @@ fn fixture(name: &str) -> PathBuf {
 /// place of the component (probes dropped: nothing answers them), and every
 /// hostPath moved under `prefix` so the test touches only its own files.
 fn runnable(original: &str, prefix: &Path) -> String {
-    let mut doc: serde_yaml::Value = serde_yaml::from_str(original).unwrap();
+    let mut doc: serde_json::Value = serde_saphyr::from_str(original).unwrap();
     let spec = &mut doc["spec"];
-    for c in spec["containers"].as_sequence_mut().unwrap() {
+    for c in spec["containers"].as_array_mut().unwrap() {
         c["image"] = BUSYBOX.into();
-        c["command"] = serde_yaml::to_value(["sleep", "3600"]).unwrap();
-        let m = c.as_mapping_mut().unwrap();
+        c["command"] = serde_json::json!(["sleep", "3600"]);
+        let m = c.as_object_mut().unwrap();
         for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
             m.remove(probe);
         }
     }
-    for v in spec["volumes"].as_sequence_mut().unwrap() {
+    for v in spec["volumes"].as_array_mut().unwrap() {
         let p = v["hostPath"]["path"].as_str().unwrap().to_owned();
         v["hostPath"]["path"] = format!("{}{p}", prefix.display()).into();
     }
     spec["terminationGracePeriodSeconds"] = 1.into();
-    serde_yaml::to_string(&doc).unwrap()
+    serde_saphyr::to_string(&doc).unwrap()
 }
 
 #[test]
@@ -73,7 +73,7 @@ fn kubeadm_control_plane_manifests_parse_and_start_with_their_host_paths() {
     let mut names = vec![];
     for f in files {
         let text = runnable(&std::fs::read_to_string(fixture(f)).unwrap(), &prefix);
-        names.push((a.add_manifest(f, &text), serde_yaml::from_str::<Pod>(&text).unwrap()));
+        names.push((a.add_manifest(f, &text), serde_saphyr::from_str::<Pod>(&text).unwrap()));
     }
     for (name, pod) in &names {
         a.wait_status(name, T, "Running", running);

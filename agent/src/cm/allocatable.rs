@@ -23,6 +23,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use procfs::Current;
+
 use super::hugepages;
 use crate::{
     config::{KubeletConfiguration, Reservation, ReservedResource},
@@ -200,12 +202,6 @@ pub fn parse_cpu_list(s: &str) -> Option<u64> {
     (n > 0).then_some(n)
 }
 
-/// Counts `processor` entries of /proc/cpuinfo.
-pub fn parse_cpuinfo(s: &str) -> Option<u64> {
-    let n = s.lines().filter(|l| l.split(':').next().is_some_and(|k| k.trim() == "processor")).count() as u64;
-    (n > 0).then_some(n)
-}
-
 /// The machine's online CPUs, as cAdvisor counts them for the kubelet:
 /// /sys/devices/system/cpu/online, else /proc/cpuinfo, else what the
 /// standard library sees (which also honours this process's affinity).
@@ -213,7 +209,7 @@ pub fn machine_cores() -> u64 {
     fs::read_to_string("/sys/devices/system/cpu/online")
         .ok()
         .and_then(|s| parse_cpu_list(&s))
-        .or_else(|| fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| parse_cpuinfo(&s)))
+        .or_else(|| procfs::CpuInfo::current().ok().map(|c| c.num_cores() as u64).filter(|n| *n > 0))
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64))
 }
 
@@ -442,9 +438,6 @@ mod tests {
         {
             assert_eq!(parse_cpu_list(s), want, "{s:?}");
         }
-        let cpuinfo = "processor\t: 0\nmodel name\t: x\n\nprocessor\t: 1\nflags\t: processor\n";
-        assert_eq!(parse_cpuinfo(cpuinfo), Some(2));
-        assert_eq!(parse_cpuinfo("nothing"), None);
     }
 
     #[test]

@@ -747,7 +747,7 @@ fn error_messages() {
             "syntax error",
             file("maxPods: [1\n"),
             vec![],
-            "/k.yaml:4: not valid YAML: did not find expected ',' or ']', while parsing a flow sequence".into(),
+            "/k.yaml:3: not valid YAML: unclosed bracket '['".into(),
         ),
         // Flags.
         (

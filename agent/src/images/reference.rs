@@ -14,6 +14,13 @@
 //! The first component is a domain only if it has a `.` or `:`, is
 //! `localhost`, or has an upper-case letter; otherwise the domain is
 //! `docker.io`, and a single-component path gets `library/`.
+//!
+//! Hand-written because no maintained crate parses the same way: oci-spec's
+//! `distribution::Reference` (which oci-client re-exports) fills in
+//! `latest` so a given tag cannot be told from none, takes an upper-case
+//! first component for a path rather than a domain, lets 64-hex names
+//! through, and words its errors otherwise than the reference library,
+//! whose words the kubelet's InvalidImageName events carry.
 
 use std::fmt;
 

@@ -103,7 +103,7 @@ pub async fn bootstrap(
     let current = store.current_path();
     let kc = client_kubeconfig(&bootstrap_kc, &current)
         .map_err(|e| ApiError::Kubeconfig { path: bootstrap_path.to_owned(), message: e })?;
-    let text = serde_yaml::to_string(&kc).map_err(|e| err(e.to_string()))?;
+    let text = serde_saphyr::to_string(&kc).map_err(|e| err(e.to_string()))?;
     if let Some(dir) = kubeconfig.parent() {
         std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
     }
@@ -119,7 +119,7 @@ mod tests {
 
     #[test]
     fn kubeconfig_keeps_the_cluster() {
-        let bootstrap: Kubeconfig = serde_yaml::from_str(
+        let bootstrap: Kubeconfig = serde_saphyr::from_str(
             "apiVersion: v1\nkind: Config\ncurrent-context: boot\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.0.1:6443\n    certificate-authority-data: Q0E=\ncontexts:\n- name: boot\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user:\n    token: abc.def\n",
         )
         .unwrap();
@@ -130,7 +130,7 @@ mod tests {
         let user = kc.auth_infos[0].auth_info.as_ref().unwrap();
         assert_eq!(user.client_certificate.as_deref(), Some("/var/lib/kubelet/pki/kubelet-client-current.pem"));
         assert!(user.token.is_none(), "the bootstrap token is not kept");
-        let broken: Kubeconfig = serde_yaml::from_str("apiVersion: v1\nkind: Config\n").unwrap();
+        let broken: Kubeconfig = serde_saphyr::from_str("apiVersion: v1\nkind: Config\n").unwrap();
         assert!(client_kubeconfig(&broken, Path::new("/x")).is_err());
     }
 }

@@ -11,7 +11,6 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::{Path, PathBuf},
     sync::Arc,
     time::Duration,
@@ -113,13 +112,13 @@ impl FileSource {
             }
             self.scan(&mut state);
             tokio::select! {
-                r = async { match &watcher { Some(w) => w.wait().await, None => std::future::pending().await } } => {
+                r = async { match &mut watcher { Some(w) => w.wait().await, None => std::future::pending().await } } => {
                     if let Err(e) = r {
                         debug!("inotify: {e}");
                         watcher = None;
                     }
                     tokio::time::sleep(DEBOUNCE).await;
-                    if let Some(w) = &watcher {
+                    if let Some(w) = &mut watcher {
                         w.drain();
                     }
                 }
@@ -217,48 +216,37 @@ fn manifest_files(dir: &Path) -> std::io::Result<Vec<(PathBuf, FileStamp)>> {
     Ok(files)
 }
 
-/// A minimal inotify watch on one directory.
+/// An inotify watch on one directory.
 struct Inotify {
-    fd: AsyncFd<OwnedFd>,
+    fd: AsyncFd<inotify::Inotify>,
 }
 
 impl Inotify {
     fn watch(dir: &Path) -> std::io::Result<Inotify> {
-        use std::os::unix::ffi::OsStrExt;
-        let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains NUL"))?;
-        // SAFETY: inotify_init1 has no memory-safety preconditions.
-        let raw = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: raw is a fresh descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let mask = libc::IN_CREATE
-            | libc::IN_DELETE
-            | libc::IN_MODIFY
-            | libc::IN_CLOSE_WRITE
-            | libc::IN_MOVED_FROM
-            | libc::IN_MOVED_TO
-            | libc::IN_ATTRIB
-            | libc::IN_DELETE_SELF
-            | libc::IN_MOVE_SELF;
-        // SAFETY: fd is a valid inotify descriptor and path a NUL-terminated string.
-        if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), mask) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: the OwnedFd is moved into the AsyncFd, which keeps it open
-        // and returns the same descriptor until it is dropped.
-        let fd = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        use inotify::WatchMask;
+        let inotify = inotify::Inotify::init()?;
+        let mask = WatchMask::CREATE
+            | WatchMask::DELETE
+            | WatchMask::MODIFY
+            | WatchMask::CLOSE_WRITE
+            | WatchMask::MOVED_FROM
+            | WatchMask::MOVED_TO
+            | WatchMask::ATTRIB
+            | WatchMask::DELETE_SELF
+            | WatchMask::MOVE_SELF;
+        inotify.watches().add(dir, mask)?;
+        // SAFETY: the Inotify owns its descriptor and keeps it open, the
+        // same one, until it is dropped with the AsyncFd.
+        let fd = unsafe { AsyncFd::register_with_interest(inotify, tokio::io::Interest::READABLE) }
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         Ok(Inotify { fd })
     }
 
     /// Waits for at least one event.
-    async fn wait(&self) -> std::io::Result<()> {
+    async fn wait(&mut self) -> std::io::Result<()> {
         loop {
-            let mut guard = self.fd.readable().await?;
-            if self.drain() {
+            let mut guard = self.fd.readable_mut().await?;
+            if drain_events(guard.get_inner_mut()) {
                 return Ok(());
             }
             guard.clear_ready();
@@ -268,18 +256,19 @@ impl Inotify {
     /// Reads every pending event; true if there was any. A watched
     /// directory that was removed ends the watch (reported as an error by
     /// the next wait once the descriptor has nothing more to give).
-    fn drain(&self) -> bool {
-        let mut buf = [0u8; 4096];
-        let mut any = false;
-        loop {
-            // SAFETY: buf is valid for writes of its length.
-            let n = unsafe { libc::read(self.fd.get_ref().as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if n <= 0 {
-                return any;
-            }
-            any = true;
-        }
+    fn drain(&mut self) -> bool {
+        drain_events(self.fd.get_mut())
     }
+}
+
+/// Reads events until none is pending; true if there was any.
+fn drain_events(inotify: &mut inotify::Inotify) -> bool {
+    let mut buf = [0u8; 4096];
+    let mut any = false;
+    while inotify.read_events(&mut buf).is_ok() {
+        any = true;
+    }
+    any
 }
 
 #[cfg(test)]

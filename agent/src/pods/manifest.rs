@@ -14,6 +14,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::{defaults, validation};
+use crate::yaml_read::{self, YamlError};
 
 pub const CONFIG_HASH: &str = "kubernetes.io/config.hash";
 pub const CONFIG_SOURCE: &str = "kubernetes.io/config.source";
@@ -30,14 +31,10 @@ pub struct ManifestError {
 /// Reads one pod from a manifest's text.
 pub fn read_pod(file: &Path, text: &str) -> Result<Pod, ManifestError> {
     let err = |problem: String| ManifestError { file: file.to_owned(), problem };
-    crate::yaml_depth::check(text).map_err(|e| err(format!("cannot parse: {e}")))?;
-    let mut docs = vec![];
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        let value = serde_yaml::Value::deserialize(doc).map_err(|e| err(format!("cannot parse: {e}")))?;
-        if !value.is_null() {
-            docs.push(value);
-        }
-    }
+    let cannot_parse = |e: serde_saphyr::Error| err(format!("cannot parse: {}", YamlError::new(&e, text)));
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple_with_options(text, yaml_read::options()).map_err(cannot_parse)?;
+    let mut docs: Vec<_> = docs.into_iter().filter(|d| !d.is_null()).collect();
     let mut value = match docs.len() {
         0 => return Err(err("the file holds no object; a static pod manifest holds one Pod".into())),
         1 => docs.remove(0),
@@ -55,34 +52,44 @@ pub fn read_pod(file: &Path, text: &str) -> Result<Pod, ManifestError> {
         }
         _ => {}
     }
-    let explain = |e: serde_path_to_error::Error<serde_yaml::Error>| {
-        let path = e.path().to_string();
-        let inner = e.into_inner().to_string();
-        // serde_yaml names the path itself when it knows it.
-        if path == "." || inner.starts_with(&path) { err(inner) } else { err(format!("{path}: {inner}")) }
+    let at_path = |path: String, problem: String| {
+        if path == "." { err(problem) } else { err(format!("{path}: {problem}")) }
     };
     unquoted_env_values(&value).map_err(err)?;
     if octal_modes(&mut value) {
-        return serde_path_to_error::deserialize::<_, Pod>(value).map_err(explain);
+        return serde_path_to_error::deserialize::<_, Pod>(value)
+            .map_err(|e| at_path(e.path().to_string(), e.into_inner().to_string()));
     }
-    // Typed decoding, with the path of the field that does not fit. The
-    // document is re-read from the text so serde_yaml can give its line.
-    let doc = serde_yaml::Deserializer::from_str(text).next().ok_or_else(|| err("the file holds no object".into()))?;
-    serde_path_to_error::deserialize::<_, Pod>(doc).map_err(explain)
+    // Typed decoding from the text, so the error gives the line, with the
+    // path of the field that does not fit. A file whose one object sits
+    // among empty documents is decoded from the value instead.
+    let mut track = serde_path_to_error::Track::new();
+    let typed = serde_saphyr::with_deserializer_from_str_with_options(text, yaml_read::options(), |de| {
+        Pod::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
+    });
+    match typed {
+        Ok(pod) => Ok(pod),
+        Err(e) if matches!(e.without_snippet(), serde_saphyr::Error::MultipleDocuments { .. }) => {
+            serde_path_to_error::deserialize::<_, Pod>(value)
+                .map_err(|e| at_path(e.path().to_string(), e.into_inner().to_string()))
+        }
+        Err(e) => Err(at_path(track.path().to_string(), YamlError::new(&e, text).to_string())),
+    }
 }
 
 /// `env: [{name: N, value: 4}]`: YAML reads 4 as a number, and the
 /// kubelet (like the API server) refuses a number where EnvVar.value
 /// wants a string; serde would quietly take it, so it is checked here.
-fn unquoted_env_values(pod: &serde_yaml::Value) -> Result<(), String> {
-    use serde_yaml::Value;
+fn unquoted_env_values(pod: &serde_json::Value) -> Result<(), String> {
+    use serde_json::Value;
     let Some(spec) = pod.get("spec") else { return Ok(()) };
     for list in ["initContainers", "containers", "ephemeralContainers"] {
-        let Some(containers) = spec.get(list).and_then(Value::as_sequence) else { continue };
+        let Some(containers) = spec.get(list).and_then(Value::as_array) else { continue };
         for (i, c) in containers.iter().enumerate() {
-            let Some(env) = c.get("env").and_then(Value::as_sequence) else { continue };
+            let Some(env) = c.get("env").and_then(Value::as_array) else { continue };
             for (j, e) in env.iter().enumerate() {
                 let what = match e.get("value") {
+                    Some(Value::Number(n)) if n.is_f64() => format!("floating point {n}"),
                     Some(Value::Number(n)) => format!("integer {n}"),
                     Some(Value::Bool(b)) => format!("boolean {b}"),
                     _ => continue,
@@ -98,15 +105,15 @@ fn unquoted_env_values(pod: &serde_yaml::Value) -> Result<(), String> {
 }
 
 /// File modes written the YAML 1.1 way (`defaultMode: 0640`), which the
-/// kubelet's YAML reader takes as octal and YAML 1.2 (serde_yaml) reads as
-/// a string: turned into their number. Returns whether any was found.
-fn octal_modes(v: &mut serde_yaml::Value) -> bool {
-    use serde_yaml::Value;
+/// kubelet's YAML reader takes as octal and the YAML 1.2 rules here read
+/// as a string: turned into their number. Returns whether any was found.
+fn octal_modes(v: &mut serde_json::Value) -> bool {
+    use serde_json::Value;
     match v {
-        Value::Mapping(m) => {
+        Value::Object(m) => {
             let mut found = false;
             for (k, v) in m.iter_mut() {
-                let is_mode = matches!(k.as_str(), Some("defaultMode" | "mode"));
+                let is_mode = matches!(k.as_str(), "defaultMode" | "mode");
                 if let (true, Value::String(s)) = (is_mode, &*v)
                     && let Some(octal) = s.strip_prefix('0').filter(|d| !d.is_empty())
                     && let Ok(n) = u32::from_str_radix(octal, 8)
@@ -119,8 +126,7 @@ fn octal_modes(v: &mut serde_yaml::Value) -> bool {
             }
             found
         }
-        Value::Sequence(items) => items.iter_mut().fold(false, |found, i| octal_modes(i) | found),
-        Value::Tagged(t) => octal_modes(&mut t.value),
+        Value::Array(items) => items.iter_mut().fold(false, |found, i| octal_modes(i) | found),
         _ => false,
     }
 }
@@ -253,7 +259,7 @@ spec:
             ("0o600", Ok((0o600, 0o600))),
             ("420", Ok((420, 420))),
             ("0", Ok((0, 0))),
-            ("0999", Err("spec.volumes[0].configMap.defaultMode: invalid type: string \"0999\"")),
+            ("0999", Err("spec.volumes[0].configMap.defaultMode: invalid i32: \"0999\" at line 10")),
         ];
         for (mode, want) in cases {
             match (modes(mode), want) {
@@ -274,7 +280,7 @@ spec:
             ("apiVersion: v1\nkind: Pod\nspec: [\n", "cannot parse"),
             (
                 "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec:\n  containers:\n  - name: c\n    image: b\n    ports: [{containerPort: eighty}]\n",
-                "spec.containers[0].ports[0].containerPort: invalid type",
+                "spec.containers[0].ports[0].containerPort: invalid i32: \"eighty\" at line 8 column 29",
             ),
             (
                 "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec:\n  containers:\n  - name: c\n    image: b\n    resources: {limits: {memory: 2Gx}}\n",

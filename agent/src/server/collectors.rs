@@ -170,77 +170,58 @@ pub fn registry_with(collector: impl Collector) -> Registry {
 #[derive(Debug, Default)]
 pub struct ProcessCollector;
 
-/// (utime + stime ticks, start ticks since boot, vsize, rss pages) from
-/// /proc/self/stat.
-fn parse_self_stat(s: &str) -> Option<(u64, u64, u64, u64)> {
-    // The command may hold spaces and parentheses: fields start after the last ')'.
-    let rest = &s[s.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // rest starts at field 3 (state): utime is field 14 → index 11.
-    let n = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok());
-    Some((n(11)? + n(12)?, n(19)?, n(20)?, n(21)?))
-}
-
 impl Collector for ProcessCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
-        // SAFETY: sysconf has no preconditions.
-        let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-        let page = crate::signals::page_size() as f64;
-        if let Some((cpu, start, vsize, rss)) =
-            std::fs::read_to_string("/proc/self/stat").ok().as_deref().and_then(parse_self_stat)
-        {
+        let tick = procfs::ticks_per_second().max(1) as f64;
+        let me = procfs::process::Process::myself().ok();
+        if let Some(stat) = me.as_ref().and_then(|p| p.stat().ok()) {
             single(
                 &mut enc,
                 "process_cpu_seconds",
                 "Total user and system CPU time spent in seconds.",
                 MetricType::Counter,
-                Some(cpu as f64 / tick),
+                Some((stat.utime + stat.stime) as f64 / tick),
             )?;
             single(
                 &mut enc,
                 "process_resident_memory_bytes",
                 "Resident memory size in bytes.",
                 MetricType::Gauge,
-                Some(rss as f64 * page),
+                Some(stat.rss as f64 * procfs::page_size() as f64),
             )?;
             single(
                 &mut enc,
                 "process_virtual_memory_bytes",
                 "Virtual memory size in bytes.",
                 MetricType::Gauge,
-                Some(vsize as f64),
+                Some(stat.vsize as f64),
             )?;
-            let btime = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
-                s.lines().find_map(|l| l.strip_prefix("btime ").and_then(|v| v.trim().parse::<f64>().ok()))
-            });
-            if let Some(b) = btime {
+            if let Ok(boot) = procfs::boot_time_secs() {
                 single(
                     &mut enc,
                     "process_start_time_seconds",
                     "Start time of the process since unix epoch in seconds.",
                     MetricType::Gauge,
-                    Some(b + start as f64 / tick),
+                    Some(boot as f64 + stat.starttime as f64 / tick),
                 )?;
             }
         }
-        if let Ok(rd) = std::fs::read_dir("/proc/self/fd") {
+        if let Some(fds) = me.as_ref().and_then(|p| p.fd_count().ok()) {
             single(
                 &mut enc,
                 "process_open_fds",
                 "Number of open file descriptors.",
                 MetricType::Gauge,
-                Some(rd.count() as f64),
+                Some(fds as f64),
             )?;
         }
-        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: lim is a valid out-parameter.
-        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        if let Some(max) = rustix::process::getrlimit(rustix::process::Resource::Nofile).current {
             single(
                 &mut enc,
                 "process_max_fds",
                 "Maximum number of open file descriptors.",
                 MetricType::Gauge,
-                Some(lim.rlim_cur as f64),
+                Some(max as f64),
             )?;
         }
         Ok(())
@@ -285,17 +266,5 @@ impl Collector for EbpfProgramCollector {
 impl std::fmt::Debug for EbpfProgramCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("EbpfProgramCollector")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn self_stat() {
-        let s = "1234 (my (odd) name) S 1 2 3 4 5 6 7 8 9 10 150 50 0 0 20 0 4 0 9000 123456 789 18446744073709551615";
-        assert_eq!(parse_self_stat(s), Some((200, 9000, 123456, 789)));
-        assert_eq!(parse_self_stat("garbage"), None);
     }
 }

@@ -2,6 +2,11 @@
 //! interfaces, the machine), kubepods and its QoS cgroups, and for each
 //! pod its cgroup, its sandbox's cgroup and network namespace, and its
 //! running containers' cgroups, writable layers and logs.
+//!
+//! /proc is read through procfs (boot time, meminfo, the processor
+//! count); the socket and core counts are parsed from /proc/cpuinfo here,
+//! as cAdvisor counts them, since procfs gives each processor's fields but
+//! no topology.
 
 use std::{
     path::{Path, PathBuf},
@@ -9,6 +14,7 @@ use std::{
 };
 
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
+use procfs::{Current, FromBufRead};
 
 use super::{
     cgroup_sample::{
@@ -49,10 +55,10 @@ impl MachineSample {
         let info = crate::node::info::machine_info();
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let (physical, sockets) = parse_cpu_topology(&cpuinfo);
-        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let meminfo = procfs::Meminfo::current().ok();
         let online = std::thread::available_parallelism().map_or(0, |n| n.get() as u64);
-        // SAFETY: sysconf has no preconditions.
-        let configured = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(0) as u64;
+        // Processors online, whatever this thread's affinity.
+        let configured = procfs::CpuInfo::from_buf_read(cpuinfo.as_bytes()).map_or(0, |c| c.num_cores() as u64);
         MachineSample {
             machine_id: info.machine_id,
             system_uuid: info.system_uuid,
@@ -60,18 +66,10 @@ impl MachineSample {
             cpu_cores: configured.max(online),
             cpu_physical_cores: physical,
             cpu_sockets: sockets,
-            memory_bytes: meminfo_kib(&meminfo, "MemTotal").unwrap_or(0) * 1024,
-            swap_bytes: meminfo_kib(&meminfo, "SwapTotal").unwrap_or(0) * 1024,
+            memory_bytes: meminfo.as_ref().map_or(0, |m| m.mem_total),
+            swap_bytes: meminfo.as_ref().map_or(0, |m| m.swap_total),
         }
     }
-}
-
-/// A /proc/meminfo field in KiB.
-fn meminfo_kib(text: &str, key: &str) -> Option<u64> {
-    text.lines().find_map(|l| {
-        let rest = l.strip_prefix(key)?.strip_prefix(':')?;
-        rest.split_whitespace().next()?.parse().ok()
-    })
 }
 
 /// (physical cores, sockets) from /proc/cpuinfo: distinct (physical id,
@@ -107,22 +105,8 @@ pub fn parse_cpu_topology(cpuinfo: &str) -> (u64, u64) {
 /// used = capacity − free, as cAdvisor (and so the kubelet's Summary API)
 /// reports them, so root's reserved blocks count as used.
 pub fn fs_sample(path: &Path) -> std::io::Result<FsSample> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains NUL"))?;
-    // SAFETY: a zeroed statvfs is a valid out-parameter; c is NUL-terminated.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(fs_from_statvfs(
-        st.f_frsize as u64,
-        st.f_blocks as u64,
-        st.f_bfree as u64,
-        st.f_bavail as u64,
-        st.f_files as u64,
-        st.f_ffree as u64,
-    ))
+    let st = rustix::fs::statvfs(path)?;
+    Ok(fs_from_statvfs(st.f_frsize, st.f_blocks, st.f_bfree, st.f_bavail, st.f_files, st.f_ffree))
 }
 
 /// The figures of a statvfs answer (pure).
@@ -189,9 +173,7 @@ pub fn pod_qos(pod: &Pod) -> QosClass {
 
 /// Boot time (btime of /proc/stat), the node's and root cgroup's start.
 fn boot_time() -> Option<Timestamp> {
-    let s = std::fs::read_to_string("/proc/stat").ok()?;
-    let secs: i64 = s.lines().find_map(|l| l.strip_prefix("btime "))?.trim().parse().ok()?;
-    Timestamp::from_second(secs).ok()
+    Timestamp::from_second(i64::try_from(procfs::boot_time_secs().ok()?).ok()?).ok()
 }
 
 /// The image filesystem's capacity and free space, without its usage.
@@ -385,10 +367,5 @@ mod tests {
         assert_eq!(parse_cpu_topology(two_sockets), (3, 2));
         assert_eq!(parse_cpu_topology("processor\t: 0\n\nprocessor\t: 1\n"), (2, 1));
         assert_eq!(parse_cpu_topology(""), (0, 0));
-        assert_eq!(
-            meminfo_kib("MemTotal:       24576000 kB\nSwapTotal:             0 kB\n", "MemTotal"),
-            Some(24_576_000)
-        );
-        assert_eq!(meminfo_kib("MemTotal:       24576000 kB\n", "SwapTotal"), None);
     }
 }

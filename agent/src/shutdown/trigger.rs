@@ -32,9 +32,7 @@ pub struct Detector {
 
 /// The boot time (btime in /proc/stat).
 fn boot_time() -> Option<SystemTime> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let secs: u64 = stat.lines().find_map(|l| l.strip_prefix("btime "))?.trim().parse().ok()?;
-    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
+    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(procfs::boot_time_secs().ok()?))
 }
 
 /// Whether the marker exists and was made since boot.

@@ -17,10 +17,7 @@
 use std::{
     collections::{HashMap, HashSet},
     fs,
-    os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd},
-        unix::fs::MetadataExt,
-    },
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::Arc,
     time::Duration,
@@ -174,7 +171,7 @@ pub fn disk_usage_and_inodes(root: &Path) -> (u64, u64) {
 
 /// Watches directories for writes (inotify), to check soon after one.
 struct Writes {
-    fd: AsyncFd<OwnedFd>,
+    fd: AsyncFd<inotify::Inotify>,
     watched: HashSet<PathBuf>,
 }
 
@@ -182,35 +179,25 @@ const WATCH_LIMIT: usize = 4096;
 
 impl Writes {
     fn new() -> std::io::Result<Writes> {
-        // SAFETY: inotify_init1 has no memory-safety preconditions.
-        let raw = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: the OwnedFd moves into the AsyncFd, which keeps it open
-        // and returns this descriptor until it is dropped.
-        let fd = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        let inotify = inotify::Inotify::init()?;
+        // SAFETY: the Inotify owns its descriptor and keeps it open, the
+        // same one, until it is dropped with the AsyncFd.
+        let fd = unsafe { AsyncFd::register_with_interest(inotify, tokio::io::Interest::READABLE) }
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         Ok(Writes { fd, watched: HashSet::new() })
     }
 
     /// Adds watches for `root` and every directory under it (up to a limit).
     fn watch_tree(&mut self, root: &Path) {
+        use inotify::WatchMask;
+        let mask = WatchMask::MODIFY | WatchMask::CLOSE_WRITE | WatchMask::CREATE | WatchMask::MOVED_TO;
         let mut stack = vec![root.to_path_buf()];
         while let Some(dir) = stack.pop() {
             if self.watched.len() >= WATCH_LIMIT {
                 return;
             }
-            if !self.watched.contains(&dir) {
-                use std::os::unix::ffi::OsStrExt;
-                let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { continue };
-                let mask = libc::IN_MODIFY | libc::IN_CLOSE_WRITE | libc::IN_CREATE | libc::IN_MOVED_TO;
-                // SAFETY: a valid inotify descriptor and NUL-terminated path.
-                if unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), c.as_ptr(), mask) } >= 0 {
-                    self.watched.insert(dir.clone());
-                }
+            if !self.watched.contains(&dir) && self.fd.get_ref().watches().add(&dir, mask).is_ok() {
+                self.watched.insert(dir.clone());
             }
             if let Ok(entries) = fs::read_dir(&dir) {
                 stack.extend(entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()));
@@ -219,17 +206,12 @@ impl Writes {
     }
 
     /// Waits for at least one event and reads all that are pending.
-    async fn wait(&self) {
+    async fn wait(&mut self) {
+        let mut buf = [0u8; 4096];
         loop {
-            let Ok(mut guard) = self.fd.readable().await else { return std::future::pending().await };
-            let mut buf = [0u8; 4096];
+            let Ok(mut guard) = self.fd.readable_mut().await else { return std::future::pending().await };
             let mut any = false;
-            loop {
-                // SAFETY: reading into a buffer we own, of its length.
-                let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-                if n <= 0 {
-                    break;
-                }
+            while guard.get_inner_mut().read_events(&mut buf).is_ok() {
                 any = true;
             }
             guard.clear_ready();
@@ -413,7 +395,7 @@ impl LocalStorageMonitor {
                 _ = tick.tick() => {}
                 _ = changes.changed() => {}
                 _ = async {
-                    match writes.as_ref() {
+                    match writes.as_mut() {
                         Some(w) => {
                             w.wait().await;
                             // Let a burst of writes land before measuring.

@@ -111,7 +111,7 @@ pub fn pod_start(ctx: &Ctx) -> Result<BenchResult> {
         agent.wait_gone(&name, Duration::from_secs(60));
 
         // The same calls, made directly.
-        let mut pod: Pod = serde_yaml::from_str(&busybox_pod(&format!("d{i}")))?;
+        let mut pod: Pod = serde_saphyr::from_str(&busybox_pod(&format!("d{i}")))?;
         pod.metadata.uid = Some(format!("bench-direct-{}-{i}", std::process::id()));
         pod.metadata.namespace = Some("default".into());
         swiftlet::pods::defaults::apply(&mut pod);

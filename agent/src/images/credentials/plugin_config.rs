@@ -44,7 +44,7 @@ struct RawProvider {
     args: Vec<String>,
     #[serde(default)]
     env: Vec<EnvVar>,
-    token_attributes: Option<serde_yaml::Value>,
+    token_attributes: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -68,7 +68,8 @@ pub struct ProviderConfig {
 /// Parses and validates a CredentialProviderConfig (YAML or JSON).
 pub fn parse(path: &Path, text: &str) -> Result<Vec<ProviderConfig>, String> {
     let at = |msg: String| format!("{}: {msg}", path.display());
-    let raw: RawConfig = serde_yaml::from_str(text).map_err(|e| at(e.to_string()))?;
+    let raw: RawConfig = serde_saphyr::from_str_with_options(text, crate::yaml_read::options())
+        .map_err(|e| at(crate::yaml_read::YamlError::new(&e, text).to_string()))?;
     match raw.kind.as_deref() {
         Some("CredentialProviderConfig") => {}
         other => return Err(at(format!("kind: {other:?} is not \"CredentialProviderConfig\""))),

@@ -153,37 +153,30 @@ impl Drop for ExecProcess {
     }
 }
 
-/// The few /proc reads the tracker needs.
+/// The few /proc reads the tracker needs. The cgroup file is kept as its
+/// text: the tracker only compares a child's with the container's.
 mod proc_fs {
+    use procfs::process::Process;
+
+    fn process(pid: u32) -> Option<Process> {
+        Process::new(i32::try_from(pid).ok()?).ok()
+    }
+
     pub fn children(pid: u32) -> Vec<u32> {
-        let mut out = vec![];
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return out };
-        for t in tasks.flatten() {
-            if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
-                out.extend(s.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
-            }
-        }
-        out
+        let Some(tasks) = process(pid).and_then(|p| p.tasks().ok()) else { return vec![] };
+        tasks.flatten().filter_map(|t| t.children().ok()).flatten().collect()
     }
 
     pub fn cgroup(pid: u32) -> Option<String> {
         std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()
     }
 
-    /// Fields after the command name in /proc/<pid>/stat (the name may
-    /// hold spaces and parentheses).
-    fn stat_fields(pid: u32) -> Option<Vec<String>> {
-        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let rest = &s[s.rfind(')')? + 1..];
-        Some(rest.split_whitespace().map(str::to_owned).collect())
-    }
-
     pub fn ppid(pid: u32) -> Option<u32> {
-        stat_fields(pid)?.get(1)?.parse().ok()
+        u32::try_from(process(pid)?.stat().ok()?.ppid).ok()
     }
 
     pub fn start_time(pid: u32) -> Option<u64> {
-        stat_fields(pid)?.get(19)?.parse().ok()
+        Some(process(pid)?.stat().ok()?.starttime)
     }
 }
 
