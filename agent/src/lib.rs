@@ -32,5 +32,5 @@ pub mod systemd;
 pub mod version;
 pub mod volumes;
 pub mod yaml_read;
-// ---- device plugins (issue 13) ----
+// ---- device plugins ----
 pub mod deviceplugin;

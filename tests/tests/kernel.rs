@@ -1,4 +1,4 @@
-//! Portability (issue 12): the feature probes pick the most exact hooks the
+//! Portability: the feature probes pick the most exact hooks the
 //! running kernel offers, every memory strategy it supports keeps the
 //! working set exact, and on cgroup v2 the cgroupfs fallback is woken by the
 //! kernel and the cgroup files read and act as the agent expects.

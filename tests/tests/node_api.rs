@@ -878,7 +878,7 @@ fn events_are_deduplicated_and_counted_in_the_api() {
     rt.block_on(task).unwrap();
 }
 
-// ---- with the pod manager (issue 6) ----
+// ---- with the pod manager ----
 
 /// Containers of a pod on the test containerd (by the kubelet's uid label).
 fn containers_of(uid: &str) -> Vec<swiftlet::cri::api::Container> {

@@ -1,4 +1,4 @@
-//! The kernel-matrix bench (issue 12): on whatever kernel it runs (this
+//! The kernel-matrix bench: on whatever kernel it runs (this
 //! host, or a Debian kernel in qemu, where `cargo xtask bench` boots it), a
 //! BestEffort hog ramps past allocatableMemory.available while each signal
 //! mode is driving the eviction manager, and the bench measures

@@ -1,4 +1,4 @@
-//! Benchmarks of the signal pipeline (issue 4): crossing-to-receipt
+//! Benchmarks of the signal pipeline: crossing-to-receipt
 //! latency, snapshot cost, per-program cost and workload overhead.
 
 use std::{
