@@ -16,6 +16,7 @@ use std::{
 use k8s_openapi::api::core::v1::ObjectReference;
 use thiserror::Error;
 use tokio::{sync::watch, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::{
@@ -124,7 +125,7 @@ pub struct Agent {
     live: watch::Sender<LiveSettings>,
     log_level: Mutex<Option<LogLevelHook>>,
     eviction_loop: Mutex<Option<EvictionLoop>>,
-    shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
     // ---- API server (issue 7) ----
     /// Node, Lease, API pods, pod statuses, mirror pods and events; None in
     /// standalone mode.
@@ -205,14 +206,14 @@ impl Agent {
     /// Reads the machine, prepares the pods' cgroup hierarchy, opens the
     /// signal source and the runtime client, and builds the managers.
     /// Nothing runs until [`Agent::run`].
-    pub async fn build(config: Config, shutdown: watch::Receiver<bool>) -> Result<Agent, StartError> {
+    pub async fn build(config: Config, shutdown: CancellationToken) -> Result<Agent, StartError> {
         Agent::build_with_recorder(config, shutdown, Arc::new(LogRecorder)).await
     }
 
     /// [`Agent::build`] with events going to `recorder`.
     pub async fn build_with_recorder(
         config: Config,
-        shutdown: watch::Receiver<bool>,
+        shutdown: CancellationToken,
         recorder: Arc<dyn EventRecorder>,
     ) -> Result<Agent, StartError> {
         Agent::build_with(config, shutdown, recorder, Arc::new(NoApiServer)).await
@@ -224,7 +225,7 @@ impl Agent {
     /// replaces it later.
     pub async fn build_with(
         config: Config,
-        shutdown: watch::Receiver<bool>,
+        shutdown: CancellationToken,
         recorder: Arc<dyn EventRecorder>,
         objects: Arc<dyn ObjectSource>,
     ) -> Result<Agent, StartError> {
@@ -648,7 +649,7 @@ impl Agent {
         if let Some(api) = self.api.clone() {
             let volumes = self.volumes.clone();
             let runtime_classes = self.runtime_classes.clone();
-            let mut stop = self.shutdown.clone();
+            let stop = self.shutdown.clone();
             tasks.push(tokio::spawn(async move {
                 loop {
                     if let Some(client) = api.client() {
@@ -660,7 +661,7 @@ impl Agent {
                     }
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                        _ = stop.changed() => return,
+                        _ = stop.cancelled() => return,
                     }
                 }
             }));
@@ -696,8 +697,8 @@ impl Agent {
         let debug_forwarder = self.debug_events.forward(self.eviction.events());
         let servers = crate::server::agent::serve(&self, self.shutdown.clone()).await?;
         // ---- end server ----
-        let mut shutdown = self.shutdown.clone();
-        while !*shutdown.borrow() {
+        let shutdown = self.shutdown.clone();
+        while !shutdown.is_cancelled() {
             tokio::select! {
                 // ---- API server (issue 7) ----
                 // It ends early only on a fatal error (a bad kubeconfig, a
@@ -711,7 +712,7 @@ impl Agent {
                     }
                 }
                 // ---- end API server ----
-                changed = shutdown.changed() => if changed.is_err() { break },
+                _ = shutdown.cancelled() => break,
             }
         }
         if let Some(t) = api_task {

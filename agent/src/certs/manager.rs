@@ -15,6 +15,7 @@ use prometheus_client::{
     metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge, histogram::Histogram},
 };
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::{
@@ -104,7 +105,7 @@ impl Manager {
 
     /// Renews at each deadline until `shutdown`; a failed renewal is
     /// counted and retried with back-off.
-    pub async fn run(self: Arc<Self>, api: Arc<dyn CsrApi>, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(self: Arc<Self>, api: Arc<dyn CsrApi>, shutdown: CancellationToken) {
         let mut failures = 0u32;
         let mut planned: Option<(SystemTime, SystemTime)> = None;
         loop {
@@ -135,12 +136,12 @@ impl Manager {
             };
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.cancelled() => return,
             }
             let template = self.template.lock().unwrap_or_else(|p| p.into_inner()).clone();
             let obtained = tokio::select! {
                 r = csr::obtain(api.as_ref(), self.kind, &template, CSR_POLL, CSR_WAIT) => r,
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.cancelled() => return,
             };
             match obtained.and_then(|(c, k)| self.store.update(&c, &k, SystemTime::now())) {
                 Ok(pair) => {
@@ -305,7 +306,8 @@ mod tests {
         assert_eq!(m.ttl_seconds(SystemTime::now()), f64::INFINITY);
         let api =
             Arc::new(Signer { lifetime: Duration::from_secs(4), fail: Mutex::new(1), issued: Default::default() });
-        let (stop, rx) = watch::channel(false);
+        let stop = CancellationToken::new();
+        let rx = stop.clone();
         let mut current = m.current();
         let task = tokio::spawn(m.clone().run(api.clone(), rx));
         // No certificate: asked at once; the first request fails, the
@@ -327,7 +329,7 @@ mod tests {
             })]);
         assert!(text.contains("# TYPE kubelet_certificate_manager_client_ttl_seconds gauge"), "{text}");
         assert!(text.contains("kubelet_certificate_manager_client_expiration_renew_errors 1"), "{text}");
-        stop.send_replace(true);
+        stop.cancel();
         task.await.unwrap();
     }
 }

@@ -34,6 +34,7 @@ use rustls::{
     server::{ClientHello, ResolvesServerCert},
     sign::CertifiedKey,
 };
+use tokio_util::sync::CancellationToken;
 
 pub use self::manager::{CertificateMetrics, Current, Manager};
 
@@ -122,12 +123,8 @@ impl ServingResolver {
     }
 
     /// Follows a manager's certificate until the manager goes or
-    /// `shutdown` turns true.
-    pub fn follow(
-        self: &Arc<Self>,
-        mut current: Current,
-        mut shutdown: tokio::sync::watch::Receiver<bool>,
-    ) -> tokio::task::JoinHandle<()> {
+    /// `shutdown` is cancelled.
+    pub fn follow(self: &Arc<Self>, mut current: Current, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
         tokio::spawn(async move {
             loop {
@@ -138,7 +135,7 @@ impl ServingResolver {
                 }
                 tokio::select! {
                     r = current.changed() => if r.is_err() { return },
-                    _ = shutdown.wait_for(|s| *s) => return,
+                    _ = shutdown.cancelled() => return,
                 }
             }
         })

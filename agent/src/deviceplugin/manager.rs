@@ -19,6 +19,7 @@ use tokio::{
     sync::{Notify, watch},
     task::JoinHandle,
 };
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::{
@@ -142,7 +143,7 @@ impl DeviceManager {
 
     /// Cleans the directory and serves Registration on its kubelet.sock
     /// until `shutdown`.
-    pub fn start(&self, mut shutdown: watch::Receiver<bool>) -> std::io::Result<JoinHandle<()>> {
+    pub fn start(&self, shutdown: CancellationToken) -> std::io::Result<JoinHandle<()>> {
         let ctx = |what: &str, e: std::io::Error| {
             std::io::Error::new(e.kind(), format!("{what} {}: {e}", self.dir.display()))
         };
@@ -157,9 +158,9 @@ impl DeviceManager {
         let registrar: Arc<dyn Registrar> = Arc::new(Handle(self.this.clone()));
         let this = self.this.clone();
         Ok(tokio::spawn(async move {
-            let mut stop = shutdown.clone();
+            let stop = shutdown.clone();
             let server = registration::serve(listener, registrar, async move {
-                let _ = stop.wait_for(|s| *s).await;
+                let _ = stop.cancelled().await;
             });
             let expiry = async {
                 let mut tick = tokio::time::interval(EXPIRY_CHECK);
@@ -176,7 +177,7 @@ impl DeviceManager {
             tokio::select! {
                 r = server => if let Err(e) = r { warn!("device plugin registration server: {e}") },
                 _ = expiry => {}
-                _ = shutdown.wait_for(|s| *s) => {}
+                _ = shutdown.cancelled() => {}
             }
         }))
     }

@@ -20,6 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
@@ -260,14 +261,14 @@ impl<F: PressureFiles> PressureWatcher<F> {
 }
 
 /// Starts the watcher on the kernel's triggers on a thread of its own;
-/// it stops when `shutdown` turns true. Errors when the kernel has no PSI
+/// it stops when `shutdown` is cancelled. Errors when the kernel has no PSI
 /// or refuses a trigger on the node's file.
 pub fn spawn(
     cfg: PressureConfig,
     pods: Arc<dyn PodProvider>,
     pod_file: PodPressureFile,
     sink: Arc<dyn PressureSink>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) -> io::Result<tokio::task::JoinHandle<()>> {
     let node_file = psi::node_memory_file();
     // Fail at start, with the reason, rather than watch nothing.
@@ -277,11 +278,7 @@ pub fn spawn(
     let watcher = PressureWatcher::new(files, cfg, node_file, pods, pod_file, sink);
     let thread = std::thread::Builder::new().name("memory-pressure".into()).spawn(move || watcher.run())?;
     Ok(tokio::spawn(async move {
-        while !*shutdown.borrow() {
-            if shutdown.changed().await.is_err() {
-                break;
-            }
-        }
+        shutdown.cancelled().await;
         stop.stop();
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }))

@@ -26,7 +26,8 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use tokio::{sync::watch, time::Instant};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
@@ -233,13 +234,13 @@ impl ImageGc {
     }
 
     /// Detects at once (dating present images to the beginning of time),
-    /// then collects every [`IMAGE_GC_PERIOD`] until `shutdown` is true.
-    pub async fn run(self: Arc<Self>, shutdown: watch::Receiver<bool>) {
+    /// then collects every [`IMAGE_GC_PERIOD`] until `shutdown` is cancelled.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         self.run_every(IMAGE_GC_PERIOD, shutdown).await
     }
 
     /// [`ImageGc::run`] with another period (tests).
-    pub async fn run_every(self: Arc<Self>, period: Duration, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run_every(self: Arc<Self>, period: Duration, shutdown: CancellationToken) {
         if !self.policy.enabled() {
             info!("imageGCHighThresholdPercent is 100 and imageMaximumGCAge is 0: image garbage collection is off");
             return;
@@ -253,12 +254,7 @@ impl ImageGc {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                r = shutdown.changed() => {
-                    if r.is_err() || *shutdown.borrow() {
-                        return;
-                    }
-                    continue;
-                }
+                _ = shutdown.cancelled() => return,
             }
             match self.garbage_collect().await {
                 Ok(r) => {
@@ -385,7 +381,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn runs_periodically_until_shutdown() {
         let (rt, _ev, gc) = setup(10, policy()).await;
-        let (tx, rx) = watch::channel(false);
+        let tx = CancellationToken::new();
+        let rx = tx.clone();
         let task = tokio::spawn(Arc::new(gc).run(rx));
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!rt.has_image("old-1:1"), "the first collection runs at start");
@@ -396,7 +393,7 @@ mod tests {
         assert!(rt.has_image("later:1"));
         tokio::time::sleep(IMAGE_GC_PERIOD).await;
         assert!(!rt.has_image("later:1"));
-        tx.send(true).unwrap();
+        tx.cancel();
         task.await.unwrap();
     }
 }

@@ -25,6 +25,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference},
 };
 use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
@@ -173,7 +174,7 @@ impl MirrorPods {
         api: Arc<dyn PodApi>,
         mut node_uid: watch::Receiver<Option<String>>,
         resync: Duration,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: CancellationToken,
     ) {
         let mut tick = tokio::time::interval(resync);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -184,7 +185,7 @@ impl MirrorPods {
                 _ = self.notify.notified() => {}
                 _ = node_uid.changed() => {}
                 _ = tick.tick() => {}
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.cancelled() => return,
             }
         }
     }

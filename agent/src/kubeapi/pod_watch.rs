@@ -16,7 +16,7 @@ use std::{
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{WatchStreamExt, watcher};
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{CONFIG_MIRROR, mirror::MirrorPods};
@@ -143,7 +143,7 @@ pub async fn run(
     node_name: &str,
     pods: Arc<dyn PodSink>,
     mirrors: Arc<MirrorPods>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) {
     let api: kube::Api<Pod> = kube::Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
@@ -153,7 +153,7 @@ pub async fn run(
     loop {
         let event = tokio::select! {
             e = stream.next() => e,
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.cancelled() => return,
         };
         match event {
             None => return,

@@ -24,7 +24,8 @@ use std::{
 
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use serde_json::{Value, json};
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
@@ -204,7 +205,7 @@ impl StatusManager {
     }
 
     /// Runs until `shutdown`: syncs at every report and every `resync`.
-    pub async fn run(&self, api: Arc<dyn PodApi>, resync: Duration, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(&self, api: Arc<dyn PodApi>, resync: Duration, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(resync);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -212,7 +213,7 @@ impl StatusManager {
             tokio::select! {
                 _ = self.notify.notified() => {}
                 _ = tick.tick() => {}
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.cancelled() => return,
             }
         }
     }

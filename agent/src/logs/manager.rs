@@ -14,7 +14,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::rotation::{self, Action, COMPRESS_SUFFIX, TMP_SUFFIX};
@@ -313,24 +313,19 @@ impl ContainerLogManager {
         Ok(n)
     }
 
-    /// Rotates every [`LOG_MONITOR_PERIOD`] until `shutdown` is true.
-    pub async fn run(self: Arc<Self>, shutdown: watch::Receiver<bool>) {
+    /// Rotates every [`LOG_MONITOR_PERIOD`] until `shutdown` is cancelled.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         self.run_every(LOG_MONITOR_PERIOD, shutdown).await
     }
 
     /// [`ContainerLogManager::run`] with another period (tests).
-    pub async fn run_every(self: Arc<Self>, period: Duration, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run_every(self: Arc<Self>, period: Duration, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                r = shutdown.changed() => {
-                    if r.is_err() || *shutdown.borrow() {
-                        return;
-                    }
-                    continue;
-                }
+                _ = shutdown.cancelled() => return,
             }
             if let Err(e) = self.rotate_logs().await {
                 warn!("container log rotation: cannot list containers: {e}");

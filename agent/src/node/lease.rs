@@ -12,6 +12,7 @@ use k8s_openapi::{
 };
 use kube::api::PostParams;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 pub const NAMESPACE: &str = "kube-node-lease";
@@ -67,7 +68,7 @@ pub async fn run(
     node_name: String,
     duration_seconds: u32,
     node_uid: watch::Receiver<Option<String>>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) {
     let api: kube::Api<Lease> = kube::Api::namespaced(client, NAMESPACE);
     let every = renew_interval(duration_seconds);
@@ -118,7 +119,7 @@ pub async fn run(
         };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.cancelled() => return,
         }
     }
 }

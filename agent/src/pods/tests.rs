@@ -13,7 +13,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::Time,
     jiff::Timestamp,
 };
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::{
     admission::Capacity,
@@ -71,7 +71,7 @@ struct Harness {
     events: Arc<Recorder>,
     reporter: Arc<Reporter>,
     _dir: tempfile::TempDir,
-    _stop: watch::Sender<bool>,
+    _stop: CancellationToken,
 }
 
 fn harness(pods_capacity: i64) -> Harness {
@@ -126,7 +126,8 @@ fn harness(pods_capacity: i64) -> Harness {
         runtime_classes: Default::default(),
         metrics: PodMetrics::default(),
     });
-    let (stop, shutdown) = watch::channel(false);
+    let stop = CancellationToken::new();
+    let shutdown = stop.clone();
     let capacity = Capacity { pods: pods_capacity, cpu_milli: 4000, memory: 8 << 30, hugepages: vec![] };
     let manager = PodManager::new(deps, HashSet::from([SourceKind::Api]), capacity, PodMetrics::default(), shutdown);
     let reporter = Arc::new(Reporter::default());

@@ -20,6 +20,7 @@ use std::{
 
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 pub use super::cgroup_sample::{CgroupSample, InterfaceSample};
 use super::{
@@ -192,14 +193,14 @@ impl StatsProvider {
         self.latest.subscribe()
     }
 
-    /// Samples every interval until `shutdown` turns true.
-    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+    /// Samples every interval until `shutdown` is cancelled.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(self.cfg.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => { self.refresh().await; }
-                _ = super::http::stopped(&mut shutdown) => break,
+                _ = shutdown.cancelled() => break,
             }
         }
     }

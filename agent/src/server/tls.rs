@@ -33,6 +33,7 @@ use rustls::{
 };
 use thiserror::Error;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Error)]
 pub enum TlsError {
@@ -249,11 +250,11 @@ impl ClientCa {
     }
 
     /// Looks at the file every `period` until `shutdown`.
-    pub async fn watch(self: Arc<Self>, period: Duration, mut shutdown: watch::Receiver<bool>) {
+    pub async fn watch(self: Arc<Self>, period: Duration, shutdown: CancellationToken) {
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(period) => {}
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.cancelled() => return,
             }
             match self.reload() {
                 Ok(true) => tracing::info!(file = %self.path.display(), "client CA reloaded"),

@@ -26,6 +26,7 @@ use std::{
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use tokio::{sync::watch, time::Instant};
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use self::{
@@ -243,7 +244,7 @@ impl NodeShutdownManager {
     }
 
     /// Polls the marker file and starts the shutdown when it appears.
-    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
         if !self.enabled() || self.detector.marker.is_none() {
             return;
         }
@@ -254,7 +255,7 @@ impl NodeShutdownManager {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = stop.changed() => if *stop.borrow() { return },
+                _ = stop.cancelled() => return,
             }
             if let Some(why) = self.detector.marker() {
                 self.shutdown(&why).await;

@@ -39,6 +39,8 @@ use std::{
     time::Duration,
 };
 
+use tokio_util::sync::CancellationToken;
+
 pub use edge::{CgroupReader, Killer, ReclaimWrite, Reclaimer};
 use tokio::sync::{broadcast, mpsc, watch};
 
@@ -435,7 +437,7 @@ pub struct EvictionLoop {
 
 impl EvictionLoop {
     /// Runs until `shutdown` becomes true.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(mut self, shutdown: CancellationToken) {
         let m = self.manager.clone();
         m.start();
         let (housekeeping, plan_every) = m.periods();
@@ -455,7 +457,7 @@ impl EvictionLoop {
                 _ = async { match deadline { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
                     deadline = m.evaluate(&mut state, None).await;
                 }
-                _ = shutdown.changed() => if *shutdown.borrow() { break },
+                _ = shutdown.cancelled() => break,
             }
         }
         tracing::debug!("eviction manager stopped");

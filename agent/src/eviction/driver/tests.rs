@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::{
     DriverConfig, Edges, EvictionContainer, EvictionManager, EvictionPod, EvictionRequest, KillPath, PodEvictor,
@@ -87,7 +87,7 @@ pub(super) struct Harness {
     pods: Arc<Pods>,
     metrics: Arc<Metrics>,
     pub(super) manager: EvictionManager,
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
 }
 
 impl Harness {
@@ -155,7 +155,8 @@ impl Harness {
             },
             metrics.clone(),
         );
-        let (stop, stop_rx) = watch::channel(false);
+        let stop = CancellationToken::new();
+        let stop_rx = stop.clone();
         tokio::spawn(event_loop.run(stop_rx));
         settle().await;
         Harness { source, cgroups, reclaimer, pods: h_pods, metrics, manager, stop }
@@ -193,7 +194,7 @@ impl Harness {
 
 impl Drop for Harness {
     fn drop(&mut self) {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
     }
 }
 

@@ -31,7 +31,8 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use serde_json::Value;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::ratelimit::RateLimiter;
@@ -113,7 +114,7 @@ impl ApiEventRecorder {
     }
 
     /// Writes queued events until `shutdown`; call once.
-    pub async fn run(&self, sink: Arc<dyn EventSink>, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(&self, sink: Arc<dyn EventSink>, shutdown: CancellationToken) {
         let Some(mut rx) = self.rx.lock().unwrap_or_else(|p| p.into_inner()).take() else {
             warn!("the event recorder runs only once");
             return;
@@ -121,11 +122,11 @@ impl ApiEventRecorder {
         loop {
             let outcome = tokio::select! {
                 o = rx.recv() => match o { Some(o) => o, None => return },
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.cancelled() => return,
             };
             tokio::select! {
                 _ = self.write(&*sink, outcome) => {}
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.cancelled() => return,
             }
         }
     }

@@ -1,6 +1,7 @@
 //! The correlator table-tested, and the recorder against an in-memory sink.
 
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 use super::*;
 
@@ -162,7 +163,8 @@ async fn writes_retry_and_dedup_through_the_sink() {
         patched: Mutex::default(),
         missing: false,
     });
-    let (stop, shutdown) = watch::channel(false);
+    let stop = CancellationToken::new();
+    let shutdown = stop.clone();
     let r = rec.clone();
     let s: Arc<dyn EventSink> = sink.clone();
     let task = tokio::spawn(async move { r.run(s, shutdown).await });
@@ -173,7 +175,7 @@ async fn writes_retry_and_dedup_through_the_sink() {
     assert_eq!(sink.created.lock().unwrap().len(), 1);
     assert_eq!(sink.patched.lock().unwrap().len(), 1);
     assert_eq!(sink.patched.lock().unwrap()[0].1["count"], 2);
-    stop.send(true).unwrap();
+    stop.cancel();
     task.await.unwrap();
 }
 
@@ -186,7 +188,8 @@ async fn a_vanished_event_is_created_again() {
         patched: Mutex::default(),
         missing: true,
     });
-    let (_stop, shutdown) = watch::channel(false);
+    let _stop = CancellationToken::new();
+    let shutdown = _stop.clone();
     let r = rec.clone();
     let s: Arc<dyn EventSink> = sink.clone();
     tokio::spawn(async move { r.run(s, shutdown).await });
@@ -207,7 +210,8 @@ async fn event_qps_limits_writes() {
         patched: Mutex::default(),
         missing: false,
     });
-    let (_stop, shutdown) = watch::channel(false);
+    let _stop = CancellationToken::new();
+    let shutdown = _stop.clone();
     let r = rec.clone();
     let s: Arc<dyn EventSink> = sink.clone();
     tokio::spawn(async move { r.run(s, shutdown).await });

@@ -17,6 +17,7 @@ use std::{
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::{
@@ -67,7 +68,7 @@ struct Inner {
     expected: HashSet<SourceKind>,
     sources: Mutex<BTreeMap<SourceKind, Vec<Pod>>>,
     pods: Mutex<HashMap<String, Entry>>,
-    shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
     last_relist: Mutex<Option<Instant>>,
     /// Pods removed lately: a relist listed before their cleanup finished
     /// must not mistake their remains for orphans.
@@ -112,7 +113,7 @@ impl PodManager {
         expected: HashSet<SourceKind>,
         capacity: Capacity,
         metrics: PodMetrics,
-        shutdown: watch::Receiver<bool>,
+        shutdown: CancellationToken,
     ) -> PodManager {
         let inner = Arc::new_cyclic(|this| Inner {
             deps,
@@ -158,7 +159,7 @@ impl PodManager {
 
     /// Relists the runtime every `period` until shutdown.
     pub async fn run(self, period: Duration) {
-        let mut shutdown = self.inner.shutdown.clone();
+        let shutdown = self.inner.shutdown.clone();
         let mut previous: HashMap<String, Vec<(String, i32)>> = HashMap::new();
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -166,7 +167,7 @@ impl PodManager {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = shutdown.changed() => if *shutdown.borrow() { break } else { continue },
+                _ = shutdown.cancelled() => break,
             }
             let started = Instant::now();
             let since_previous = last_start.map(|t| started.saturating_duration_since(t));

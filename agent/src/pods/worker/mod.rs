@@ -25,9 +25,10 @@ use std::{
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
 use tokio::{
-    sync::{Notify, mpsc, watch},
+    sync::{Notify, mpsc},
     task::JoinHandle,
 };
+use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use self::probes::ProbeResults;
@@ -205,7 +206,7 @@ impl Worker {
         deps: Arc<WorkerDeps>,
         sink: Arc<dyn WorkerSink>,
         pod: Pod,
-        shutdown: watch::Receiver<bool>,
+        shutdown: CancellationToken,
     ) -> WorkerHandle {
         let (tx, rx) = mpsc::unbounded_channel();
         let wake = Arc::new(Notify::new());
@@ -233,7 +234,7 @@ impl Worker {
         WorkerHandle { tx, wake, task }
     }
 
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>, mut shutdown: watch::Receiver<bool>) {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>, shutdown: CancellationToken) {
         let mut last_sync = Instant::now();
         if self.pod.metadata.deletion_timestamp.is_some() {
             self.lifecycle = Lifecycle::Terminating { grace: spec_grace(&self.pod), remove: false };
@@ -241,7 +242,7 @@ impl Worker {
         // What the next round is for (kubelet_pod_worker_duration_seconds).
         let mut kind = SyncKind::Create;
         loop {
-            if *shutdown.borrow() {
+            if shutdown.is_cancelled() {
                 break;
             }
             if matches!(self.lifecycle, Lifecycle::Terminating { .. }) {
@@ -269,7 +270,7 @@ impl Worker {
                 },
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep_until(until.into()) => {}
-                _ = shutdown.changed() => {}
+                _ = shutdown.cancelled() => {}
             }
             while let Ok(m) = rx.try_recv() {
                 kind = update_kind(&m, kind);

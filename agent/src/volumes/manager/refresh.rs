@@ -8,7 +8,7 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::Volume;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::{FAILED_MOUNT, PodState, PodsInUse, VolumeError, VolumeKind, VolumeManager, lock, setup::apply_fs_group};
@@ -104,7 +104,7 @@ impl VolumeManager {
         self: Arc<Self>,
         in_use: Arc<dyn PodsInUse>,
         runtime: Arc<dyn RuntimeService>,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: CancellationToken,
     ) {
         let mut changes = self.objects().subscribe();
         let mut refresh = tokio::time::interval(self.cfg.refresh_period);
@@ -138,7 +138,7 @@ impl VolumeManager {
                         None => std::future::pending().await,
                     }
                 } => self.refresh(None).await,
-                _ = shutdown.changed() => if *shutdown.borrow() { break },
+                _ = shutdown.cancelled() => break,
             }
         }
     }
