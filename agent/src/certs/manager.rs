@@ -5,10 +5,11 @@
 
 use std::{
     fmt,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
+use parking_lot::Mutex;
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
@@ -138,7 +139,7 @@ impl Manager {
                 _ = tokio::time::sleep(wait) => {}
                 _ = shutdown.cancelled() => return,
             }
-            let template = self.template.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let template = self.template.lock().clone();
             let obtained = tokio::select! {
                 r = csr::obtain(api.as_ref(), self.kind, &template, CSR_POLL, CSR_WAIT) => r,
                 _ = shutdown.cancelled() => return,
@@ -263,7 +264,7 @@ mod tests {
     impl CsrApi for Signer {
         async fn create(&self, csr: &CertificateSigningRequest) -> Result<String, String> {
             {
-                let mut f = self.fail.lock().unwrap();
+                let mut f = self.fail.lock();
                 if *f > 0 {
                     *f -= 1;
                     return Err("the API server is away".into());
@@ -278,7 +279,7 @@ mod tests {
             p.params.not_before = rcgen::date_time_ymd(1970, 1, 1) + now;
             p.params.not_after = rcgen::date_time_ymd(1970, 1, 1) + now + self.lifetime;
             let cert = p.signed_by(&ca).unwrap().pem();
-            let mut issued = self.issued.lock().unwrap();
+            let mut issued = self.issued.lock();
             let name = format!("csr-{}", issued.len());
             let mut out = csr.clone();
             out.status = Some(CertificateSigningRequestStatus {
@@ -294,7 +295,7 @@ mod tests {
         }
 
         async fn get(&self, name: &str) -> Result<CertificateSigningRequest, String> {
-            self.issued.lock().unwrap().get(name).cloned().ok_or_else(|| "not found".into())
+            self.issued.lock().get(name).cloned().ok_or_else(|| "not found".into())
         }
     }
 

@@ -24,12 +24,13 @@ pub mod store;
 
 use std::{
     fmt,
-    sync::{Arc, RwLock},
+    sync::Arc,
     task::{Context, Poll},
 };
 
 use futures::future::BoxFuture;
 use http::{Request, Response};
+use parking_lot::RwLock;
 use rustls::{
     server::{ClientHello, ResolvesServerCert},
     sign::CertifiedKey,
@@ -57,11 +58,11 @@ impl fmt::Debug for SwappableClient {
 
 impl SwappableClient {
     pub fn set(&self, client: kube::Client) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some(client);
+        *self.0.write() = Some(client);
     }
 
     pub fn is_set(&self) -> bool {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).is_some()
+        self.0.read().is_some()
     }
 
     /// A kube client over this one, with `layer` (the rate limiter) in
@@ -88,7 +89,7 @@ impl tower::Service<Request<kube::client::Body>> for SwappableClient {
     }
 
     fn call(&mut self, req: Request<kube::client::Body>) -> Self::Future {
-        let client = self.0.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let client = self.0.read().clone();
         Box::pin(async move {
             match client {
                 // kube's Client::send returns its own error, which the
@@ -119,7 +120,7 @@ impl ServingResolver {
     }
 
     pub fn set(&self, key: Option<Arc<CertifiedKey>>) {
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = key;
+        *self.current.write() = key;
     }
 
     /// Follows a manager's certificate until the manager goes or
@@ -144,7 +145,7 @@ impl ServingResolver {
 
 impl ResolvesServerCert for ServingResolver {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.current.read().clone()
     }
 }
 

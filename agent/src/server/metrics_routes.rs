@@ -55,7 +55,7 @@ impl Server {
         snap: &stats::StatsSnapshot,
         encode: impl FnOnce() -> Vec<u8>,
     ) -> Bytes {
-        let lock = || self.encoded.lock().unwrap_or_else(|p| p.into_inner());
+        let lock = || self.encoded.lock();
         if let Some((t, b)) = lock().get(&(key, variant))
             && *t == snap.time
         {

@@ -125,7 +125,7 @@ pub struct Server {
     probes: Registry,
     /// Bodies encoded from the latest stats pass, by endpoint and variant:
     /// a pass is encoded once, however many scrapers ask.
-    encoded: std::sync::Mutex<EncodedBodies>,
+    encoded: parking_lot::Mutex<EncodedBodies>,
     /// exec, attach, port-forward (the runtime's streaming calls are set
     /// with [`streaming::Streaming::set_runtime`]).
     pub streaming: streaming::Streaming,

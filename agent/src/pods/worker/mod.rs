@@ -19,11 +19,12 @@ mod sync;
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
+use parking_lot::Mutex;
 use tokio::{
     sync::{Notify, mpsc},
     task::JoinHandle,
@@ -34,13 +35,13 @@ use tracing::warn;
 use self::probes::ProbeResults;
 
 use super::{
-    backoff::{Backoff, BackoffPolicy},
     metrics::SyncKind,
     probe::{self, ProbeType},
     pull::ImageEnsurer,
     spec::NodeSettings,
     status::TerminalReason,
 };
+use crate::flowcontrol::{Backoff, BackoffPolicy};
 use crate::{
     cm::pod_cgroups::PodCgroups,
     cri::RuntimeService,
@@ -140,10 +141,6 @@ pub struct Worker {
     next_wake: Option<Instant>,
     /// The delay before the next volume set-up attempt after a failure.
     mount_retry: Option<Duration>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn pod_name(pod: &Pod) -> String {

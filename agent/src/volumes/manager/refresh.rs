@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Volume;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::{FAILED_MOUNT, PodState, PodsInUse, VolumeError, VolumeKind, VolumeManager, lock, setup::apply_fs_group};
+use super::{FAILED_MOUNT, PodState, PodsInUse, VolumeError, VolumeKind, VolumeManager, setup::apply_fs_group};
 use crate::{
     cri::RuntimeService,
     events::{EventType, pod_ref},
@@ -75,7 +75,7 @@ impl VolumeManager {
     /// Re-reads every API-backed volume of every pod (or only those that
     /// show `key`).
     pub async fn refresh(&self, key: Option<&ObjectKey>) {
-        let states: Vec<_> = lock(&self.pods).values().cloned().collect();
+        let states: Vec<_> = self.pods.lock().values().cloned().collect();
         for s in states {
             let mut st = s.lock().await;
             self.refresh_state(&mut st, |k| !matches!(k, VolumeKind::DownwardApi), key).await;
@@ -84,7 +84,7 @@ impl VolumeManager {
 
     /// When the next service account token needs refreshing.
     pub(super) async fn next_token_refresh(&self) -> Option<SystemTime> {
-        let states: Vec<_> = lock(&self.pods).values().cloned().collect();
+        let states: Vec<_> = self.pods.lock().values().cloned().collect();
         let mut next: Option<SystemTime> = None;
         for s in states {
             let st = s.lock().await;
