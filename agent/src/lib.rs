@@ -11,6 +11,7 @@ pub mod config;
 pub mod cri;
 pub mod events;
 pub mod eviction;
+pub mod flowcontrol;
 pub mod gc;
 pub mod heap;
 pub mod host;

@@ -8,10 +8,8 @@ use swiftlet::{
     app::{Agent, LogLevelHook},
     config::{self, Config, Invocation},
 };
-use tokio::{
-    signal::unix::{SignalKind, signal},
-    sync::watch,
-};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 fn main() -> ExitCode {
@@ -87,7 +85,8 @@ fn init_logging(config: &Config) -> Option<LogLevelHook> {
 fn run(config: Config, args: Vec<String>, log_level: Option<LogLevelHook>) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
-        let (stop, shutdown) = watch::channel(false);
+        let stop = CancellationToken::new();
+let shutdown = stop.clone();
         let agent = Arc::new(Agent::build(config, shutdown).await.context("cannot start")?);
         if let Some(hook) = log_level {
             agent.set_log_level_hook(hook);
@@ -122,7 +121,7 @@ fn run(config: Config, args: Vec<String>, log_level: Option<LogLevelHook>) -> Re
                 },
             }
         }
-        let _ = stop.send(true);
+        stop.cancel();
         running.await?.context("agent")?;
         anyhow::Ok(())
     })

@@ -16,9 +16,9 @@
 use std::{
     io,
     path::{Path, PathBuf},
-    sync::Mutex,
 };
 
+use parking_lot::Mutex;
 use thiserror::Error;
 
 /// The node's pressure files.
@@ -213,7 +213,7 @@ static NOTED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 /// Logs (once per `scope`) that `scope` has no pressure stall information
 /// and why: the fields and series are left out, as the kubelet leaves them.
 pub fn note_absent(scope: &str, why: &str) {
-    let mut noted = NOTED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut noted = NOTED.lock();
     if noted.iter().any(|s| s == scope) {
         return;
     }

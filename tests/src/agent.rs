@@ -26,7 +26,7 @@ use swiftlet::{
     reload::ConfigDiff,
     volumes::{NoApiServer, ObjectSource},
 };
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
@@ -84,7 +84,7 @@ pub struct TestAgent {
     pub rt: tokio::runtime::Runtime,
     /// The command line the agent was started with (for reloads).
     pub args: Vec<String>,
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
     task: Option<tokio::task::JoinHandle<()>>,
     /// Dropped last: removes the cgroup tree even when start() fails half-way.
     _cgroups: CgroupRoot,
@@ -204,7 +204,8 @@ impl TestAgent {
         let cfg = config::load(args.iter()).unwrap_or_else(|e| panic!("test agent config: {e}"));
         let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
         let events = Arc::new(Events::default());
-        let (stop, shutdown) = watch::channel(false);
+        let stop = CancellationToken::new();
+        let shutdown = stop.clone();
         let recorder: Arc<dyn EventRecorder> = events.clone();
         let agent = rt
             .block_on(Agent::build_with(cfg, shutdown, recorder, objects))
@@ -408,7 +409,7 @@ impl Drop for TestAgent {
         while !self.agent.pods.pods().is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(100));
         }
-        let _ = self.stop.send(true);
+        self.stop.cancel();
         if let Some(t) = self.task.take() {
             let _ = self.rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), t).await });
         }

@@ -27,7 +27,7 @@ use swiftlet::{
         stats::{StatsConfig, StatsProvider, StatsRuntime},
     },
 };
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     cgroup::TestCgroup,
@@ -104,7 +104,7 @@ pub struct InProcess {
     pub metrics: Arc<Metrics>,
     pub stats: Arc<StatsProvider>,
     pub dir: tempfile::TempDir,
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
 }
 
 impl InProcess {
@@ -189,7 +189,8 @@ impl InProcess {
             serving: None,
             certificates: Default::default(),
         }));
-        let (stop, rx) = watch::channel(false);
+        let stop = CancellationToken::new();
+        let rx = stop.clone();
         let servers = server::start(server.clone(), rx).await.expect("start the servers");
         let addr = servers.secure.expect("secure port");
         InProcess { server, addr, servers: Some(servers), config, events, metrics, stats, dir, stop }
@@ -200,7 +201,7 @@ impl InProcess {
     }
 
     pub async fn shutdown(mut self) {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
         if let Some(s) = self.servers.take() {
             s.join().await;
         }
@@ -209,7 +210,7 @@ impl InProcess {
 
 impl Drop for InProcess {
     fn drop(&mut self) {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
     }
 }
 

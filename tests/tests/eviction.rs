@@ -24,6 +24,7 @@ use swiftlet::{
     signals::{self, SignalEvent, SourceChoice, ebpf::EbpfOptions, node},
 };
 use swiftlet_tests::{cgroup::TestCgroup, pods::FakePods, prereq, workload};
+use tokio_util::sync::CancellationToken;
 
 const MIB: u64 = 1 << 20;
 const ALLOCATABLE: u64 = 1024 * MIB;
@@ -122,7 +123,8 @@ fn race(choice: SourceChoice, poll: Duration, kernel_eviction: bool, sleepers_in
     );
     let mut events = manager.events();
     let conditions = record_conditions(&rt, &manager);
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop_tx = CancellationToken::new();
+    let stop_rx = stop_tx.clone();
     let task = rt.spawn(event_loop.run(stop_rx));
 
     let mut steady = workload::Steps::spawn(&tc.fs, &guaranteed_pod);
@@ -218,7 +220,7 @@ fn race(choice: SourceChoice, poll: Duration, kernel_eviction: bool, sleepers_in
             "{exposition}"
         );
     }
-    stop_tx.send(true).unwrap();
+    stop_tx.cancel();
     rt.block_on(task).unwrap();
 }
 
@@ -330,7 +332,8 @@ fn a_thread_bomb_is_evicted_before_a_pod_with_more_processes() {
         None,
         Arc::new(Metrics::new()),
     );
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop_tx = CancellationToken::new();
+    let stop_rx = stop_tx.clone();
     let task = rt.spawn(event_loop.run(stop_rx));
     let deadline = Instant::now() + Duration::from_secs(15);
     while pods.evictions().is_empty() {
@@ -348,7 +351,7 @@ fn a_thread_bomb_is_evicted_before_a_pod_with_more_processes() {
     for n in &mut neighbours {
         assert!(n.try_wait().unwrap().is_none(), "the neighbour's processes live on");
     }
-    stop_tx.send(true).unwrap();
+    stop_tx.cancel();
     rt.block_on(task).unwrap();
     for mut n in neighbours {
         let _ = n.kill();

@@ -57,6 +57,7 @@ use swiftlet_tests::{
     prereq,
 };
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 fn node_name(tag: &str) -> String {
     format!("swl-{tag}-{}", std::process::id())
@@ -519,7 +520,8 @@ fn pressure_conditions_and_taints_follow_the_eviction_manager() {
     );
     api.connect_pressure(manager.conditions());
     let cri = Arc::new(CriClient::new(&cri_endpoint(), Duration::from_secs(10)).unwrap());
-    let (stop, shutdown) = watch::channel(false);
+    let stop = CancellationToken::new();
+    let shutdown = stop.clone();
     let eviction = rt.spawn(event_loop.run(shutdown.clone()));
     let (_live, frequencies) = watch::channel(swiftlet::reload::LiveSettings::of(&config));
     let running = rt.spawn(api.clone().run(cri.clone(), cri, frequencies, shutdown));
@@ -577,7 +579,7 @@ fn pressure_conditions_and_taints_follow_the_eviction_manager() {
     let events = admin.ok(&["get", "events", "-o", "wide"]);
     println!("$ kubectl get events -o wide\n{events}");
     println!("MemoryPressure held {held:?} after the signal recovered (transition period {transition:?})");
-    stop.send(true).unwrap();
+    stop.cancel();
     rt.block_on(async {
         running.await.unwrap().unwrap();
         eviction.await.unwrap();
@@ -621,7 +623,8 @@ fn pod_watch_keeps_pods_through_an_outage_and_relists_after_gone() {
     let client = kube_client(&server, &rt);
     let sink = Arc::new(Snapshots::default());
     let mirrors = Arc::new(MirrorPods::new(&name, true));
-    let (stop, shutdown) = watch::channel(false);
+    let stop = CancellationToken::new();
+    let shutdown = stop.clone();
     server.store().create(&PODS, "default", api_pod("p1", &name, &[])).unwrap();
     server.store().create(&PODS, "default", api_pod("elsewhere", "other-node", &[])).unwrap();
     server.store().create(&PODS, "kube-system", api_pod("etcd", &name, &[(CONFIG_MIRROR, "h1")])).unwrap();
@@ -668,7 +671,7 @@ fn pod_watch_keeps_pods_through_an_outage_and_relists_after_gone() {
         .filter(|r| r.method == "GET" && r.uri.starts_with("/api/v1/pods?") && !r.uri.contains("watch=true"))
         .count();
     assert!(lists_after >= 2, "a list at start and one after the 410");
-    stop.send(true).unwrap();
+    stop.cancel();
     rt.block_on(task).unwrap();
 }
 
@@ -704,7 +707,8 @@ fn status_manager_writes_changes_retries_conflicts_and_deletes_terminated_pods()
     let created = server.store().create(&PODS, "default", api_pod("web", &name, &[])).unwrap();
     let pod: Pod = serde_json::from_value(created).unwrap();
     let sm = Arc::new(StatusManager::default());
-    let (stop, shutdown) = watch::channel(false);
+    let stop = CancellationToken::new();
+    let shutdown = stop.clone();
     let api = Arc::new(KubePodApi { client, timeout: Duration::from_secs(5) });
     let task = {
         let sm = sm.clone();
@@ -744,7 +748,7 @@ fn status_manager_writes_changes_retries_conflicts_and_deletes_terminated_pods()
             && r.uri.starts_with("/api/v1/namespaces/default/pods/web")
             && r.status == 200)
     );
-    stop.send(true).unwrap();
+    stop.cancel();
     rt.block_on(task).unwrap();
 }
 
@@ -770,7 +774,8 @@ fn mirror_pods_follow_static_pods_and_come_back_when_deleted() {
     let client = kube_client(&server, &rt);
     let mirrors = Arc::new(MirrorPods::new(&name, true));
     let sm = Arc::new(StatusManager::default());
-    let (stop, shutdown) = watch::channel(false);
+    let stop = CancellationToken::new();
+    let shutdown = stop.clone();
     let (_uid_tx, uid_rx) = watch::channel(Some(node_uid.clone()));
     let api = Arc::new(KubePodApi { client: client.clone(), timeout: Duration::from_secs(5) });
     let tasks = {
@@ -819,7 +824,7 @@ fn mirror_pods_follow_static_pods_and_come_back_when_deleted() {
     // The static pod goes: so does its mirror.
     mirrors.set(PodSnapshot { source: SourceKind::File, pods: vec![] });
     wait("the orphan mirror deleted", Duration::from_secs(10), || current(&server).is_none().then_some(()));
-    stop.send(true).unwrap();
+    stop.cancel();
     for t in tasks {
         rt.block_on(t).unwrap();
     }
@@ -837,7 +842,8 @@ fn events_are_deduplicated_and_counted_in_the_api() {
     let pod: Pod =
         serde_json::from_value(server.store().create(&PODS, "default", api_pod("web", &name, &[])).unwrap()).unwrap();
     let rec = Arc::new(recorder::ApiEventRecorder::new(&name, 50, 100));
-    let (stop, shutdown) = watch::channel(false);
+    let stop = CancellationToken::new();
+    let shutdown = stop.clone();
     let task = {
         let rec = rec.clone();
         let sink: Arc<dyn recorder::EventSink> = Arc::new(recorder::KubeEventSink(client));
@@ -874,7 +880,7 @@ fn events_are_deduplicated_and_counted_in_the_api() {
     let out = admin.ok(&["get", "events", "-o", "wide"]);
     println!("$ kubectl get events -o wide\n{out}");
     assert!(table(&out).iter().any(|r| r.contains(&"BackOff".to_owned()) && r.contains(&"3".to_owned())));
-    stop.send(true).unwrap();
+    stop.cancel();
     rt.block_on(task).unwrap();
 }
 

@@ -5,16 +5,18 @@
 
 use std::{
     fmt,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
+use parking_lot::Mutex;
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
     metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge, histogram::Histogram},
 };
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::{
@@ -104,7 +106,7 @@ impl Manager {
 
     /// Renews at each deadline until `shutdown`; a failed renewal is
     /// counted and retried with back-off.
-    pub async fn run(self: Arc<Self>, api: Arc<dyn CsrApi>, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(self: Arc<Self>, api: Arc<dyn CsrApi>, shutdown: CancellationToken) {
         let mut failures = 0u32;
         let mut planned: Option<(SystemTime, SystemTime)> = None;
         loop {
@@ -135,12 +137,12 @@ impl Manager {
             };
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.cancelled() => return,
             }
-            let template = self.template.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let template = self.template.lock().clone();
             let obtained = tokio::select! {
                 r = csr::obtain(api.as_ref(), self.kind, &template, CSR_POLL, CSR_WAIT) => r,
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.cancelled() => return,
             };
             match obtained.and_then(|(c, k)| self.store.update(&c, &k, SystemTime::now())) {
                 Ok(pair) => {
@@ -262,7 +264,7 @@ mod tests {
     impl CsrApi for Signer {
         async fn create(&self, csr: &CertificateSigningRequest) -> Result<String, String> {
             {
-                let mut f = self.fail.lock().unwrap();
+                let mut f = self.fail.lock();
                 if *f > 0 {
                     *f -= 1;
                     return Err("the API server is away".into());
@@ -277,7 +279,7 @@ mod tests {
             p.params.not_before = rcgen::date_time_ymd(1970, 1, 1) + now;
             p.params.not_after = rcgen::date_time_ymd(1970, 1, 1) + now + self.lifetime;
             let cert = p.signed_by(&ca).unwrap().pem();
-            let mut issued = self.issued.lock().unwrap();
+            let mut issued = self.issued.lock();
             let name = format!("csr-{}", issued.len());
             let mut out = csr.clone();
             out.status = Some(CertificateSigningRequestStatus {
@@ -293,7 +295,7 @@ mod tests {
         }
 
         async fn get(&self, name: &str) -> Result<CertificateSigningRequest, String> {
-            self.issued.lock().unwrap().get(name).cloned().ok_or_else(|| "not found".into())
+            self.issued.lock().get(name).cloned().ok_or_else(|| "not found".into())
         }
     }
 
@@ -305,7 +307,8 @@ mod tests {
         assert_eq!(m.ttl_seconds(SystemTime::now()), f64::INFINITY);
         let api =
             Arc::new(Signer { lifetime: Duration::from_secs(4), fail: Mutex::new(1), issued: Default::default() });
-        let (stop, rx) = watch::channel(false);
+        let stop = CancellationToken::new();
+        let rx = stop.clone();
         let mut current = m.current();
         let task = tokio::spawn(m.clone().run(api.clone(), rx));
         // No certificate: asked at once; the first request fails, the
@@ -327,7 +330,7 @@ mod tests {
             })]);
         assert!(text.contains("# TYPE kubelet_certificate_manager_client_ttl_seconds gauge"), "{text}");
         assert!(text.contains("kubelet_certificate_manager_client_expiration_renew_errors 1"), "{text}");
-        stop.send_replace(true);
+        stop.cancel();
         task.await.unwrap();
     }
 }

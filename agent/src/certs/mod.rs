@@ -24,16 +24,18 @@ pub mod store;
 
 use std::{
     fmt,
-    sync::{Arc, RwLock},
+    sync::Arc,
     task::{Context, Poll},
 };
 
 use futures::future::BoxFuture;
 use http::{Request, Response};
+use parking_lot::RwLock;
 use rustls::{
     server::{ClientHello, ResolvesServerCert},
     sign::CertifiedKey,
 };
+use tokio_util::sync::CancellationToken;
 
 pub use self::manager::{CertificateMetrics, Current, Manager};
 
@@ -56,11 +58,11 @@ impl fmt::Debug for SwappableClient {
 
 impl SwappableClient {
     pub fn set(&self, client: kube::Client) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some(client);
+        *self.0.write() = Some(client);
     }
 
     pub fn is_set(&self) -> bool {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).is_some()
+        self.0.read().is_some()
     }
 
     /// A kube client over this one, with `layer` (the rate limiter) in
@@ -87,7 +89,7 @@ impl tower::Service<Request<kube::client::Body>> for SwappableClient {
     }
 
     fn call(&mut self, req: Request<kube::client::Body>) -> Self::Future {
-        let client = self.0.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let client = self.0.read().clone();
         Box::pin(async move {
             match client {
                 // kube's Client::send returns its own error, which the
@@ -118,16 +120,12 @@ impl ServingResolver {
     }
 
     pub fn set(&self, key: Option<Arc<CertifiedKey>>) {
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = key;
+        *self.current.write() = key;
     }
 
     /// Follows a manager's certificate until the manager goes or
-    /// `shutdown` turns true.
-    pub fn follow(
-        self: &Arc<Self>,
-        mut current: Current,
-        mut shutdown: tokio::sync::watch::Receiver<bool>,
-    ) -> tokio::task::JoinHandle<()> {
+    /// `shutdown` is cancelled.
+    pub fn follow(self: &Arc<Self>, mut current: Current, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
         tokio::spawn(async move {
             loop {
@@ -138,7 +136,7 @@ impl ServingResolver {
                 }
                 tokio::select! {
                     r = current.changed() => if r.is_err() { return },
-                    _ = shutdown.wait_for(|s| *s) => return,
+                    _ = shutdown.cancelled() => return,
                 }
             }
         })
@@ -147,7 +145,7 @@ impl ServingResolver {
 
 impl ResolvesServerCert for ServingResolver {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.current.read().clone()
     }
 }
 

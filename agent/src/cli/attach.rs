@@ -4,10 +4,11 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, RwLock},
+    sync::Arc,
 };
 
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+use parking_lot::RwLock;
 
 use super::CliError;
 use crate::{
@@ -116,7 +117,7 @@ pub struct RuntimePods(pub RwLock<Names>);
 
 impl PodView for RuntimePods {
     fn pods(&self) -> Vec<Pod> {
-        let names = self.0.read().unwrap_or_else(|p| p.into_inner());
+        let names = self.0.read();
         names
             .pods
             .values()

@@ -11,12 +11,14 @@
 //! and the kernel's OOM kills. Remote: `kubectl get --raw
 //! /api/v1/nodes/<node>/proxy/debug/events`.
 
+use parking_lot::RwLock;
+
 use std::{
     collections::HashMap,
     io::{BufRead, BufReader, Write},
     os::unix::net::UnixStream,
     path::Path,
-    sync::{Arc, RwLock},
+    sync::Arc,
     time::Duration,
 };
 
@@ -135,9 +137,9 @@ fn attach_and_stream(config: &Config) -> Result<(), CliError> {
                 by_id.insert(id, f.path.clone());
             }
         }
-        *ids.write().unwrap_or_else(|p| p.into_inner()) = by_id;
+        *ids.write() = by_id;
         let n: Names = rt.block_on(attached.names());
-        *names.0.write().unwrap_or_else(|p| p.into_inner()) = n;
+        *names.0.write() = n;
     };
     refresh(&mut attached, &rt);
     let info = node_info(config, attached.naming.kubepods());
@@ -158,7 +160,7 @@ fn attach_and_stream(config: &Config) -> Result<(), CliError> {
         // registered: find it by id among what was discovered.
         let e = match e {
             SignalEvent::OomKill { cgroup: None, cgroup_id, pid, at_ns, received_ns } => SignalEvent::OomKill {
-                cgroup: sink_ids.read().unwrap_or_else(|p| p.into_inner()).get(&cgroup_id).cloned(),
+                cgroup: sink_ids.read().get(&cgroup_id).cloned(),
                 cgroup_id,
                 pid,
                 at_ns,
@@ -168,7 +170,7 @@ fn attach_and_stream(config: &Config) -> Result<(), CliError> {
         };
         let resolve = |cg: &str| {
             let uid = pod_uid_of_cgroup(cg)?;
-            let n = sink_names.0.read().unwrap_or_else(|p| p.into_inner());
+            let n = sink_names.0.read();
             Some(match n.pods.get(&uid) {
                 Some(p) => PodRef { namespace: p.namespace.clone(), name: p.name.clone(), uid },
                 None => PodRef { namespace: String::new(), name: String::new(), uid },

@@ -5,14 +5,10 @@
 //! with `cgroups::CgroupFs`, whatever the driver: both drivers' cgroups are
 //! plain cgroupfs directories, named by `CgroupNaming`.
 
-use std::{
-    collections::BTreeMap,
-    fmt::Debug,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::BTreeMap, fmt::Debug, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use thiserror::Error;
 
 use super::{hierarchy::CgroupLimits, naming::CgroupDriver};
@@ -170,16 +166,12 @@ pub struct InMemoryCgroups {
 
 impl InMemoryCgroups {
     pub fn get(&self, cgroup: &str) -> Option<RecordedCgroup> {
-        self.lock().get(cgroup.trim_matches('/')).cloned()
+        self.cgroups.lock().get(cgroup.trim_matches('/')).cloned()
     }
 
     /// A cgroup someone else made (for `update`).
     pub fn add_existing(&self, cgroup: &str) {
-        self.lock().insert(cgroup.trim_matches('/').to_owned(), RecordedCgroup::default());
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, RecordedCgroup>> {
-        self.cgroups.lock().unwrap_or_else(|p| p.into_inner())
+        self.cgroups.lock().insert(cgroup.trim_matches('/').to_owned(), RecordedCgroup::default());
     }
 }
 
@@ -190,7 +182,7 @@ impl CgroupManager for InMemoryCgroups {
     }
 
     async fn apply(&self, cgroup: &str, limits: &CgroupLimits) -> Result<(), CmError> {
-        let mut all = self.lock();
+        let mut all = self.cgroups.lock();
         let entry = all.entry(cgroup.trim_matches('/').to_owned()).or_default();
         entry.limits = limits.clone();
         entry.applies += 1;
@@ -198,7 +190,7 @@ impl CgroupManager for InMemoryCgroups {
     }
 
     async fn update(&self, cgroup: &str, limits: &CgroupLimits) -> Result<(), CmError> {
-        match self.lock().get_mut(cgroup.trim_matches('/')) {
+        match self.cgroups.lock().get_mut(cgroup.trim_matches('/')) {
             Some(entry) => {
                 entry.limits = limits.clone();
                 entry.applies += 1;
@@ -212,7 +204,7 @@ impl CgroupManager for InMemoryCgroups {
     }
 
     async fn destroy(&self, cgroup: &str, _timeout: Duration) -> Result<(), CmError> {
-        self.lock().remove(cgroup.trim_matches('/'));
+        self.cgroups.lock().remove(cgroup.trim_matches('/'));
         Ok(())
     }
 }

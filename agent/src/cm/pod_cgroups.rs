@@ -4,11 +4,9 @@
 //! names them. What the limits are is `hierarchy`'s (pure); how a cgroup is
 //! made is the driver's (`manager`, `systemd`).
 
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
+use parking_lot::Mutex;
 use tracing::info;
 
 use super::{
@@ -77,7 +75,7 @@ impl PodCgroups {
         for qos in [QosClass::Burstable, QosClass::BestEffort] {
             self.manager.apply(&self.naming.qos(qos), &qos_cgroup_limits(qos, 0)).await?;
         }
-        *self.burstable_applied.lock().unwrap_or_else(|p| p.into_inner()) = Some(0);
+        *self.burstable_applied.lock() = Some(0);
         Ok(())
     }
 
@@ -125,12 +123,12 @@ impl PodCgroups {
     /// of its pods' cpu requests, as the kubelet's QoS container manager
     /// keeps them; nothing is written when the sum did not change.
     pub async fn update_burstable_cpu_shares(&self, total_request_milli: i64) -> Result<(), CmError> {
-        if *self.burstable_applied.lock().unwrap_or_else(|p| p.into_inner()) == Some(total_request_milli) {
+        if *self.burstable_applied.lock() == Some(total_request_milli) {
             return Ok(());
         }
         let qos = QosClass::Burstable;
         self.manager.apply(&self.naming.qos(qos), &qos_cgroup_limits(qos, total_request_milli)).await?;
-        *self.burstable_applied.lock().unwrap_or_else(|p| p.into_inner()) = Some(total_request_milli);
+        *self.burstable_applied.lock() = Some(total_request_milli);
         Ok(())
     }
 

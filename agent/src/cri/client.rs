@@ -10,12 +10,13 @@
 
 use std::{
     path::PathBuf,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use async_trait::async_trait;
 use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::{CriError, ImageService, Listed, Result, RuntimeService, api};
@@ -62,10 +63,6 @@ pub struct CriClient {
     /// Where calls are counted and timed (kubelet_runtime_operations_*),
     /// shared by clones.
     metrics: Arc<std::sync::OnceLock<Arc<crate::metrics::Metrics>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The socket path of a kubelet-style endpoint (`unix:///run/x.sock`, or a
@@ -132,7 +129,7 @@ impl CriClient {
     }
 
     pub fn health(&self) -> RuntimeHealth {
-        let h = lock(&self.health);
+        let h = self.health.lock();
         RuntimeHealth { last_ok: h.last_ok, down_since: h.down_since }
     }
 
@@ -152,7 +149,7 @@ impl CriClient {
         if let Some(m) = self.metrics.get() {
             m.kubelet.observe_runtime_call(name, started.elapsed().as_secs_f64(), out.is_err());
         }
-        let mut h = lock(&self.health);
+        let mut h = self.health.lock();
         match &out {
             Err(e) if e.is_unavailable() => {
                 h.down_since.get_or_insert_with(Instant::now);
@@ -235,7 +232,7 @@ fn channel(path: PathBuf) -> Channel {
         let path = path.clone();
         let dialer = dialer.clone();
         async move {
-            if let Some(at) = lock(&dialer).next_attempt
+            if let Some(at) = dialer.lock().next_attempt
                 && Instant::now() < at
             {
                 return Err(std::io::Error::new(
@@ -245,13 +242,13 @@ fn channel(path: PathBuf) -> Channel {
             }
             match tokio::net::UnixStream::connect(&path).await {
                 Ok(s) => {
-                    let mut d = lock(&dialer);
+                    let mut d = dialer.lock();
                     d.failures = 0;
                     d.next_attempt = None;
                     Ok(TokioIo::new(s))
                 }
                 Err(e) => {
-                    let mut d = lock(&dialer);
+                    let mut d = dialer.lock();
                     let delay = BACKOFF_START.saturating_mul(1 << d.failures.min(10)).min(BACKOFF_CAP);
                     d.failures = d.failures.saturating_add(1);
                     d.next_attempt = Some(Instant::now() + delay);

@@ -10,15 +10,17 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::PathBuf,
-    sync::{Arc, Mutex, MutexGuard, Weak},
+    sync::{Arc, Weak},
     time::{Duration, Instant},
 };
 
 use k8s_openapi::api::core::v1::Pod;
+use parking_lot::Mutex;
 use tokio::{
     sync::{Notify, watch},
     task::JoinHandle,
 };
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::{
@@ -110,7 +112,7 @@ impl DeviceManager {
     /// Device ids per container of a pod, per resource (for tests and
     /// debugging).
     pub fn pod_devices(&self, uid: &str) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
-        let st = self.lock();
+        let st = self.state.lock();
         st.assignments
             .pods
             .get(uid)
@@ -120,10 +122,6 @@ impl DeviceManager {
                     .collect()
             })
             .unwrap_or_default()
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Publishes the node status figures and writes the checkpoint.
@@ -142,7 +140,7 @@ impl DeviceManager {
 
     /// Cleans the directory and serves Registration on its kubelet.sock
     /// until `shutdown`.
-    pub fn start(&self, mut shutdown: watch::Receiver<bool>) -> std::io::Result<JoinHandle<()>> {
+    pub fn start(&self, shutdown: CancellationToken) -> std::io::Result<JoinHandle<()>> {
         let ctx = |what: &str, e: std::io::Error| {
             std::io::Error::new(e.kind(), format!("{what} {}: {e}", self.dir.display()))
         };
@@ -157,16 +155,16 @@ impl DeviceManager {
         let registrar: Arc<dyn Registrar> = Arc::new(Handle(self.this.clone()));
         let this = self.this.clone();
         Ok(tokio::spawn(async move {
-            let mut stop = shutdown.clone();
+            let stop = shutdown.clone();
             let server = registration::serve(listener, registrar, async move {
-                let _ = stop.wait_for(|s| *s).await;
+                let _ = stop.cancelled().await;
             });
             let expiry = async {
                 let mut tick = tokio::time::interval(EXPIRY_CHECK);
                 loop {
                     tick.tick().await;
                     let Some(m) = this.upgrade() else { return };
-                    let st = &mut *m.lock();
+                    let st = &mut *m.state.lock();
                     if st.registry.expire(Instant::now()) {
                         info!("device manager: resources of plugins gone for 5 minutes removed");
                         m.changed(st);
@@ -176,7 +174,7 @@ impl DeviceManager {
             tokio::select! {
                 r = server => if let Err(e) = r { warn!("device plugin registration server: {e}") },
                 _ = expiry => {}
-                _ = shutdown.wait_for(|s| *s) => {}
+                _ = shutdown.cancelled() => {}
             }
         }))
     }
@@ -201,7 +199,7 @@ impl DeviceManager {
         };
         let cancel = Arc::new(Notify::new());
         let generation = {
-            let st = &mut *self.lock();
+            let st = &mut *self.state.lock();
             st.generation += 1;
             let generation = st.generation;
             let plugin = Plugin { generation, client, options, cancel: cancel.clone() };
@@ -220,7 +218,7 @@ impl DeviceManager {
             };
             match next {
                 Ok(Some(list)) => {
-                    let st = &mut *self.lock();
+                    let st = &mut *self.state.lock();
                     if st.plugins.get(&resource).is_none_or(|p| p.generation != generation) {
                         return;
                     }
@@ -231,7 +229,7 @@ impl DeviceManager {
                 Err(s) => break format!("{}: {}", s.code(), s.message()),
             }
         };
-        let st = &mut *self.lock();
+        let st = &mut *self.state.lock();
         if st.plugins.get(&resource).is_some_and(|p| p.generation == generation) {
             warn!(resource, "device plugin ListAndWatch: {ended}; its devices are unhealthy until it registers again");
             st.plugins.remove(&resource);
@@ -259,7 +257,7 @@ fn uid(pod: &Pod) -> String {
 impl PodDeviceAllocator for DeviceManager {
     fn admit(&self, pod: &Pod, keep: Option<&BTreeSet<String>>) -> Result<(), String> {
         let id = uid(pod);
-        let st = &mut *self.lock();
+        let st = &mut *self.state.lock();
         let mut changed = false;
         if let Some(keep) = keep {
             let mut keep = keep.clone();
@@ -290,7 +288,7 @@ impl PodDeviceAllocator for DeviceManager {
         let id = uid(pod);
         type Work = (String, Vec<String>, Option<api::ContainerAllocateResponse>, Option<(PluginClient, bool)>);
         let work: Vec<Work> = {
-            let st = self.lock();
+            let st = self.state.lock();
             let Some(resources) = st.assignments.container(&id, name) else { return Ok(None) };
             resources
                 .iter()
@@ -309,7 +307,7 @@ impl PodDeviceAllocator for DeviceManager {
                         return Err(format!("no device plugin is registered for {resource}"));
                     };
                     let r = client.allocate(ids.clone()).await.map_err(|e| format!("{resource}: {e}"))?;
-                    let st = &mut *self.lock();
+                    let st = &mut *self.state.lock();
                     if let Some(d) = st
                         .assignments
                         .pods
@@ -336,7 +334,7 @@ impl PodDeviceAllocator for DeviceManager {
     }
 
     fn pod_removed(&self, uid: &str) {
-        let st = &mut *self.lock();
+        let st = &mut *self.state.lock();
         if st.assignments.pods.remove(uid).is_some() {
             self.changed(st);
         }

@@ -20,6 +20,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use parking_lot::{Mutex, MutexGuard};
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
@@ -260,14 +262,14 @@ impl<F: PressureFiles> PressureWatcher<F> {
 }
 
 /// Starts the watcher on the kernel's triggers on a thread of its own;
-/// it stops when `shutdown` turns true. Errors when the kernel has no PSI
+/// it stops when `shutdown` is cancelled. Errors when the kernel has no PSI
 /// or refuses a trigger on the node's file.
 pub fn spawn(
     cfg: PressureConfig,
     pods: Arc<dyn PodProvider>,
     pod_file: PodPressureFile,
     sink: Arc<dyn PressureSink>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) -> io::Result<tokio::task::JoinHandle<()>> {
     let node_file = psi::node_memory_file();
     // Fail at start, with the reason, rather than watch nothing.
@@ -277,11 +279,7 @@ pub fn spawn(
     let watcher = PressureWatcher::new(files, cfg, node_file, pods, pod_file, sink);
     let thread = std::thread::Builder::new().name("memory-pressure".into()).spawn(move || watcher.run())?;
     Ok(tokio::spawn(async move {
-        while !*shutdown.borrow() {
-            if shutdown.changed().await.is_err() {
-                break;
-            }
-        }
+        shutdown.cancelled().await;
         stop.stop();
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }))
@@ -291,7 +289,7 @@ pub fn spawn(
 /// waits that return what the test queued (a stop when nothing is queued).
 #[derive(Clone, Default)]
 pub struct MemoryPressureFiles {
-    inner: Arc<std::sync::Mutex<MemoryFilesInner>>,
+    inner: Arc<Mutex<MemoryFilesInner>>,
 }
 
 #[derive(Default)]
@@ -302,8 +300,8 @@ struct MemoryFilesInner {
 }
 
 impl MemoryPressureFiles {
-    fn inner(&self) -> std::sync::MutexGuard<'_, MemoryFilesInner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    fn inner(&self) -> MutexGuard<'_, MemoryFilesInner> {
+        self.inner.lock()
     }
 
     pub fn set(&self, file: &Path, avg10: f64) {
@@ -343,14 +341,13 @@ impl PressureFiles for MemoryPressureFiles {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
 
     use super::*;
 
     struct Pods(Mutex<Vec<EvictionPod>>);
     impl PodProvider for Pods {
         fn eviction_pods(&self) -> Vec<EvictionPod> {
-            self.0.lock().unwrap().clone()
+            self.0.lock().clone()
         }
     }
 
@@ -358,10 +355,10 @@ mod tests {
     struct Seen(Mutex<Vec<String>>);
     impl PressureSink for Seen {
         fn node(&self, avg10: f64, v: &Verdict) {
-            self.0.lock().unwrap().push(format!("node {avg10} fire={} condition={}", v.fire, v.condition));
+            self.0.lock().push(format!("node {avg10} fire={} condition={}", v.fire, v.condition));
         }
         fn pod(&self, pod: &EvictionPod, avg10: f64, v: &Verdict) {
-            self.0.lock().unwrap().push(format!("{} {avg10} fire={}", pod.name, v.fire));
+            self.0.lock().push(format!("{} {avg10} fire={}", pod.name, v.fire));
         }
         fn pods_highest(&self, _: Option<f64>) {}
     }
@@ -409,7 +406,7 @@ mod tests {
         assert_eq!(files.armed().len(), 3, "{:?}", files.armed());
         let next = w.step(Instant::now());
         assert!(next.is_some(), "above the threshold: read again soon");
-        let mut got = seen.0.lock().unwrap().clone();
+        let mut got = seen.0.lock().clone();
         got.sort();
         assert_eq!(got, ["idle 0 fire=false", "node 50 fire=true condition=true", "stalled 80 fire=true"]);
     }
@@ -424,7 +421,7 @@ mod tests {
         files.queue(Wait::Fired);
         // Then nothing queued: the twin's wait says stop.
         w.run();
-        let got = seen.0.lock().unwrap().clone();
+        let got = seen.0.lock().clone();
         // One reading at start, one for the trigger; none for the timeout
         // (idle below the threshold: nothing due).
         assert_eq!(got, ["node 1 fire=false condition=false", "node 1 fire=false condition=false"]);

@@ -9,7 +9,7 @@ use std::{
 };
 
 use async_trait::async_trait;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::plan::{ActivePods, GcPlan, GcPolicy, PodStates, log_dir_uid, plan};
@@ -216,24 +216,19 @@ impl ContainerGc {
         self.collect(true).await
     }
 
-    /// Collects every [`CONTAINER_GC_PERIOD`] until `shutdown` is true.
-    pub async fn run(self: Arc<Self>, shutdown: watch::Receiver<bool>) {
+    /// Collects every [`CONTAINER_GC_PERIOD`] until `shutdown` is cancelled.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         self.run_every(CONTAINER_GC_PERIOD, shutdown).await
     }
 
     /// [`ContainerGc::run`] with another period (tests).
-    pub async fn run_every(self: Arc<Self>, period: Duration, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run_every(self: Arc<Self>, period: Duration, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                r = shutdown.changed() => {
-                    if r.is_err() || *shutdown.borrow() {
-                        return;
-                    }
-                    continue;
-                }
+                _ = shutdown.cancelled() => return,
             }
             match self.garbage_collect().await {
                 Ok(r) if !r.containers_removed.is_empty() || !r.sandboxes_removed.is_empty() => info!(

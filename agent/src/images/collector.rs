@@ -19,14 +19,12 @@
 //! (containerd: its snapshotter root), measured with statfs as the
 //! kubelet's cadvisor does.
 
-use std::{
-    path::Path,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{path::Path, sync::Arc, time::Duration};
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use tokio::{sync::watch, time::Instant};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
@@ -90,10 +88,6 @@ pub struct ImageGc {
     busy: tokio::sync::Mutex<()>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl ImageGc {
     pub fn new(
         images: Arc<dyn ImageService>,
@@ -138,7 +132,7 @@ impl ImageGc {
         let images = self.images.list_images().await?;
         let containers = self.runtime.list_containers(None).await?;
         let in_use = images_in_use(&images, &containers, &self.policy.pinned_images);
-        lock(&self.records).detect(&images, &in_use, Instant::now());
+        self.records.lock().detect(&images, &in_use, Instant::now());
         Ok(in_use)
     }
 
@@ -156,7 +150,7 @@ impl ImageGc {
         match self.images.remove_image(id).await {
             Ok(()) => {
                 info!(image = id, reason, size, "removed unused image");
-                lock(&self.records).forget(id);
+                self.records.lock().forget(id);
                 if let Some(m) = &self.metrics {
                     m.count_gc(reason);
                 }
@@ -198,7 +192,7 @@ impl ImageGc {
         let in_use = self.detect().await?;
         let fs = self.image_fs().await?;
         let p = {
-            let records = lock(&self.records);
+            let records = self.records.lock();
             plan(&self.policy, &records, &in_use, Some(fs), Instant::now(), self.started)?
         };
         if p.bytes_to_free > 0 {
@@ -226,20 +220,20 @@ impl ImageGc {
         let _busy = self.busy.lock().await;
         let in_use = self.detect().await?;
         let p = {
-            let records = lock(&self.records);
+            let records = self.records.lock();
             plan(&self.policy, &records, &in_use, None, Instant::now(), self.started)?
         };
         Ok(self.execute(p).await.0)
     }
 
     /// Detects at once (dating present images to the beginning of time),
-    /// then collects every [`IMAGE_GC_PERIOD`] until `shutdown` is true.
-    pub async fn run(self: Arc<Self>, shutdown: watch::Receiver<bool>) {
+    /// then collects every [`IMAGE_GC_PERIOD`] until `shutdown` is cancelled.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         self.run_every(IMAGE_GC_PERIOD, shutdown).await
     }
 
     /// [`ImageGc::run`] with another period (tests).
-    pub async fn run_every(self: Arc<Self>, period: Duration, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run_every(self: Arc<Self>, period: Duration, shutdown: CancellationToken) {
         if !self.policy.enabled() {
             info!("imageGCHighThresholdPercent is 100 and imageMaximumGCAge is 0: image garbage collection is off");
             return;
@@ -253,12 +247,7 @@ impl ImageGc {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                r = shutdown.changed() => {
-                    if r.is_err() || *shutdown.borrow() {
-                        return;
-                    }
-                    continue;
-                }
+                _ = shutdown.cancelled() => return,
             }
             match self.garbage_collect().await {
                 Ok(r) => {
@@ -283,7 +272,6 @@ impl ImageGc {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex as StdMutex;
 
     use super::*;
     use crate::cri::{
@@ -292,11 +280,11 @@ mod tests {
     };
 
     #[derive(Default)]
-    struct Events(StdMutex<Vec<(String, String)>>);
+    struct Events(Mutex<Vec<(String, String)>>);
 
     impl EventRecorder for Events {
         fn record(&self, _o: &ObjectReference, _t: EventType, reason: &str, message: &str) {
-            self.0.lock().unwrap().push((reason.to_owned(), message.to_owned()));
+            self.0.lock().push((reason.to_owned(), message.to_owned()));
         }
     }
 
@@ -344,7 +332,7 @@ mod tests {
         gc.detect().await.unwrap();
         let e = gc.garbage_collect().await.unwrap_err();
         assert!(matches!(e, ImageGcError::NotEnough { wanted, freed } if wanted == 10 * GB && freed == 6 * GB), "{e}");
-        assert_eq!(ev.0.lock().unwrap()[0].0, event::FREE_DISK_SPACE_FAILED);
+        assert_eq!(ev.0.lock()[0].0, event::FREE_DISK_SPACE_FAILED);
         assert!(rt.has_image("used:1") && rt.has_image("registry.k8s.io/pause:3.9"));
         assert!(!rt.has_image("old-1:1") && !rt.has_image("old-2:1"));
     }
@@ -356,7 +344,7 @@ mod tests {
         let r = gc.garbage_collect().await.unwrap();
         assert_eq!(r.bytes_to_free, 6 * GB);
         assert_eq!(r.removed.len(), 2);
-        assert!(ev.0.lock().unwrap().is_empty());
+        assert!(ev.0.lock().is_empty());
         // Under the high threshold nothing happens.
         let (rt2, _ev, gc) = setup(20, policy()).await;
         let r = gc.garbage_collect().await.unwrap();
@@ -385,7 +373,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn runs_periodically_until_shutdown() {
         let (rt, _ev, gc) = setup(10, policy()).await;
-        let (tx, rx) = watch::channel(false);
+        let tx = CancellationToken::new();
+        let rx = tx.clone();
         let task = tokio::spawn(Arc::new(gc).run(rx));
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!rt.has_image("old-1:1"), "the first collection runs at start");
@@ -396,7 +385,7 @@ mod tests {
         assert!(rt.has_image("later:1"));
         tokio::time::sleep(IMAGE_GC_PERIOD).await;
         assert!(!rt.has_image("later:1"));
-        tx.send(true).unwrap();
+        tx.cancel();
         task.await.unwrap();
     }
 }

@@ -15,13 +15,10 @@
 //!    size, or Failed and ErrImagePull / RegistryUnavailable, which starts
 //!    or doubles the back-off: 10 s doubling to 5 min per pod and image).
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use k8s_openapi::api::core::v1::{Container, ObjectReference, Pod};
+use parking_lot::Mutex;
 use tokio::{
     sync::{Semaphore, SemaphorePermit},
     time::Instant,
@@ -29,18 +26,17 @@ use tokio::{
 use tracing::{info, warn};
 
 use super::{
-    backoff::Backoff,
     credentials::PullCredentials,
     errors::{ImageError, ImageErrorReason, classify_pull_error},
     metrics::ImageMetrics,
     policy::PullPolicy,
     reference::with_default_tag,
-    throttle::TokenBucket,
 };
 use crate::{
     config::KubeletConfiguration,
     cri::{CriError, ImageService, api},
     events::{EventRecorder, EventType, pod_ref},
+    flowcontrol::{Backoff, BackoffPolicy, TokenBucket},
 };
 
 /// Event reasons (pkg/kubelet/events).
@@ -131,7 +127,7 @@ struct PullState {
     backoff: Backoff,
     /// The last pull error per back-off key, shown while backing off.
     prev_error: HashMap<String, String>,
-    throttle: Option<TokenBucket>,
+    throttle: TokenBucket,
 }
 
 /// Construct once per agent and share (`Arc`); every pod worker calls
@@ -154,10 +150,6 @@ pub struct ImageManager {
     metrics: Option<ImageMetrics>,
     /// Pull secrets, the node's Docker config and credential providers.
     credentials: Option<Arc<PullCredentials>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// An ObjectReference to `container` of `pod` for events, with the
@@ -235,9 +227,9 @@ impl ImageManager {
             recorder,
             slots,
             state: Mutex::new(PullState {
-                backoff: Backoff::new(cfg.backoff_initial, cfg.backoff_max),
+                backoff: Backoff::new(BackoffPolicy { initial: cfg.backoff_initial, max: cfg.backoff_max }),
                 prev_error: HashMap::new(),
-                throttle: TokenBucket::new(cfg.registry_pull_qps, cfg.registry_burst, Instant::now()),
+                throttle: TokenBucket::new(f64::from(cfg.registry_pull_qps), cfg.registry_burst),
             }),
             metrics: None,
             credentials: None,
@@ -344,8 +336,8 @@ impl ImageManager {
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let key = format!("{uid}_{image}");
         {
-            let st = lock(&self.state);
-            if st.backoff.in_backoff(&key, Instant::now()) {
+            let st = self.state.lock();
+            if st.backoff.in_backoff(&key, Instant::now().into_std()) {
                 let msg = format!("Back-off pulling image {requested:?}");
                 self.event(&obj, EventType::Normal, event::BACK_OFF, &msg);
                 let full = match st.prev_error.get(&key) {
@@ -369,7 +361,7 @@ impl ImageManager {
         let result = {
             let _slot = self.slots.acquire().await;
             let started = Instant::now();
-            let throttled = lock(&self.state).throttle.as_mut().is_some_and(|t| !t.try_accept(started));
+            let throttled = !self.state.lock().throttle.try_accept();
             let r =
                 if throttled { Err(None) } else { self.pull_with(&image, auths, sandbox_config).await.map_err(Some) };
             r.map(|id| (id, started.elapsed()))
@@ -393,8 +385,8 @@ impl ImageManager {
                 if let Some(m) = &self.metrics {
                     m.observe_pull(size, total);
                 }
-                let mut st = lock(&self.state);
-                st.backoff.gc(now);
+                let mut st = self.state.lock();
+                st.backoff.gc(now.into_std());
                 st.prev_error.remove(&key);
                 Ok((ImageRef(image_ref), status))
             }
@@ -413,8 +405,8 @@ impl ImageManager {
                     event::FAILED,
                     &format!("Failed to pull image {requested:?}: {raw}"),
                 );
-                let mut st = lock(&self.state);
-                st.backoff.next(&key, now);
+                let mut st = self.state.lock();
+                st.backoff.next(&key, now.into_std());
                 st.prev_error.insert(key, format!("{}: {}", err.reason, err.message));
                 Err(err)
             }
@@ -447,7 +439,7 @@ impl ImageManager {
     pub fn retry_at(&self, pod: &Pod, container: &Container) -> Option<Instant> {
         let image = with_default_tag(container.image.as_deref().unwrap_or("")).ok()?;
         let key = format!("{}_{image}", pod.metadata.uid.as_deref().unwrap_or_default());
-        lock(&self.state).backoff.retry_at(&key, Instant::now())
+        self.state.lock().backoff.retry_at(&key, Instant::now().into_std()).map(Instant::from_std)
     }
 }
 

@@ -45,7 +45,6 @@
 //!   image ids start with `<p>` it answers `can not resolve "sha256:<p>"
 //!   locally: ambiguous digest string`.
 
-pub mod backoff;
 pub mod collector;
 pub mod credentials;
 pub mod errors;
@@ -54,7 +53,6 @@ pub mod manager;
 pub mod metrics;
 pub mod policy;
 pub mod reference;
-pub mod throttle;
 
 pub use collector::{ImageGc, ImageGcError, ImageGcReport};
 pub use errors::{ImageError, ImageErrorReason};

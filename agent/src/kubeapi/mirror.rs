@@ -14,17 +14,15 @@
 //! The file source's snapshots come in through `PodSink`; the mirror pods
 //! the API has come from the pod watch. [`reconcile`] decides, pure.
 
-use std::{
-    collections::BTreeMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use k8s_openapi::{
     api::core::v1::Pod,
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference},
 };
+use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
@@ -129,13 +127,13 @@ impl MirrorPods {
     /// The mirror pods the API server has for this node (from the pod
     /// watch, after each change).
     pub fn set_mirrors(&self, mirrors: Vec<Pod>) {
-        *self.mirrors.lock().unwrap_or_else(|p| p.into_inner()) = Some(mirrors);
+        *self.mirrors.lock() = Some(mirrors);
         self.notify.notify_one();
     }
 
     /// The API's mirror pods as last seen (None before the first list).
     pub fn mirrors(&self) -> Option<Vec<Pod>> {
-        self.mirrors.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.mirrors.lock().clone()
     }
 
     /// One round: decide and act. Nothing before the pod watch has listed
@@ -143,10 +141,10 @@ impl MirrorPods {
     /// before the file source has reported (every mirror would look like an
     /// orphan).
     pub async fn sync(&self, api: &dyn PodApi, node_uid: Option<&str>) {
-        let Some(mirrors) = self.mirrors.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
+        let Some(mirrors) = self.mirrors.lock().clone() else {
             return;
         };
-        let Some(statics) = self.static_pods.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
+        let Some(statics) = self.static_pods.lock().clone() else {
             return;
         };
         for action in reconcile(&statics, &mirrors, &self.node_name, node_uid) {
@@ -173,7 +171,7 @@ impl MirrorPods {
         api: Arc<dyn PodApi>,
         mut node_uid: watch::Receiver<Option<String>>,
         resync: Duration,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: CancellationToken,
     ) {
         let mut tick = tokio::time::interval(resync);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -184,7 +182,7 @@ impl MirrorPods {
                 _ = self.notify.notified() => {}
                 _ = node_uid.changed() => {}
                 _ = tick.tick() => {}
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.cancelled() => return,
             }
         }
     }
@@ -196,7 +194,7 @@ impl PodSink for MirrorPods {
             return;
         }
         let statics: Vec<Pod> = snapshot.pods.into_iter().filter(is_static).collect();
-        *self.static_pods.lock().unwrap_or_else(|p| p.into_inner()) = Some(statics);
+        *self.static_pods.lock() = Some(statics);
         self.notify.notify_one();
     }
 }
@@ -310,11 +308,11 @@ mod tests {
             Err(CallError::NotFound)
         }
         async fn create(&self, _: &str, pod: &Pod) -> Result<Pod, CallError> {
-            self.0.lock().unwrap().push(format!("create {}", pod.metadata.name.as_deref().unwrap_or("")));
+            self.0.lock().push(format!("create {}", pod.metadata.name.as_deref().unwrap_or("")));
             Ok(pod.clone())
         }
         async fn delete(&self, _: &str, name: &str, uid: &str, _: i64) -> Result<(), CallError> {
-            self.0.lock().unwrap().push(format!("delete {name} {uid}"));
+            self.0.lock().push(format!("delete {name} {uid}"));
             Ok(())
         }
     }
@@ -328,29 +326,29 @@ mod tests {
         let api = Calls::default();
         m.set_mirrors(vec![mirror("etcd", "h1", "m1")]);
         m.sync(&api, Some("node-uid")).await;
-        assert!(api.0.lock().unwrap().is_empty(), "{:?}", api.0.lock().unwrap());
+        assert!(api.0.lock().is_empty(), "{:?}", api.0.lock());
         // The first scan: etcd is still there, old is gone.
         m.set(PodSnapshot { source: SourceKind::File, pods: vec![static_pod("etcd", "h1")] });
         m.sync(&api, Some("node-uid")).await;
-        assert!(api.0.lock().unwrap().is_empty(), "the mirror is up to date: {:?}", api.0.lock().unwrap());
+        assert!(api.0.lock().is_empty(), "the mirror is up to date: {:?}", api.0.lock());
         m.set(PodSnapshot { source: SourceKind::File, pods: vec![] });
         m.sync(&api, Some("node-uid")).await;
-        assert_eq!(*api.0.lock().unwrap(), vec!["delete etcd-n1 m1"]);
+        assert_eq!(*api.0.lock(), vec!["delete etcd-n1 m1"]);
 
         // Without a static pod path there is no file source to wait for.
         let m = MirrorPods::new("n1", false);
         let api = Calls::default();
         m.set_mirrors(vec![mirror("etcd", "h1", "m1")]);
         m.sync(&api, Some("node-uid")).await;
-        assert_eq!(*api.0.lock().unwrap(), vec!["delete etcd-n1 m1"]);
+        assert_eq!(*api.0.lock(), vec!["delete etcd-n1 m1"]);
     }
 
     #[test]
     fn only_the_file_source_counts() {
         let m = MirrorPods::new("n1", true);
         m.set(PodSnapshot { source: SourceKind::Api, pods: vec![static_pod("x", "h")] });
-        assert!(m.static_pods.lock().unwrap().is_none());
+        assert!(m.static_pods.lock().is_none());
         m.set(PodSnapshot { source: SourceKind::File, pods: vec![static_pod("x", "h")] });
-        assert_eq!(m.static_pods.lock().unwrap().as_ref().map(Vec::len), Some(1));
+        assert_eq!(m.static_pods.lock().as_ref().map(Vec::len), Some(1));
     }
 }

@@ -31,6 +31,7 @@ use std::{
 
 use thiserror::Error;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use self::{
@@ -210,7 +211,7 @@ impl ApiAgent {
 
     /// Connects with the kubeconfig, or with the current client
     /// certificate when it rotates; follows each rotation.
-    async fn connect(&self, shutdown: &watch::Receiver<bool>) -> Result<(), ApiError> {
+    async fn connect(&self, shutdown: &CancellationToken) -> Result<(), ApiError> {
         let cfg = client::prepare(&self.client_settings).await?;
         let Some(manager) = self.client_certificate.clone() else {
             self.connection.set(client::unlimited(cfg)?);
@@ -228,12 +229,12 @@ impl ApiAgent {
         };
         self.connection.set(client::unlimited(initial)?);
         let connection = self.connection.clone();
-        let mut stop = shutdown.clone();
+        let stop = shutdown.clone();
         tokio::spawn(async move {
             loop {
                 tokio::select! {
                     r = current.changed() => if r.is_err() { return },
-                    _ = stop.wait_for(|s| *s) => return,
+                    _ = stop.cancelled() => return,
                 }
                 match client::unlimited(client::with_identity(cfg.clone(), &store_file)) {
                     Ok(c) => {
@@ -255,7 +256,7 @@ impl ApiAgent {
         runtime: Arc<dyn RuntimeService>,
         images: Arc<dyn ImageService>,
         frequencies: watch::Receiver<crate::reload::LiveSettings>,
-        shutdown: watch::Receiver<bool>,
+        shutdown: CancellationToken,
     ) -> Result<(), ApiError> {
         self.connect(&shutdown).await?;
         if let Some(m) = self.serving_certificate.clone() {

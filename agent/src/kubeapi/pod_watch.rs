@@ -8,15 +8,13 @@
 //! While the API server is away the last snapshot stands: no pod is
 //! stopped because the server cannot be reached.
 
-use std::{
-    collections::BTreeMap,
-    sync::{Arc, Mutex},
-};
+use std::{collections::BTreeMap, sync::Arc};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{WatchStreamExt, watcher};
-use tokio::sync::watch;
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{CONFIG_MIRROR, mirror::MirrorPods};
@@ -103,7 +101,7 @@ struct Latch {
 impl LatchSink {
     /// Connects the real sink; it gets the latest snapshot at once.
     pub fn connect(&self, target: Arc<dyn PodSink>) {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inner.lock();
         if let Some(s) = &g.latest {
             target.set(s.clone());
         }
@@ -111,13 +109,13 @@ impl LatchSink {
     }
 
     pub fn latest(&self) -> Option<PodSnapshot> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).latest.clone()
+        self.inner.lock().latest.clone()
     }
 }
 
 impl PodSink for LatchSink {
     fn set(&self, snapshot: PodSnapshot) {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inner.lock();
         if let Some(t) = &g.target {
             t.set(snapshot.clone());
         }
@@ -143,7 +141,7 @@ pub async fn run(
     node_name: &str,
     pods: Arc<dyn PodSink>,
     mirrors: Arc<MirrorPods>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) {
     let api: kube::Api<Pod> = kube::Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
@@ -153,7 +151,7 @@ pub async fn run(
     loop {
         let event = tokio::select! {
             e = stream.next() => e,
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.cancelled() => return,
         };
         match event {
             None => return,
@@ -242,7 +240,7 @@ mod tests {
     struct Collect(Mutex<Vec<usize>>);
     impl PodSink for Collect {
         fn set(&self, s: PodSnapshot) {
-            self.0.lock().unwrap().push(s.pods.len());
+            self.0.lock().push(s.pods.len());
         }
     }
 
@@ -254,6 +252,6 @@ mod tests {
         let target = Arc::new(Collect(Mutex::new(vec![])));
         latch.connect(target.clone());
         latch.set(PodSnapshot { source: SourceKind::Api, pods: vec![] });
-        assert_eq!(*target.0.lock().unwrap(), vec![2, 0]);
+        assert_eq!(*target.0.lock(), vec![2, 0]);
     }
 }

@@ -16,15 +16,13 @@
 //! - `terminated` for a pod the API is deleting (deletionTimestamp) deletes
 //!   it with grace period 0, once its final status is written.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use parking_lot::Mutex;
 use serde_json::{Value, json};
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
@@ -157,23 +155,20 @@ fn uid_of(pod: &Pod) -> String {
 }
 
 impl StatusManager {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Pods whose latest status is not written yet (or whose deletion is due).
     pub fn pending(&self) -> usize {
-        self.lock().values().filter(|e| e.synced < e.version || e.terminated).count()
+        self.entries.lock().values().filter(|e| e.synced < e.version || e.terminated).count()
     }
 
     /// Stops tracking a pod the kubelet no longer has.
     pub fn forget(&self, uid: &str) {
-        self.lock().remove(uid);
+        self.entries.lock().remove(uid);
     }
 
     /// Syncs every pod that needs it once.
     pub async fn sync_all(&self, api: &dyn PodApi) {
         let due: Vec<(String, Entry)> = self
+            .entries
             .lock()
             .iter()
             .filter(|(_, e)| e.synced < e.version || e.terminated)
@@ -181,7 +176,7 @@ impl StatusManager {
             .collect();
         for (uid, entry) in due {
             let result = sync_pod(api, &entry).await;
-            let mut entries = self.lock();
+            let mut entries = self.entries.lock();
             match &result {
                 SyncResult::Synced => {
                     if let Some(e) = entries.get_mut(&uid) {
@@ -204,7 +199,7 @@ impl StatusManager {
     }
 
     /// Runs until `shutdown`: syncs at every report and every `resync`.
-    pub async fn run(&self, api: Arc<dyn PodApi>, resync: Duration, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(&self, api: Arc<dyn PodApi>, resync: Duration, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(resync);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -212,7 +207,7 @@ impl StatusManager {
             tokio::select! {
                 _ = self.notify.notified() => {}
                 _ = tick.tick() => {}
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.cancelled() => return,
             }
         }
     }
@@ -235,7 +230,7 @@ impl StatusReporter for StatusManager {
 impl StatusManager {
     /// Changes the pod's entry (made on first sight) and wakes the syncer.
     fn update(&self, pod: &Pod, change: impl FnOnce(&mut Entry)) {
-        let mut entries = self.lock();
+        let mut entries = self.entries.lock();
         let e = entries.entry(uid_of(pod)).or_insert_with(|| Entry {
             pod: pod.clone(),
             status: None,
@@ -430,22 +425,22 @@ mod tests {
     #[async_trait]
     impl PodApi for FakeApi {
         async fn get(&self, _ns: &str, name: &str) -> Result<Pod, CallError> {
-            if *self.down.lock().unwrap() {
+            if *self.down.lock() {
                 return Err(CallError::Other("connection refused".into()));
             }
-            self.pods.lock().unwrap().get(name).cloned().ok_or(CallError::NotFound)
+            self.pods.lock().get(name).cloned().ok_or(CallError::NotFound)
         }
 
         async fn patch_status(&self, _ns: &str, name: &str, patch: &Value) -> Result<Pod, CallError> {
             {
-                let mut c = self.conflicts.lock().unwrap();
+                let mut c = self.conflicts.lock();
                 if *c > 0 {
                     *c -= 1;
                     return Err(CallError::Conflict("the object has been modified".into()));
                 }
             }
-            self.patches.lock().unwrap().push(patch.clone());
-            let mut pods = self.pods.lock().unwrap();
+            self.patches.lock().push(patch.clone());
+            let mut pods = self.pods.lock();
             let pod = pods.get_mut(name).ok_or(CallError::NotFound)?;
             // Good enough for these tests: take the whole status the patch names.
             let mut st = serde_json::to_value(pod.status.clone().unwrap_or_default()).unwrap();
@@ -467,12 +462,12 @@ mod tests {
         }
 
         async fn delete(&self, ns: &str, name: &str, uid: &str, grace: i64) -> Result<(), CallError> {
-            let mut pods = self.pods.lock().unwrap();
+            let mut pods = self.pods.lock();
             if pods.get(name).and_then(|p| p.metadata.uid.as_deref()) != Some(uid) {
                 return Err(CallError::Conflict("uid precondition".into()));
             }
             pods.remove(name);
-            self.deletes.lock().unwrap().push((ns.into(), name.into(), grace));
+            self.deletes.lock().push((ns.into(), name.into(), grace));
             Ok(())
         }
     }
@@ -497,36 +492,36 @@ mod tests {
     #[tokio::test]
     async fn writes_once_and_retries_conflicts() {
         let api = FakeApi::default();
-        api.pods.lock().unwrap().insert("web".into(), api_pod("web", "u1"));
-        *api.conflicts.lock().unwrap() = 2;
+        api.pods.lock().insert("web".into(), api_pod("web", "u1"));
+        *api.conflicts.lock() = 2;
         let sm = StatusManager::default();
         let pod = api_pod("web", "u1");
         sm.report(&pod, &running_status());
         sm.sync_all(&api).await;
         assert_eq!(sm.pending(), 0);
-        assert_eq!(api.patches.lock().unwrap().len(), 1, "two conflicts retried, one write");
-        assert_eq!(api.pods.lock().unwrap()["web"].status.as_ref().unwrap().phase.as_deref(), Some("Running"));
+        assert_eq!(api.patches.lock().len(), 1, "two conflicts retried, one write");
+        assert_eq!(api.pods.lock()["web"].status.as_ref().unwrap().phase.as_deref(), Some("Running"));
         // The same status again: nothing sent.
         sm.report(&pod, &running_status());
         sm.sync_all(&api).await;
-        assert_eq!(api.patches.lock().unwrap().len(), 1);
+        assert_eq!(api.patches.lock().len(), 1);
     }
 
     #[tokio::test]
     async fn an_outage_keeps_the_latest_status_for_later() {
         let api = FakeApi::default();
-        api.pods.lock().unwrap().insert("web".into(), api_pod("web", "u1"));
-        *api.down.lock().unwrap() = true;
+        api.pods.lock().insert("web".into(), api_pod("web", "u1"));
+        *api.down.lock() = true;
         let sm = StatusManager::default();
         let pod = api_pod("web", "u1");
         sm.report(&pod, &status("Pending", vec![], vec![]));
         sm.report(&pod, &running_status());
         sm.sync_all(&api).await;
         assert_eq!(sm.pending(), 1);
-        *api.down.lock().unwrap() = false;
+        *api.down.lock() = false;
         sm.sync_all(&api).await;
         assert_eq!(sm.pending(), 0);
-        let patches = api.patches.lock().unwrap();
+        let patches = api.patches.lock();
         assert_eq!(patches.len(), 1, "only the latest status is written");
         assert_eq!(patches[0]["status"]["phase"], "Running");
     }
@@ -534,12 +529,12 @@ mod tests {
     #[tokio::test]
     async fn recreated_pods_are_not_ours() {
         let api = FakeApi::default();
-        api.pods.lock().unwrap().insert("web".into(), api_pod("web", "other-uid"));
+        api.pods.lock().insert("web".into(), api_pod("web", "other-uid"));
         let sm = StatusManager::default();
         sm.report(&api_pod("web", "u1"), &running_status());
         sm.sync_all(&api).await;
         assert_eq!(sm.pending(), 0);
-        assert!(api.patches.lock().unwrap().is_empty());
+        assert!(api.patches.lock().is_empty());
     }
 
     #[tokio::test]
@@ -548,21 +543,21 @@ mod tests {
         let mut deleting = api_pod("web", "u1");
         deleting.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
         deleting.metadata.deletion_grace_period_seconds = Some(30);
-        api.pods.lock().unwrap().insert("web".into(), deleting.clone());
+        api.pods.lock().insert("web".into(), deleting.clone());
         let sm = StatusManager::default();
         let done = status("Running", vec![cond("Ready", "False")], vec![]);
         sm.report(&deleting, &done);
         sm.terminated(&deleting);
         sm.sync_all(&api).await;
-        assert_eq!(api.patches.lock().unwrap().len(), 1, "the final status is written first");
-        assert_eq!(*api.deletes.lock().unwrap(), vec![("default".into(), "web".into(), 0)]);
+        assert_eq!(api.patches.lock().len(), 1, "the final status is written first");
+        assert_eq!(*api.deletes.lock(), vec![("default".into(), "web".into(), 0)]);
         assert_eq!(sm.pending(), 0);
         // A terminated pod the API is not deleting (restartPolicy Never) stays.
-        api.pods.lock().unwrap().insert("job".into(), api_pod("job", "u2"));
+        api.pods.lock().insert("job".into(), api_pod("job", "u2"));
         sm.report(&api_pod("job", "u2"), &status("Succeeded", vec![], vec![]));
         sm.terminated(&api_pod("job", "u2"));
         sm.sync_all(&api).await;
-        assert!(api.pods.lock().unwrap().contains_key("job"));
+        assert!(api.pods.lock().contains_key("job"));
     }
 
     #[tokio::test]
@@ -578,10 +573,10 @@ mod tests {
         assert_eq!(sm.pending(), 1, "no mirror pod yet: kept");
         let mut mirror = api_pod("etcd-n1", "mirror-uid");
         mirror.metadata.annotations = annotations(&[(CONFIG_MIRROR, "hash1")]);
-        api.pods.lock().unwrap().insert("etcd-n1".into(), mirror);
+        api.pods.lock().insert("etcd-n1".into(), mirror);
         sm.sync_all(&api).await;
         assert_eq!(sm.pending(), 0);
-        let patches = api.patches.lock().unwrap();
+        let patches = api.patches.lock();
         assert_eq!(patches[0]["metadata"]["uid"], "mirror-uid");
     }
 }

@@ -14,7 +14,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::rotation::{self, Action, COMPRESS_SUFFIX, TMP_SUFFIX};
@@ -111,7 +111,7 @@ pub struct ContainerLogManager {
     /// Each running container's log path. The runtime fixes it at
     /// CreateContainer, so one ContainerStatus per container is enough,
     /// not one per container every 10 s.
-    log_paths: std::sync::Mutex<HashMap<String, PathBuf>>,
+    log_paths: parking_lot::Mutex<HashMap<String, PathBuf>>,
 }
 
 /// The files of the log at `log`: `<log>.*` in its directory.
@@ -169,7 +169,7 @@ impl ContainerLogManager {
             policy,
             busy: tokio::sync::Mutex::new(()),
             clock: Box::new(|| local_stamp(SystemTime::now())),
-            log_paths: std::sync::Mutex::new(HashMap::new()),
+            log_paths: parking_lot::Mutex::new(HashMap::new()),
         })
     }
 
@@ -191,7 +191,7 @@ impl ContainerLogManager {
             ..Default::default()
         };
         let containers = self.runtime.list_containers(Some(running)).await?;
-        self.paths().retain(|id, _| containers.iter().any(|c| &c.id == id));
+        self.log_paths.lock().retain(|id, _| containers.iter().any(|c| &c.id == id));
         let mut report = RotationReport::default();
         for c in containers {
             if let Err(e) = self.rotate_container(&c.id, &mut report).await {
@@ -202,14 +202,10 @@ impl ContainerLogManager {
         Ok(report)
     }
 
-    fn paths(&self) -> std::sync::MutexGuard<'_, HashMap<String, PathBuf>> {
-        self.log_paths.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// The container's log path (empty when it has none), asked of the
     /// runtime once; `None` when the container is gone.
     async fn log_path(&self, id: &str) -> Result<Option<PathBuf>, LogError> {
-        if let Some(p) = self.paths().get(id) {
+        if let Some(p) = self.log_paths.lock().get(id) {
             return Ok(Some(p.clone()));
         }
         let status = match self.runtime.container_status(id).await {
@@ -218,7 +214,7 @@ impl ContainerLogManager {
             Err(e) => return Err(e.into()),
         };
         let path = PathBuf::from(&status.log_path);
-        self.paths().insert(id.to_owned(), path.clone());
+        self.log_paths.lock().insert(id.to_owned(), path.clone());
         Ok(Some(path))
     }
 
@@ -290,7 +286,7 @@ impl ContainerLogManager {
     /// before RemoveContainer, while the runtime still knows the path.
     pub async fn clean(&self, id: &str) -> Result<usize, LogError> {
         let _busy = self.busy.lock().await;
-        self.paths().remove(id);
+        self.log_paths.lock().remove(id);
         let status = self.runtime.container_status(id).await?;
         if status.log_path.is_empty() {
             return Ok(0);
@@ -313,24 +309,19 @@ impl ContainerLogManager {
         Ok(n)
     }
 
-    /// Rotates every [`LOG_MONITOR_PERIOD`] until `shutdown` is true.
-    pub async fn run(self: Arc<Self>, shutdown: watch::Receiver<bool>) {
+    /// Rotates every [`LOG_MONITOR_PERIOD`] until `shutdown` is cancelled.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         self.run_every(LOG_MONITOR_PERIOD, shutdown).await
     }
 
     /// [`ContainerLogManager::run`] with another period (tests).
-    pub async fn run_every(self: Arc<Self>, period: Duration, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run_every(self: Arc<Self>, period: Duration, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                r = shutdown.changed() => {
-                    if r.is_err() || *shutdown.borrow() {
-                        return;
-                    }
-                    continue;
-                }
+                _ = shutdown.cancelled() => return,
             }
             if let Err(e) = self.rotate_logs().await {
                 warn!("container log rotation: cannot list containers: {e}");
@@ -466,7 +457,7 @@ mod tests {
         // should an id come back.
         s.rt.stop_container(&s.id, Duration::ZERO).await.unwrap();
         m.rotate_logs().await.unwrap();
-        assert!(m.paths().is_empty());
+        assert!(m.log_paths.lock().is_empty());
     }
 
     #[tokio::test]

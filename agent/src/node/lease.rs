@@ -12,11 +12,16 @@ use k8s_openapi::{
 };
 use kube::api::PostParams;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+
+use crate::flowcontrol::{Backoff, BackoffPolicy};
 
 pub const NAMESPACE: &str = "kube-node-lease";
 const BACKOFF_START: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(7);
+/// The back-off's one key: this loop renews one lease.
+const BACKOFF_KEY: &str = "lease";
 
 /// The renew interval for a lease duration (nodeLeaseRenewIntervalFraction 0.25).
 pub fn renew_interval(lease_duration_seconds: u32) -> Duration {
@@ -67,13 +72,13 @@ pub async fn run(
     node_name: String,
     duration_seconds: u32,
     node_uid: watch::Receiver<Option<String>>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) {
     let api: kube::Api<Lease> = kube::Api::namespaced(client, NAMESPACE);
     let every = renew_interval(duration_seconds);
     let timeout = every.max(Duration::from_secs(1));
     let mut cached: Option<Lease> = None;
-    let mut backoff = BACKOFF_START;
+    let mut backoff = Backoff::new(BackoffPolicy { initial: BACKOFF_START, max: BACKOFF_MAX });
     let mut failing = false;
     loop {
         let uid = node_uid.borrow().clone();
@@ -95,7 +100,7 @@ pub async fn run(
                 }
                 failing = false;
                 cached = Some(written);
-                backoff = BACKOFF_START;
+                backoff.forget(BACKOFF_KEY);
                 every
             }
             Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
@@ -111,14 +116,13 @@ pub async fn run(
                     warn!("cannot renew the node lease (retrying): {why}");
                 }
                 failing = true;
-                let w = backoff;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-                w
+                backoff.next(BACKOFF_KEY, tokio::time::Instant::now().into_std());
+                backoff.delay(BACKOFF_KEY).unwrap_or(BACKOFF_START)
             }
         };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.cancelled() => return,
         }
     }
 }

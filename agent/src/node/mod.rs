@@ -24,6 +24,7 @@ use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use self::{
@@ -269,7 +270,7 @@ impl NodeAgent {
     }
 
     /// Registers (with --register-node) and keeps the status until `shutdown`.
-    pub async fn run(&self, client: kube::Client, mut inputs: NodeInputs, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(&self, client: kube::Client, mut inputs: NodeInputs, shutdown: CancellationToken) {
         let api: kube::Api<Node> = kube::Api::all(client);
         let mut kept = RuntimeFacts::default();
         let mut registered = false;
@@ -378,7 +379,7 @@ impl NodeAgent {
                 _ = async { if inputs.devices.changed().await.is_err() { std::future::pending::<()>().await } } => {}
                 _ = async { if inputs.pressure.changed().await.is_err() { std::future::pending::<()>().await } } => {}
                 _ = async { if inputs.frequencies.changed().await.is_err() { std::future::pending::<()>().await } } => {}
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.cancelled() => return,
             }
         }
     }

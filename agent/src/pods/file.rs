@@ -18,7 +18,8 @@ use std::{
 
 use k8s_openapi::api::core::v1::Pod;
 use prometheus_client::metrics::counter::Counter;
-use tokio::{io::unix::AsyncFd, sync::watch};
+use tokio::io::unix::AsyncFd;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
@@ -95,8 +96,8 @@ impl FileSource {
         FileSource { dir, node_name, check_frequency, sink, errors }
     }
 
-    /// Scans, then watches, until `shutdown` turns true.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+    /// Scans, then watches, until `shutdown` is cancelled.
+    pub async fn run(self, shutdown: CancellationToken) {
         let mut state = ScanState::default();
         let mut watcher = None;
         let mut tick = tokio::time::interval(self.check_frequency.max(Duration::from_secs(1)));
@@ -123,7 +124,7 @@ impl FileSource {
                     }
                 }
                 _ = tick.tick() => {}
-                _ = shutdown.changed() => if *shutdown.borrow() { return },
+                _ = shutdown.cancelled() => return,
             }
         }
     }
@@ -323,7 +324,8 @@ mod tests {
         // A rescan period far beyond the test: only inotify can deliver.
         let src =
             FileSource::new(dir.path().into(), "n".into(), Duration::from_secs(3600), sink.clone(), errors.clone());
-        let (stop, shutdown) = watch::channel(false);
+        let stop = CancellationToken::new();
+        let shutdown = stop.clone();
         let task = tokio::spawn(src.run(shutdown));
         wait_for(&sink, 1).await;
         assert_eq!(sink.names(), vec![vec!["a-n"]]);
@@ -353,7 +355,7 @@ mod tests {
         wait_for(&sink, 5).await;
         assert_eq!(sink.names()[4], vec!["a-n", "c-n"]);
 
-        let _ = stop.send(true);
+        stop.cancel();
         task.await.unwrap();
         assert_eq!(errors.get(), 1);
     }
@@ -394,7 +396,8 @@ mod tests {
         let dir = parent.path().join("manifests");
         let sink = Arc::new(Collect::default());
         let src = FileSource::new(dir.clone(), "n".into(), Duration::from_secs(1), sink.clone(), Counter::default());
-        let (stop, shutdown) = watch::channel(false);
+        let stop = CancellationToken::new();
+        let shutdown = stop.clone();
         let task = tokio::spawn(src.run(shutdown));
         wait_for(&sink, 1).await;
         assert_eq!(sink.names(), vec![Vec::<String>::new()]);
@@ -402,7 +405,7 @@ mod tests {
         std::fs::write(dir.join("a.yaml"), manifest("a", "busybox")).unwrap();
         wait_for(&sink, 2).await;
         assert_eq!(sink.names()[1], vec!["a-n"]);
-        let _ = stop.send(true);
+        stop.cancel();
         task.await.unwrap();
     }
 }

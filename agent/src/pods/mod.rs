@@ -12,7 +12,6 @@
 //! and hooks), `worker` (one per pod) and `manager` (all of them).
 
 pub mod admission;
-pub mod backoff;
 pub mod conditions;
 pub mod defaults;
 pub mod env;

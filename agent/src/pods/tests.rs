@@ -4,7 +4,7 @@
 
 use std::{
     collections::HashSet,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -13,17 +13,18 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::Time,
     jiff::Timestamp,
 };
-use tokio::sync::watch;
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use super::{
     admission::Capacity,
-    backoff::BackoffPolicy,
     manager::PodManager,
     metrics::PodMetrics,
     source::{PodSink, PodSnapshot, PodView, SourceKind, StatusReporter},
     spec::NodeSettings,
     worker::WorkerDeps,
 };
+use crate::flowcontrol::BackoffPolicy;
 use crate::{
     cgroups::{CgroupFs, Version},
     cm::{
@@ -48,7 +49,7 @@ struct Recorder(Mutex<Vec<(String, String)>>);
 
 impl EventRecorder for Recorder {
     fn record(&self, _: &ObjectReference, _: EventType, reason: &str, message: &str) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).push((reason.into(), message.into()));
+        self.0.lock().push((reason.into(), message.into()));
     }
 }
 
@@ -61,7 +62,7 @@ impl StatusReporter for Reporter {
     fn report(&self, _: &Pod, _: &PodStatus) {}
 
     fn terminated(&self, pod: &Pod) {
-        self.terminated.lock().unwrap().push(pod.metadata.name.clone().unwrap_or_default());
+        self.terminated.lock().push(pod.metadata.name.clone().unwrap_or_default());
     }
 }
 
@@ -71,7 +72,7 @@ struct Harness {
     events: Arc<Recorder>,
     reporter: Arc<Reporter>,
     _dir: tempfile::TempDir,
-    _stop: watch::Sender<bool>,
+    _stop: CancellationToken,
 }
 
 fn harness(pods_capacity: i64) -> Harness {
@@ -126,7 +127,8 @@ fn harness(pods_capacity: i64) -> Harness {
         runtime_classes: Default::default(),
         metrics: PodMetrics::default(),
     });
-    let (stop, shutdown) = watch::channel(false);
+    let stop = CancellationToken::new();
+    let shutdown = stop.clone();
     let capacity = Capacity { pods: pods_capacity, cpu_milli: 4000, memory: 8 << 30, hugepages: vec![] };
     let manager = PodManager::new(deps, HashSet::from([SourceKind::Api]), capacity, PodMetrics::default(), shutdown);
     let reporter = Arc::new(Reporter::default());
@@ -169,7 +171,7 @@ impl Harness {
                 return s;
             }
             if Instant::now() > deadline {
-                let events = self.events.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let events = self.events.0.lock().clone();
                 let s = self.status(name).map(|s| serde_json::to_string(&s).unwrap_or_default());
                 panic!("{name}: {what} did not happen: {s:?}\nevents: {events:?}");
             }
@@ -178,7 +180,7 @@ impl Harness {
     }
 
     fn has_event(&self, reason: &str) -> bool {
-        self.events.0.lock().unwrap().iter().any(|(r, _)| r == reason)
+        self.events.0.lock().iter().any(|(r, _)| r == reason)
     }
 }
 
@@ -203,7 +205,7 @@ async fn runtime_failures_become_the_kubelets_reasons_and_recover() {
     // CreateContainer failed once: CreateContainerError, then the retry works.
     let s = h.wait("p", "running after the retry", |s| running(s, 0)).await;
     assert_eq!(s.phase.as_deref(), Some("Running"));
-    assert!(h.events.0.lock().unwrap().iter().any(|(r, m)| r == "Failed" && m.contains("no space left on device")));
+    assert!(h.events.0.lock().iter().any(|(r, m)| r == "Failed" && m.contains("no space left on device")));
 
     // As containerd fails a start: the container is left exited, code 128.
     h.rt.script("d", [Behavior::FailStart { message: "exec format error".into() }]);
@@ -298,7 +300,7 @@ async fn deletion_honours_the_grace_period_then_reports_terminated() {
     deleting.metadata.deletion_grace_period_seconds = Some(7);
     h.set(vec![deleting]);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while h.reporter.terminated.lock().unwrap().is_empty() {
+    while h.reporter.terminated.lock().is_empty() {
         assert!(Instant::now() < deadline, "terminated was not reported");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -2,7 +2,7 @@
 
 use std::{path::Path, sync::Arc};
 
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::{
     Server, ServerError, ServerParts, Servers, auth_from_config,
@@ -76,7 +76,7 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client, ServerE
 }
 
 /// Builds the servers' state from the agent and starts them.
-pub async fn serve(agent: &Agent, shutdown: watch::Receiver<bool>) -> Result<Servers, ServerError> {
+pub async fn serve(agent: &Agent, shutdown: CancellationToken) -> Result<Servers, ServerError> {
     let config = Arc::new(agent.config.clone());
     let k = &config.kubelet;
     agent.health.register(Arc::new(RuntimeCheck { cri: agent.cri.clone(), bound: RUNTIME_UNREACHABLE_BOUND }));

@@ -29,7 +29,7 @@ use std::{
     io,
     pin::Pin,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     task::{Context, Poll},
@@ -39,6 +39,7 @@ use std::{
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
+use parking_lot::Mutex;
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     sync::Notify,
@@ -298,7 +299,7 @@ pub struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.conns.lock().open.remove(&self.conn.id);
+        self.conns.table.lock().open.remove(&self.conn.id);
     }
 }
 
@@ -307,18 +308,14 @@ impl Connections {
         Arc::new(Connections { limits, table: Mutex::new(Table::default()) })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     pub fn open(&self) -> usize {
-        self.lock().open.len()
+        self.table.lock().open.len()
     }
 
     /// A slot for a new connection, closing the oldest waiting one when
     /// the listener is full; None when every open connection is busy.
     pub fn admit(self: &Arc<Self>) -> Option<Slot> {
-        let mut t = self.lock();
+        let mut t = self.table.lock();
         if t.open.len() >= self.limits.max_connections {
             let id = victim(t.open.values().map(|c| c.seen()))?;
             if let Some(c) = t.open.remove(&id) {
@@ -334,7 +331,7 @@ impl Connections {
     /// Closes the oldest waiting connection (to free a descriptor);
     /// false when there is none.
     pub fn evict_one(&self) -> bool {
-        let mut t = self.lock();
+        let mut t = self.table.lock();
         let Some(id) = victim(t.open.values().map(|c| c.seen())) else { return false };
         if let Some(c) = t.open.remove(&id) {
             c.shut();

@@ -14,11 +14,12 @@
 
 use std::{
     fmt::Write as _,
-    sync::{Arc, Mutex, RwLock},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use hyper::StatusCode;
+use parking_lot::{Mutex, RwLock};
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -117,19 +118,19 @@ impl HealthChecks {
 
     /// Adds a check (replacing one of the same name).
     pub fn register(&self, check: Arc<dyn HealthCheck>) {
-        let mut checks = self.checks.write().unwrap_or_else(|p| p.into_inner());
+        let mut checks = self.checks.write();
         checks.retain(|c| c.name() != check.name());
         checks.push(check);
     }
 
     pub fn names(&self) -> Vec<String> {
-        self.checks.read().unwrap_or_else(|p| p.into_inner()).iter().map(|c| c.name().to_owned()).collect()
+        self.checks.read().iter().map(|c| c.name().to_owned()).collect()
     }
 
     /// Answers `/healthz` or `/healthz/<name>` with its query: the status
     /// and the body.
     pub fn answer(&self, path: &str, query: &[(String, String)]) -> (StatusCode, String) {
-        let checks = self.checks.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let checks = self.checks.read().clone();
         let sub = path.strip_prefix("/healthz").unwrap_or(path).trim_start_matches('/');
         if !sub.is_empty() {
             return match checks.iter().find(|c| c.name() == sub) {
@@ -232,11 +233,11 @@ impl Heartbeat {
     }
 
     pub fn beat(&self) {
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        *self.last.lock() = Some(Instant::now());
     }
 
     fn verdict(&self, now: Instant) -> Result<(), String> {
-        match *self.last.lock().unwrap_or_else(|p| p.into_inner()) {
+        match *self.last.lock() {
             // Not started yet: the kubelet does not fail before the first loop.
             None => Ok(()),
             Some(t) if now.saturating_duration_since(t) > self.bound => Err(format!(
@@ -339,7 +340,7 @@ mod tests {
         let hb = Heartbeat::new("syncloop", Duration::from_secs(300));
         assert!(hb.verdict(t0).is_ok(), "no beat yet is not a failure");
         hb.beat();
-        let beat = hb.last.lock().unwrap().unwrap();
+        let beat = hb.last.lock().unwrap();
         assert!(hb.verdict(beat + Duration::from_secs(300)).is_ok());
         assert!(hb.verdict(beat + Duration::from_secs(301)).unwrap_err().starts_with("syncloop last ran 301s ago"));
     }

@@ -12,7 +12,7 @@ use hyper::{
     header::{CONTENT_TYPE, HeaderValue},
 };
 use rustls::pki_types::CertificateDer;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 /// A response body: a whole buffer, or chunks sent as they are produced.
 pub type Body = BoxBody<Bytes, Infallible>;
@@ -95,11 +95,6 @@ pub fn percent_decode(s: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Resolves once `shutdown` turns true (or its sender is gone).
-pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|s| *s).await;
 }
 
 #[cfg(test)]

@@ -22,11 +22,12 @@ use tokio::{
     task::JoinSet,
 };
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::{
     conn::{self, Conn, Connections, GuardedBody, TrackedIo},
-    http::{Body, ConnInfo, stopped},
+    http::{Body, ConnInfo},
 };
 
 /// A listening socket.
@@ -62,26 +63,26 @@ impl Listener for UnixListener {
 /// new connection takes the current one).
 pub type TlsConfig = watch::Receiver<Arc<ServerConfig>>;
 
-/// Accepts connections until `shutdown` turns true.
+/// Accepts connections until `shutdown` is cancelled.
 pub async fn serve<L, H, F>(
     listener: L,
     conns: Arc<Connections>,
     tls: Option<TlsConfig>,
     handler: H,
-    shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) where
     L: Listener,
     H: Fn(Request<Incoming>, ConnInfo) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let mut tasks = JoinSet::new();
-    let mut stop = shutdown.clone();
+    let stop = shutdown.clone();
     let mut backoff: Option<Duration> = None;
     loop {
         let accepted = tokio::select! {
             a = std::future::poll_fn(|cx| listener.poll_accept(cx)) => a,
             Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
-            _ = stopped(&mut stop) => break,
+            _ = stop.cancelled() => break,
         };
         let (io, peer) = match accepted {
             Ok(a) => {
@@ -95,7 +96,7 @@ pub async fn serve<L, H, F>(
                 warn!(open = conns.open(), closed_one = freed, "accept: {e}; retrying in {wait:?}");
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
-                    _ = stopped(&mut stop) => break,
+                    _ = stop.cancelled() => break,
                 }
                 continue;
             }
@@ -148,14 +149,14 @@ pub async fn serve<L, H, F>(
 }
 
 /// Serves one connection with hyper until it closes, expires, is closed to
-/// make room, or `shutdown` turns true.
+/// make room, or `shutdown` is cancelled.
 async fn serve_connection<I, H, F>(
     io: I,
     conn: Arc<Conn>,
     limits: conn::Limits,
     info: ConnInfo,
     handler: H,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     H: Fn(Request<Incoming>, ConnInfo) -> F + Send + Sync + 'static,
@@ -198,6 +199,6 @@ async fn serve_connection<I, H, F>(
         r = served => if let Err(e) = r { debug!("connection: {e}") },
         _ = conn.expired(limits.request_header_timeout, limits.idle_timeout) => debug!(conn = conn.id, "closed: no request within its timeout"),
         _ = conn.closed() => debug!(conn = conn.id, "closed to make room"),
-        _ = stopped(&mut shutdown) => {}
+        _ = shutdown.cancelled() => {}
     }
 }

@@ -4,17 +4,14 @@
 //! `--container-logs-follows-per-user` follows per authenticated user at
 //! once and a write timeout (`--server-write-timeout`) per chunk.
 
-use std::{
-    collections::HashMap,
-    path::PathBuf,
-    sync::{Arc, Mutex},
-};
+use std::{collections::HashMap, path::PathBuf, sync::Arc};
 
 use bytes::Bytes;
 use hyper::{
     Response, StatusCode,
     header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER},
 };
+use parking_lot::Mutex;
 
 use super::{Server, http, http::Body, logs};
 
@@ -32,7 +29,7 @@ pub struct FollowGuard {
 impl Follows {
     /// A place for one more follow of `user`, if under `cap`.
     pub fn enter(&self, user: &str, cap: usize) -> Option<FollowGuard> {
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.0.lock();
         let n = m.entry(user.to_owned()).or_default();
         if *n >= cap {
             return None;
@@ -44,7 +41,7 @@ impl Follows {
 
 impl Drop for FollowGuard {
     fn drop(&mut self) {
-        let mut m = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.counts.lock();
         if let Some(n) = m.get_mut(&self.user) {
             *n -= 1;
             if *n == 0 {

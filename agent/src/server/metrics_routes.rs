@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use hyper::{Response, StatusCode};
 use prometheus_client::registry::Registry;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::{Server, collectors, exposition, http, http::Body, stats};
 use crate::metrics::NameLabels;
@@ -55,7 +55,7 @@ impl Server {
         snap: &stats::StatsSnapshot,
         encode: impl FnOnce() -> Vec<u8>,
     ) -> Bytes {
-        let lock = || self.encoded.lock().unwrap_or_else(|p| p.into_inner());
+        let lock = || self.encoded.lock();
         if let Some((t, b)) = lock().get(&(key, variant))
             && *t == snap.time
         {
@@ -74,12 +74,12 @@ impl Server {
     /// Encodes each new stats pass for the usual scrapes (resource
     /// metrics, the full summary, and cAdvisor's once scraped) as soon as
     /// it is taken, so no request pays for the encoding.
-    pub(super) async fn warm(self: std::sync::Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+    pub(super) async fn warm(self: std::sync::Arc<Self>, shutdown: CancellationToken) {
         let mut passes = self.stats.subscribe();
         loop {
             tokio::select! {
                 r = passes.changed() => if r.is_err() { break },
-                _ = http::stopped(&mut shutdown) => break,
+                _ = shutdown.cancelled() => break,
             }
             let Some(snap) = passes.borrow_and_update().clone() else { continue };
             let me = self.clone();

@@ -57,6 +57,7 @@ use prometheus_client::{
 };
 use thiserror::Error;
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use self::{
@@ -124,7 +125,7 @@ pub struct Server {
     probes: Registry,
     /// Bodies encoded from the latest stats pass, by endpoint and variant:
     /// a pass is encoded once, however many scrapers ask.
-    encoded: std::sync::Mutex<EncodedBodies>,
+    encoded: parking_lot::Mutex<EncodedBodies>,
     /// exec, attach, port-forward (the runtime's streaming calls are set
     /// with [`streaming::Streaming::set_runtime`]).
     pub streaming: streaming::Streaming,
@@ -496,8 +497,8 @@ async fn bind(ip: IpAddr, port: u16) -> Result<TcpListener, ServerError> {
 }
 
 /// Starts :10248, :10250 (unless `enableServer` is false) and the debug
-/// socket, and the stats sampling loop. All stop when `shutdown` turns true.
-pub async fn start(server: Arc<Server>, shutdown: watch::Receiver<bool>) -> Result<Servers, ServerError> {
+/// socket, and the stats sampling loop. All stop when `shutdown` is cancelled.
+pub async fn start(server: Arc<Server>, shutdown: CancellationToken) -> Result<Servers, ServerError> {
     let k = &server.config.kubelet;
     let mut tasks = vec![];
     tasks.push(tokio::spawn(server.stats.clone().run(shutdown.clone())));

@@ -13,11 +13,11 @@
 use std::{
     hash::Hash,
     num::NonZeroUsize,
-    sync::Mutex,
     time::{Duration, Instant},
 };
 
 use lru::LruCache;
+use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
 use super::auth::UserInfo;
@@ -37,7 +37,7 @@ impl<K: Hash + Eq, V: Clone> TtlCache<K, V> {
     }
 
     pub fn get(&self, key: &K, now: Instant) -> Option<V> {
-        let mut map = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.entries.lock();
         match map.get(key) {
             Some((until, v)) if now < *until => Some(v.clone()),
             Some(_) => {
@@ -52,11 +52,11 @@ impl<K: Hash + Eq, V: Clone> TtlCache<K, V> {
         if ttl.is_zero() {
             return;
         }
-        self.entries.lock().unwrap_or_else(|p| p.into_inner()).put(key, (now + ttl, value));
+        self.entries.lock().put(key, (now + ttl, value));
     }
 
     pub fn len(&self) -> usize {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.entries.lock().len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -14,12 +14,14 @@
 use std::{
     collections::{BTreeMap, HashMap},
     path::PathBuf,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use k8s_openapi::jiff::Timestamp;
+use parking_lot::Mutex;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 pub use super::cgroup_sample::{CgroupSample, InterfaceSample};
 use super::{
@@ -192,14 +194,14 @@ impl StatsProvider {
         self.latest.subscribe()
     }
 
-    /// Samples every interval until `shutdown` turns true.
-    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+    /// Samples every interval until `shutdown` is cancelled.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(self.cfg.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => { self.refresh().await; }
-                _ = super::http::stopped(&mut shutdown) => break,
+                _ = shutdown.cancelled() => break,
             }
         }
     }
@@ -254,9 +256,9 @@ impl StatsProvider {
         let pass = self.passes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (specs, devices, machine) = (self.specs.clone(), self.devices.clone(), self.machine.clone());
         let read = tokio::task::spawn_blocking(move || {
-            let mut specs = specs.lock().unwrap_or_else(|p| p.into_inner());
+            let mut specs = specs.lock();
             specs.refresh = pass.is_multiple_of(SPEC_REFRESH_PASSES);
-            let mut devices = devices.lock().unwrap_or_else(|p| p.into_inner());
+            let mut devices = devices.lock();
             read_cgroups(&cgroupfs, &cfg, &pods, &runtime, &mut specs, &mut devices, machine)
         });
         let (mut node, mut pod_samples, mut errs) = match read.await {
@@ -292,7 +294,7 @@ impl StatsProvider {
     /// Fills usageNanoCores from the previous sample of each cgroup.
     fn rates(&self, node: &mut NodeSample, pods: &mut [PodSample]) {
         let now = Instant::now();
-        let mut prev = self.previous_cpu.lock().unwrap_or_else(|p| p.into_inner());
+        let mut prev = self.previous_cpu.lock();
         let mut next = HashMap::new();
         let mut rate = |s: &mut CgroupSample| {
             let Some(cum) = s.cpu_usage_ns else { return };

@@ -15,10 +15,11 @@
 use std::{
     fs,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, RwLock},
+    sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+use parking_lot::{Mutex, RwLock};
 use rustls::{
     CipherSuite, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
     SupportedCipherSuite,
@@ -33,6 +34,7 @@ use rustls::{
 };
 use thiserror::Error;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Error)]
 pub enum TlsError {
@@ -222,11 +224,11 @@ impl ClientCa {
     }
 
     pub fn roots(&self) -> Arc<RootCertStore> {
-        self.state.read().unwrap_or_else(|p| p.into_inner()).0.clone()
+        self.state.read().0.clone()
     }
 
     pub fn verifier(&self) -> Arc<dyn ClientCertVerifier> {
-        self.state.read().unwrap_or_else(|p| p.into_inner()).1.clone()
+        self.state.read().1.clone()
     }
 
     /// Bumped at each change.
@@ -237,23 +239,23 @@ impl ClientCa {
     /// Reads the file again; Ok(true) when it changed and now applies.
     pub fn reload(&self) -> Result<bool, TlsError> {
         let content = fs::read(&self.path).map_err(|e| file_err(&self.path, e))?;
-        if *self.content.lock().unwrap_or_else(|p| p.into_inner()) == content {
+        if *self.content.lock() == content {
             return Ok(false);
         }
         let roots = client_ca(&self.path)?;
         let verifier = client_chain_verifier(roots.clone())?;
-        *self.state.write().unwrap_or_else(|p| p.into_inner()) = (roots, verifier);
-        *self.content.lock().unwrap_or_else(|p| p.into_inner()) = content;
+        *self.state.write() = (roots, verifier);
+        *self.content.lock() = content;
         self.changed.send_modify(|g| *g += 1);
         Ok(true)
     }
 
     /// Looks at the file every `period` until `shutdown`.
-    pub async fn watch(self: Arc<Self>, period: Duration, mut shutdown: watch::Receiver<bool>) {
+    pub async fn watch(self: Arc<Self>, period: Duration, shutdown: CancellationToken) {
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(period) => {}
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.cancelled() => return,
             }
             match self.reload() {
                 Ok(true) => tracing::info!(file = %self.path.display(), "client CA reloaded"),

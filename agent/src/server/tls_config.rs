@@ -6,9 +6,10 @@
 use std::sync::Arc;
 
 use tokio::{sync::watch, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::{Server, ServerError, http, listen, tls};
+use super::{Server, ServerError, listen, tls};
 
 impl Server {
     /// :10250's TLS configuration, rebuilt when the client CA file
@@ -16,7 +17,7 @@ impl Server {
     /// manager (serverTLSBootstrap) or the files (`tls.rs`).
     pub(super) fn tls_config(
         &self,
-        shutdown: &watch::Receiver<bool>,
+        shutdown: &CancellationToken,
         tasks: &mut Vec<JoinHandle<()>>,
     ) -> Result<listen::TlsConfig, ServerError> {
         let k = &self.config.kubelet;
@@ -48,12 +49,12 @@ impl Server {
         if let Some(ca) = self.client_ca.clone() {
             tasks.push(tokio::spawn(ca.clone().watch(tls::CLIENT_CA_CHECK, shutdown.clone())));
             let mut changes = ca.subscribe();
-            let mut stop = shutdown.clone();
+            let stop = shutdown.clone();
             tasks.push(tokio::spawn(async move {
                 loop {
                     tokio::select! {
                         r = changes.changed() => if r.is_err() { return },
-                        _ = http::stopped(&mut stop) => return,
+                        _ = stop.cancelled() => return,
                     }
                     match build() {
                         Ok(c) => {

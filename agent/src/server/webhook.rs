@@ -16,7 +16,7 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -26,13 +26,14 @@ use k8s_openapi::api::{
     authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
 };
 use kube::api::{Api, PostParams};
+use parking_lot::Mutex;
 use tokio::sync::{OnceCell, Semaphore};
 
 use super::{
     auth::{Attributes, AuthError, Authenticator, Authorizer, Credentials, Decision, UserInfo},
     review_cache::{CACHE_CAPACITY, TokenCache, TokenKey, TtlCache},
 };
-use crate::kubeapi::ratelimit::TokenBucket;
+use crate::flowcontrol::TokenBucket;
 
 /// TokenReviews in flight at once, whatever the bucket allows.
 const MAX_IN_FLIGHT: usize = 32;
@@ -51,7 +52,7 @@ pub struct TokenReviewAuthenticator {
     client: kube::Client,
     ttl: Duration,
     cache: TokenCache,
-    bucket: Mutex<TokenBucket>,
+    bucket: TokenBucket,
     /// qps 0: no review is ever sent.
     disabled: bool,
     in_flight: Semaphore,
@@ -64,7 +65,7 @@ impl TokenReviewAuthenticator {
             client,
             ttl,
             cache: TokenCache::random(CACHE_CAPACITY),
-            bucket: Mutex::new(TokenBucket::new(f64::from(limits.qps), limits.burst, tokio_now())),
+            bucket: TokenBucket::new(f64::from(limits.qps), limits.burst),
             disabled: limits.qps == 0,
             in_flight: Semaphore::new(MAX_IN_FLIGHT),
             pending: Mutex::new(HashMap::new()),
@@ -75,11 +76,11 @@ impl TokenReviewAuthenticator {
     /// meanwhile; refused at once when over the limits.
     async fn review_once(&self, key: TokenKey, token: &str) -> Verdict {
         let cell = {
-            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let mut p = self.pending.lock();
             p.entry(key).or_default().clone()
         };
         let verdict = cell.get_or_init(|| self.limited_review(key, token)).await.clone();
-        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.pending.lock();
         if p.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
             p.remove(&key);
         }
@@ -88,7 +89,7 @@ impl TokenReviewAuthenticator {
 
     async fn limited_review(&self, key: TokenKey, token: &str) -> Verdict {
         let Ok(_permit) = self.in_flight.try_acquire() else { return Err(AuthError::RateLimited) };
-        let allowed = !self.disabled && self.bucket.lock().unwrap_or_else(|e| e.into_inner()).try_take(tokio_now());
+        let allowed = !self.disabled && self.bucket.try_accept();
         if !allowed {
             return Err(AuthError::RateLimited);
         }
@@ -96,11 +97,6 @@ impl TokenReviewAuthenticator {
         self.cache.insert(key, verdict.clone(), self.ttl, Instant::now());
         Ok(verdict)
     }
-}
-
-/// tokio's clock (which tests can pause), as a std Instant.
-fn tokio_now() -> Instant {
-    tokio::time::Instant::now().into_std()
 }
 
 /// One TokenReview.
@@ -237,7 +233,7 @@ mod tests {
                 let path = req.uri().path().to_owned();
                 let body = req.into_body().collect().await.unwrap().to_bytes();
                 let v: Value = serde_json::from_slice(&body).unwrap();
-                log.lock().unwrap().push((path, v.clone()));
+                log.lock().push((path, v.clone()));
                 let out = serde_json::to_vec(&answer(&v)).unwrap();
                 Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(out))))
             }
@@ -274,7 +270,7 @@ mod tests {
         a.authenticate(&creds("bad")).await.unwrap();
         let _ = a.authenticate(&creds("broken")).await;
         {
-            let seen = seen.lock().unwrap();
+            let seen = seen.lock();
             assert_eq!(seen.len(), 4, "{seen:?}");
             assert_eq!(seen[0].0, "/apis/authentication.k8s.io/v1/tokenreviews");
             assert_eq!(seen[0].1["kind"], "TokenReview");
@@ -315,7 +311,7 @@ mod tests {
         // alice is cached (5m); the unauthorized TTL here is zero.
         z.authorize(&attrs("alice", "stats")).await.unwrap();
         z.authorize(&attrs("bob", "stats")).await.unwrap();
-        let seen = seen.lock().unwrap();
+        let seen = seen.lock();
         assert_eq!(seen.len(), 4);
         let (path, body) = &seen[0];
         assert_eq!(path, "/apis/authorization.k8s.io/v1/subjectaccessreviews");
@@ -376,13 +372,13 @@ mod tests {
             }
         }
         assert_eq!(limited, 1000 - 4, "the burst of 5 less the good token's review");
-        assert_eq!(seen.lock().unwrap().len(), 5);
+        assert_eq!(seen.lock().len(), 5);
         // The authenticated token is still cached.
         assert_eq!(a.authenticate(&creds("good")).await.unwrap().unwrap().name, "alice");
-        assert_eq!(seen.lock().unwrap().len(), 5);
+        assert_eq!(seen.lock().len(), 5);
         // Coalescing: 50 requests presenting one new token at once, one review.
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let before = seen.lock().unwrap().len();
+        let before = seen.lock().len();
         let mut tasks = vec![];
         for _ in 0..50 {
             let a = a.clone();
@@ -393,6 +389,6 @@ mod tests {
         for t in tasks {
             assert_eq!(t.await.unwrap(), Ok(None));
         }
-        assert_eq!(seen.lock().unwrap().len(), before + 1);
+        assert_eq!(seen.lock().len(), before + 1);
     }
 }

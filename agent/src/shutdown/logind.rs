@@ -9,7 +9,7 @@
 use std::{path::Path, sync::Arc, time::Duration};
 
 use futures::StreamExt as _;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::NodeShutdownManager;
@@ -70,7 +70,7 @@ async fn take_lock(logind: &Logind) -> Result<InhibitLock, SystemdError> {
 /// Holds the lock and stops the pods when logind says the node is going
 /// down; returns when the agent stops (or logind cannot be used, after
 /// saying why).
-pub async fn run(manager: Arc<NodeShutdownManager>, mut stop: watch::Receiver<bool>) {
+pub async fn run(manager: Arc<NodeShutdownManager>, stop: CancellationToken) {
     let grace = manager.grace_period();
     let logind = match Logind::connect().await {
         Ok(l) => l,
@@ -109,7 +109,7 @@ pub async fn run(manager: Arc<NodeShutdownManager>, mut stop: watch::Receiver<bo
                     return;
                 }
             },
-            _ = stop.changed() => if *stop.borrow() { return } else { continue },
+            _ = stop.cancelled() => return,
         };
         if start {
             manager.shutdown("systemd-logind announced the shutdown (PrepareForShutdown)").await;

@@ -19,13 +19,12 @@ pub mod logind;
 pub mod plan;
 pub mod trigger;
 
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::api::core::v1::ObjectReference;
+use parking_lot::Mutex;
 use tokio::{sync::watch, time::Instant};
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use self::{
@@ -171,7 +170,7 @@ impl NodeShutdownManager {
     /// waits for the first.
     pub async fn shutdown(&self, why: &str) {
         let first = {
-            let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
+            let mut started = self.started.lock();
             !std::mem::replace(&mut *started, true)
         };
         if !first {
@@ -243,7 +242,7 @@ impl NodeShutdownManager {
     }
 
     /// Polls the marker file and starts the shutdown when it appears.
-    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
         if !self.enabled() || self.detector.marker.is_none() {
             return;
         }
@@ -254,7 +253,7 @@ impl NodeShutdownManager {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = stop.changed() => if *stop.borrow() { return },
+                _ = stop.cancelled() => return,
             }
             if let Some(why) = self.detector.marker() {
                 self.shutdown(&why).await;
@@ -300,18 +299,18 @@ mod tests {
         fn kill(&self, uid: &str, grace: Duration, reason: TerminalReason) {
             assert_eq!((reason.reason.as_str(), reason.message.as_str()), (SHUTDOWN_REASON, SHUTDOWN_MESSAGE));
             assert!(reason.disruption);
-            self.killed.lock().unwrap().push((uid.into(), grace, Instant::now()));
+            self.killed.lock().push((uid.into(), grace, Instant::now()));
         }
 
         fn stopped(&self, uid: &str) -> bool {
-            let killed = self.killed.lock().unwrap();
+            let killed = self.killed.lock();
             let Some((_, grace, at)) = killed.iter().find(|(u, _, _)| u == uid) else { return false };
             at.elapsed() >= self.stop_after[uid].min(*grace)
         }
 
         fn refuse_new(&self) {
             assert!(self.is_synced(), "new pods refused before the sources reported: re-adopted pods would be refused");
-            *self.refused.lock().unwrap() = true;
+            *self.refused.lock() = true;
         }
     }
 
@@ -350,8 +349,8 @@ mod tests {
         let t0 = Instant::now();
         m.shutdown("test").await;
         assert_eq!(*phase.borrow(), Phase::Done);
-        assert!(*pods.refused.lock().unwrap());
-        let killed = pods.killed.lock().unwrap().clone();
+        assert!(*pods.refused.lock());
+        let killed = pods.killed.lock().clone();
         let grace: HashMap<&str, u64> = killed.iter().map(|(u, g, _)| (u.as_str(), g.as_secs())).collect();
         assert_eq!(grace, HashMap::from([("web", 6), ("quick", 1), ("dns", 4)]));
         let dns_at = killed.iter().find(|k| k.0 == "dns").unwrap().2 - t0;
@@ -377,7 +376,7 @@ mod tests {
             ObjectReference::default(),
         );
         m.shutdown("test").await;
-        let killed: Vec<String> = pods.killed.lock().unwrap().iter().map(|k| k.0.clone()).collect();
+        let killed: Vec<String> = pods.killed.lock().iter().map(|k| k.0.clone()).collect();
         assert_eq!(killed, ["web"], "the pod the sources brought late was stopped, not refused");
     }
 
@@ -395,7 +394,7 @@ mod tests {
             ObjectReference::default(),
         );
         assert!(!m.on_sigterm().await);
-        assert!(pods.killed.lock().unwrap().is_empty());
+        assert!(pods.killed.lock().is_empty());
         let off = NodeShutdownManager::new(
             Duration::ZERO,
             Duration::ZERO,
@@ -406,6 +405,6 @@ mod tests {
         );
         std::fs::write(&marker, "").unwrap();
         assert!(!off.on_sigterm().await, "shutdownGracePeriod 0: the feature is off");
-        assert!(pods.killed.lock().unwrap().is_empty());
+        assert!(pods.killed.lock().is_empty());
     }
 }

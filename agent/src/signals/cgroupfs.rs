@@ -11,13 +11,14 @@ use std::{
     os::fd::OwnedFd,
     path::PathBuf,
     sync::{
-        Arc, Mutex, RwLock,
+        Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     thread::JoinHandle,
     time::{Duration, Instant},
 };
 
+use parking_lot::{Mutex, RwLock};
 use tracing::{debug, info, warn};
 
 use super::{
@@ -113,7 +114,7 @@ impl CgroupfsSource {
 fn wait_loop(shared: &Shared, interval: Duration) {
     let mut next_poll = Instant::now() + interval;
     loop {
-        let watches = shared.watches.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let watches = shared.watches.lock().clone();
         let timeout = next_poll.saturating_duration_since(Instant::now());
         match notify::wait(&watches, &shared.control, timeout) {
             Ok(Woken::Control) => {
@@ -151,7 +152,7 @@ impl Shared {
             ours: bool,
         }
         let fs = &self.cgroupfs;
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state.lock();
         let lines: Vec<Line> = state
             .thresholds
             .iter()
@@ -220,7 +221,7 @@ impl Shared {
             }
         }
         drop(state);
-        *self.watches.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(watches);
+        *self.watches.lock() = Arc::new(watches);
         notify::signal(&self.control);
     }
 }
@@ -232,7 +233,7 @@ impl Drop for CgroupfsSource {
         if let Some(p) = self.waiter.take() {
             let _ = p.join();
         }
-        let state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let state = self.shared.state.lock();
         for c in &state.tripwires {
             let _ = std::fs::write(self.shared.cgroupfs.memory_dir(c).join("memory.high"), "max");
         }
@@ -263,8 +264,7 @@ fn read_node(cgroupfs: &CgroupFs) -> Result<NodeUsage, SignalError> {
 }
 
 fn snapshot(shared: &Shared) -> Result<Snapshot, SignalError> {
-    let registered: Vec<String> =
-        shared.state.lock().unwrap_or_else(|p| p.into_inner()).registered.iter().cloned().collect();
+    let registered: Vec<String> = shared.state.lock().registered.iter().cloned().collect();
     let node = read_node(&shared.cgroupfs)?;
     let mut cgroups = HashMap::with_capacity(registered.len());
     for c in registered {
@@ -311,7 +311,7 @@ fn poll_once(shared: &Shared) {
     let now = monotonic_ns();
     let mut events = vec![];
     {
-        let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = shared.state.lock();
         for ((target, signal), (threshold, above)) in state.thresholds.iter_mut() {
             let Some(value) = value_of(&snap, target, *signal) else { continue };
             if let Some(direction) = hysteresis::crossing(*above, value, *threshold) {
@@ -331,7 +331,7 @@ fn poll_once(shared: &Shared) {
             }
         }
     }
-    let sink = shared.sink.read().unwrap_or_else(|p| p.into_inner()).clone();
+    let sink = shared.sink.read().clone();
     if let Some(sink) = sink {
         for e in events {
             sink.on_event(e);
@@ -352,13 +352,13 @@ impl SignalSource for CgroupfsSource {
                 source: std::io::ErrorKind::NotFound.into(),
             }));
         }
-        self.shared.state.lock().unwrap_or_else(|p| p.into_inner()).registered.insert(cgroup.to_owned());
+        self.shared.state.lock().registered.insert(cgroup.to_owned());
         Ok(())
     }
 
     fn unregister(&self, cgroup: &str) {
         let cgroup = cgroup.trim_matches('/');
-        let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.shared.state.lock();
         state.registered.remove(cgroup);
         let before = state.thresholds.len();
         state.thresholds.retain(|(t, _), _| !matches!(t, Target::Cgroup(c) if c == cgroup));
@@ -370,7 +370,7 @@ impl SignalSource for CgroupfsSource {
     }
 
     fn set_threshold(&self, target: &Target, signal: Signal, threshold: Option<Threshold>) -> Result<(), SignalError> {
-        let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.shared.state.lock();
         if let Target::Cgroup(c) = target
             && !state.registered.contains(c)
         {
@@ -396,7 +396,7 @@ impl SignalSource for CgroupfsSource {
     }
 
     fn subscribe(&self, sink: Arc<dyn EventSink>) {
-        *self.shared.sink.write().unwrap_or_else(|p| p.into_inner()) = Some(sink);
+        *self.shared.sink.write() = Some(sink);
     }
 
     fn counters(&self) -> Vec<(&'static str, u64)> {

@@ -4,9 +4,11 @@
 //! What the code under test asks of it (registrations, lines, kernel plans)
 //! is recorded for assertions.
 
+use parking_lot::{Mutex, MutexGuard};
+
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Instant,
 };
 
@@ -49,8 +51,8 @@ impl MemorySource {
         MemorySource { kernel_kills, ..Default::default() }
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     pub fn node(&self) -> NodeUsage {

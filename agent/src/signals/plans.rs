@@ -6,12 +6,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{
-        Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::atomic::{AtomicU64, Ordering},
 };
 
+use parking_lot::Mutex;
 use swiftlet_common::{MAX_PLANS, VictimPlan};
 
 use super::{Signal, Target};
@@ -62,7 +60,7 @@ impl<M: PlanMemory> PlanTable<M> {
     /// only moves `planned_ns`, unless the kernel executed it meanwhile;
     /// any other change is a new generation.
     pub(super) fn set(&self, line: (Target, Signal), wanted: Option<Wanted>) -> Result<(), &'static str> {
-        let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        let mut lines = self.lines.lock();
         let index = match lines.by_line.get(&line) {
             Some(&(index, _, _)) => index,
             None => (0..MAX_PLANS)
@@ -98,7 +96,7 @@ impl<M: PlanMemory> PlanTable<M> {
     /// Withdraws the plans of lines on `cgroup` (going away) and frees
     /// their plan slots.
     pub(super) fn drop_lines_of(&self, cgroup: &str) {
-        let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        let mut lines = self.lines.lock();
         let gone: Vec<(Target, Signal)> =
             lines.by_line.keys().filter(|(t, _)| matches!(t, Target::Cgroup(c) if c == cgroup)).cloned().collect();
         for key in gone {

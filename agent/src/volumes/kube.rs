@@ -16,6 +16,7 @@ use kube::{
     Api,
     api::{ListParams, PostParams},
 };
+use parking_lot::Mutex;
 
 use super::objects::{ObjectError, ObjectKind, ObjectSource, Token, TokenSpec};
 
@@ -23,7 +24,7 @@ pub struct KubeObjects {
     client: kube::Client,
     /// The last services listed per namespace: what the kubelet's lister
     /// would still hold while the API server is unreachable.
-    services: std::sync::Mutex<std::collections::HashMap<String, Vec<Service>>>,
+    services: Mutex<std::collections::HashMap<String, Vec<Service>>>,
 }
 
 impl KubeObjects {
@@ -35,7 +36,7 @@ impl KubeObjects {
     /// cannot be reached.
     async fn services_in(&self, ns: &str) -> Result<Vec<Service>, ObjectError> {
         let got = Api::<Service>::namespaced(self.client.clone(), ns).list(&ListParams::default()).await;
-        let mut cache = self.services.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.services.lock();
         match got {
             Ok(list) => {
                 cache.insert(ns.to_owned(), list.items.clone());
@@ -129,11 +130,9 @@ impl ObjectSource for KubeObjects {
 
 #[cfg(test)]
 mod tests {
-    use std::{
-        collections::HashMap,
-        convert::Infallible,
-        sync::{Arc, Mutex},
-    };
+    use std::{collections::HashMap, convert::Infallible, sync::Arc};
+
+    use parking_lot::Mutex;
 
     use hyper::{Request, Response};
     use kube::client::Body;
@@ -164,7 +163,7 @@ mod tests {
             let path = req.uri().path().to_owned();
             let body = req.into_body().collect_bytes().await.unwrap_or_default();
             let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
-            self.seen.lock().unwrap().push((method.clone(), path.clone(), body.clone()));
+            self.seen.lock().push((method.clone(), path.clone(), body.clone()));
             let reply = |code: u16, v: serde_json::Value| {
                 Response::builder()
                     .status(code)
@@ -177,7 +176,7 @@ mod tests {
                 out["status"] = json!({"token": "jwt-for-test", "expirationTimestamp": "2030-01-01T00:00:00Z"});
                 return reply(201, out);
             }
-            match self.objects.lock().unwrap().get(&path) {
+            match self.objects.lock().get(&path) {
                 Some(v) => reply(200, v.clone()),
                 None => reply(
                     404,
@@ -191,12 +190,12 @@ mod tests {
     #[tokio::test]
     async fn reads_objects_and_requests_bound_tokens() {
         let api = FakeApi::default();
-        api.objects.lock().unwrap().insert(
+        api.objects.lock().insert(
             "/api/v1/namespaces/ns/configmaps/settings".into(),
             json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": "ns"},
                    "data": {"a": "1"}}),
         );
-        api.objects.lock().unwrap().insert(
+        api.objects.lock().insert(
             "/api/v1/namespaces/ns/secrets/creds".into(),
             json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": "ns"},
                    "data": {"pw": "aHVudGVyMg=="}}),
@@ -221,7 +220,7 @@ mod tests {
         let t = objects.request_token(&spec).await.unwrap();
         assert_eq!(t.token, "jwt-for-test");
         assert_eq!(t.expires_at.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs(), 1_893_456_000);
-        let seen = api.seen.lock().unwrap().clone();
+        let seen = api.seen.lock().clone();
         let (method, path, body) = seen.last().unwrap();
         assert_eq!((method.as_str(), path.as_str()), ("POST", "/api/v1/namespaces/ns/serviceaccounts/builder/token"));
         assert_eq!(body["spec"]["audiences"], json!(["vault"]));

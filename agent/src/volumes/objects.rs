@@ -13,15 +13,13 @@
 
 use std::{
     collections::HashMap,
-    sync::{
-        Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::atomic::{AtomicU64, Ordering},
     time::{Duration, SystemTime},
 };
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, Service};
+use parking_lot::Mutex;
 use tokio::sync::broadcast;
 
 /// The kinds of object volumes and environments read.
@@ -155,10 +153,6 @@ impl Default for MemoryObjects {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (String, String) {
     (meta.namespace.clone().unwrap_or_else(|| "default".into()), meta.name.clone().unwrap_or_default())
 }
@@ -171,12 +165,12 @@ impl MemoryObjects {
     /// Creates or replaces a ConfigMap (namespace "default" when unset).
     pub fn put_config_map(&self, cm: ConfigMap) {
         let (namespace, name) = key_of(&cm.metadata);
-        lock(&self.config_maps).insert((namespace.clone(), name.clone()), cm);
+        self.config_maps.lock().insert((namespace.clone(), name.clone()), cm);
         let _ = self.changes.send(ObjectKey { kind: ObjectKind::ConfigMap, namespace, name });
     }
 
     pub fn delete_config_map(&self, namespace: &str, name: &str) {
-        lock(&self.config_maps).remove(&(namespace.to_owned(), name.to_owned()));
+        self.config_maps.lock().remove(&(namespace.to_owned(), name.to_owned()));
         let _ = self.changes.send(ObjectKey {
             kind: ObjectKind::ConfigMap,
             namespace: namespace.into(),
@@ -186,42 +180,44 @@ impl MemoryObjects {
 
     pub fn put_secret(&self, s: Secret) {
         let (namespace, name) = key_of(&s.metadata);
-        lock(&self.secrets).insert((namespace.clone(), name.clone()), s);
+        self.secrets.lock().insert((namespace.clone(), name.clone()), s);
         let _ = self.changes.send(ObjectKey { kind: ObjectKind::Secret, namespace, name });
     }
 
     /// Creates or replaces a Service (namespace "default" when unset).
     pub fn put_service(&self, s: Service) {
         let key = key_of(&s.metadata);
-        let mut all = lock(&self.services);
+        let mut all = self.services.lock();
         all.retain(|x| key_of(&x.metadata) != key);
         all.push(s);
     }
 
     /// Every TokenRequest made so far.
     pub fn token_requests(&self) -> Vec<TokenSpec> {
-        lock(&self.token_requests).clone()
+        self.token_requests.lock().clone()
     }
 }
 
 #[async_trait]
 impl ObjectSource for MemoryObjects {
     async fn get_config_map(&self, namespace: &str, name: &str) -> Result<ConfigMap, ObjectError> {
-        lock(&self.config_maps)
+        self.config_maps
+            .lock()
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
             .ok_or_else(|| ObjectError::NotFound { kind: ObjectKind::ConfigMap, name: name.into() })
     }
 
     async fn get_secret(&self, namespace: &str, name: &str) -> Result<Secret, ObjectError> {
-        lock(&self.secrets)
+        self.secrets
+            .lock()
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
             .ok_or_else(|| ObjectError::NotFound { kind: ObjectKind::Secret, name: name.into() })
     }
 
     async fn request_token(&self, spec: &TokenSpec) -> Result<Token, ObjectError> {
-        lock(&self.token_requests).push(spec.clone());
+        self.token_requests.lock().push(spec.clone());
         let n = self.issued.fetch_add(1, Ordering::SeqCst) + 1;
         Ok(Token {
             token: format!("{}:{}:{n}", spec.namespace, spec.service_account),
@@ -230,7 +226,7 @@ impl ObjectSource for MemoryObjects {
     }
 
     async fn list_services(&self, namespace: &str) -> Result<Vec<Service>, ObjectError> {
-        let all = lock(&self.services);
+        let all = self.services.lock();
         Ok(all
             .iter()
             .filter(|s| {

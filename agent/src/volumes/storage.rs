@@ -24,7 +24,8 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use tokio::{io::unix::AsyncFd, sync::watch};
+use tokio::io::unix::AsyncFd;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use super::manager::{VolumeKind, VolumeManager, VolumeUsage};
@@ -374,7 +375,7 @@ impl LocalStorageMonitor {
     }
 
     /// Checks every period and soon after writes to watched emptyDirs.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(self, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(self.period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut changes = self.volumes.subscribe();
@@ -404,7 +405,7 @@ impl LocalStorageMonitor {
                         None => std::future::pending().await,
                     }
                 } => {}
-                _ = shutdown.changed() => if *shutdown.borrow() { break },
+                _ = shutdown.cancelled() => break,
             }
             self.check(&mut evicted).await;
         }

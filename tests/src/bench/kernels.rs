@@ -40,6 +40,7 @@ use swiftlet::{
     },
 };
 use swiftlet_common::Signal;
+use tokio_util::sync::CancellationToken;
 
 use super::{BenchResult, Ctx, Figure, Table};
 use crate::{cgroup::TestCgroup, pods::FakePods, workload};
@@ -198,7 +199,8 @@ fn run_once(obs: &Observer, mode: Mode, agent: &Arc<EbpfSource>) -> Result<Run> 
         reclaim_before_eviction: false,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop_tx = CancellationToken::new();
+    let stop_rx = stop_tx.clone();
     let (manager, event_loop) = EvictionManager::new(
         cfg,
         source.clone(),
@@ -238,7 +240,7 @@ fn run_once(obs: &Observer, mode: Mode, agent: &Arc<EbpfSource>) -> Result<Run> 
     while evictor.first_ns.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
-    stop_tx.send(true).ok();
+    stop_tx.cancel();
     let _ = rt.block_on(task);
     for cg in [&hog_pod, &steady_pod, &kubepods] {
         source.unregister(cg);

@@ -3,14 +3,15 @@
 //! call, readiness, stats, and the call log with its counts and concurrency.
 
 use std::{
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::state::finish;
-use super::{Behavior, Call, FakeImage, FakeRuntime, Fault, Method, Pullable, State, fake_digest, lock, normalize};
+use super::{Behavior, Call, FakeImage, FakeRuntime, Fault, Method, Pullable, State, fake_digest, normalize};
 use crate::cri::api;
 
 impl FakeRuntime {
@@ -35,7 +36,7 @@ impl FakeRuntime {
 
     /// Adds `name` as a tag of the image `id` (created if new).
     pub fn add_image_with_id(&self, name: &str, id: &str, size: u64) {
-        let mut s = lock(&self.state);
+        let mut s = self.state.lock();
         let tag = normalize(name);
         for i in s.images.iter_mut() {
             i.tags.retain(|t| *t != tag);
@@ -50,7 +51,7 @@ impl FakeRuntime {
     /// Marks an image pinned (never garbage collected), as runtimes pin
     /// their sandbox image.
     pub fn set_pinned(&self, name: &str, pinned: bool) {
-        let mut s = lock(&self.state);
+        let mut s = self.state.lock();
         if let Some(i) = s.find_image(name) {
             s.images[i].pinned = pinned;
         }
@@ -58,32 +59,33 @@ impl FakeRuntime {
 
     /// A pull of `name` succeeds and adds the image (of `size` bytes).
     pub fn make_pullable(&self, name: &str, size: u64) {
-        lock(&self.state).pullable.insert(normalize(name), Pullable::Ok { size });
+        self.state.lock().pullable.insert(normalize(name), Pullable::Ok { size });
     }
 
     /// A pull of `name` succeeds only with these credentials (a username
     /// and password, or `auth` = base64 of `username:password`); otherwise
     /// it fails as containerd does on a registry's 401.
     pub fn make_private(&self, name: &str, size: u64, username: &str, password: &str) {
-        lock(&self.state)
+        self.state
+            .lock()
             .pullable
             .insert(normalize(name), Pullable::Private { size, username: username.into(), password: password.into() });
     }
 
     /// The image and credentials of every PullImage so far.
     pub fn pull_auths(&self) -> Vec<(String, Option<api::AuthConfig>)> {
-        lock(&self.state).pull_auths.clone()
+        self.state.lock().pull_auths.clone()
     }
 
     /// A pull of `name` fails with `code` and `message` until scripted
     /// otherwise (containerd answers Unknown for registry errors).
     pub fn set_pull_error(&self, name: &str, code: tonic::Code, message: impl Into<String>) {
-        lock(&self.state).pullable.insert(normalize(name), Pullable::Err { code, message: message.into() });
+        self.state.lock().pullable.insert(normalize(name), Pullable::Err { code, message: message.into() });
     }
 
     /// Removes an image behind the caller's back (as `ctr images rm` would).
     pub fn delete_image(&self, name: &str) {
-        let mut s = lock(&self.state);
+        let mut s = self.state.lock();
         if let Some(i) = s.find_image(name) {
             s.images.remove(i);
         }
@@ -93,7 +95,7 @@ impl FakeRuntime {
     /// the runtime leaves them out). By default: `/fake/imagefs` and the
     /// sum of the images' sizes.
     pub fn set_image_fs(&self, mountpoint: &str, used_bytes: Option<u64>, inodes_used: Option<u64>) {
-        lock(&self.state).image_fs = Some((mountpoint.to_owned(), used_bytes, inodes_used));
+        self.state.lock().image_fs = Some((mountpoint.to_owned(), used_bytes, inodes_used));
     }
 
     // ---- scripting: containers ----
@@ -102,7 +104,7 @@ impl FakeRuntime {
     /// CreateContainer; the last one repeats. Unscripted containers run
     /// until stopped.
     pub fn script(&self, name: &str, behaviors: impl IntoIterator<Item = Behavior>) {
-        lock(&self.state).scripts.insert(name.to_owned(), behaviors.into_iter().collect());
+        self.state.lock().scripts.insert(name.to_owned(), behaviors.into_iter().collect());
     }
 
     /// ExecSync in containers named `name` answers with `f(cmd)`; an `Err`
@@ -112,7 +114,7 @@ impl FakeRuntime {
         name: &str,
         f: impl Fn(&[String]) -> std::result::Result<api::ExecSyncResponse, (tonic::Code, String)> + Send + Sync + 'static,
     ) {
-        lock(&self.state).exec.insert(name.to_owned(), Arc::new(f));
+        self.state.lock().exec.insert(name.to_owned(), Arc::new(f));
     }
 
     /// ExecSync in containers named `name` exits with `code`.
@@ -124,7 +126,7 @@ impl FakeRuntime {
     /// Completed/Error by code).
     pub fn exit_container(&self, id: &str, code: i32, reason: &str) {
         let now = self.now_ns();
-        let mut s = lock(&self.state);
+        let mut s = self.state.lock();
         if let Some(c) = s.containers.get_mut(id)
             && c.state == api::ContainerState::ContainerRunning
         {
@@ -135,26 +137,26 @@ impl FakeRuntime {
     /// Sets a container's creation time (ns since the epoch), for garbage
     /// collection orderings.
     pub fn set_created_at(&self, id: &str, created_at_ns: i64) {
-        if let Some(c) = lock(&self.state).containers.get_mut(id) {
+        if let Some(c) = self.state.lock().containers.get_mut(id) {
             c.created_at = created_at_ns;
         }
     }
 
     /// Sets a sandbox's creation time (ns since the epoch).
     pub fn set_sandbox_created_at(&self, id: &str, created_at_ns: i64) {
-        if let Some(s) = lock(&self.state).sandboxes.get_mut(id) {
+        if let Some(s) = self.state.lock().sandboxes.get_mut(id) {
             s.created_at = created_at_ns;
         }
     }
 
     /// ListContainerStats reports these for container `id`.
     pub fn set_stats(&self, id: &str, cpu_usage_core_ns: u64, memory_working_set_bytes: u64) {
-        lock(&self.state).stats.insert(id.to_owned(), (cpu_usage_core_ns, memory_working_set_bytes));
+        self.state.lock().stats.insert(id.to_owned(), (cpu_usage_core_ns, memory_working_set_bytes));
     }
 
     /// The runtime's RuntimeReady / NetworkReady conditions.
     pub fn set_ready(&self, runtime: bool, network: bool) {
-        let mut s = lock(&self.state);
+        let mut s = self.state.lock();
         s.runtime_ready = runtime;
         s.network_ready = network;
     }
@@ -162,66 +164,66 @@ impl FakeRuntime {
     // ---- scripting: faults and latency ----
 
     pub fn fail(&self, fault: Fault) {
-        lock(&self.state).faults.push(fault);
+        self.state.lock().faults.push(fault);
     }
 
     pub fn clear_faults(&self) {
-        lock(&self.state).faults.clear();
+        self.state.lock().faults.clear();
     }
 
     /// Every call of `method` takes `latency` (tokio time) before it acts.
     pub fn set_latency(&self, method: Method, latency: Duration) {
-        lock(&self.state).latency.insert(method, latency);
+        self.state.lock().latency.insert(method, latency);
     }
 
     // ---- inspection ----
 
     pub fn calls(&self) -> Vec<Call> {
-        lock(&self.state).calls.clone()
+        self.state.lock().calls.clone()
     }
 
     pub fn count(&self, method: Method) -> usize {
-        lock(&self.state).calls.iter().filter(|c| c.method == method).count()
+        self.state.lock().calls.iter().filter(|c| c.method == method).count()
     }
 
     /// Calls of `method` about `target`.
     pub fn count_on(&self, method: Method, target: &str) -> usize {
-        lock(&self.state).calls.iter().filter(|c| c.method == method && c.target == target).count()
+        self.state.lock().calls.iter().filter(|c| c.method == method && c.target == target).count()
     }
 
     pub fn clear_calls(&self) {
-        lock(&self.state).calls.clear();
+        self.state.lock().calls.clear();
     }
 
     /// The most calls of `method` that were in progress at once.
     pub fn max_in_flight(&self, method: Method) -> usize {
-        lock(&self.state).max_in_flight.get(&method).copied().unwrap_or(0)
+        self.state.lock().max_in_flight.get(&method).copied().unwrap_or(0)
     }
 
     /// Ids of the containers that exist, oldest first.
     pub fn container_ids(&self) -> Vec<String> {
         self.refresh();
-        let s = lock(&self.state);
+        let s = self.state.lock();
         let mut v: Vec<_> = s.containers.values().map(|c| (c.created_at, c.id.clone())).collect();
         v.sort();
         v.into_iter().map(|(_, id)| id).collect()
     }
 
     pub fn sandbox_ids(&self) -> Vec<String> {
-        lock(&self.state).sandboxes.keys().cloned().collect()
+        self.state.lock().sandboxes.keys().cloned().collect()
     }
 
     /// The stop timeouts StopContainer was given for container `id`.
     pub fn stop_timeouts(&self, id: &str) -> Vec<Duration> {
-        lock(&self.state).containers.get(id).map(|c| c.stop_timeouts.clone()).unwrap_or_default()
+        self.state.lock().containers.get(id).map(|c| c.stop_timeouts.clone()).unwrap_or_default()
     }
 
     /// Names (normalized) of every present image.
     pub fn image_names(&self) -> Vec<String> {
-        lock(&self.state).images.iter().flat_map(|i| i.tags.clone()).collect()
+        self.state.lock().images.iter().flat_map(|i| i.tags.clone()).collect()
     }
 
     pub fn has_image(&self, name: &str) -> bool {
-        lock(&self.state).find_image(name).is_some()
+        self.state.lock().find_image(name).is_some()
     }
 }

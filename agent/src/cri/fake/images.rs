@@ -5,19 +5,19 @@
 use async_trait::async_trait;
 
 use super::state::image_view;
-use super::{FakeRuntime, Method, Pullable, err, lock, normalize};
+use super::{FakeRuntime, Method, Pullable, err, normalize};
 use crate::cri::{ImageService, Result, api};
 
 #[async_trait]
 impl ImageService for FakeRuntime {
     async fn list_images(&self) -> Result<Vec<api::Image>> {
         let _g = self.enter(Method::ListImages, "", &[]).await?;
-        Ok(lock(&self.state).images.iter().map(image_view).collect())
+        Ok(self.state.lock().images.iter().map(image_view).collect())
     }
 
     async fn image_status(&self, image: &str) -> Result<Option<api::Image>> {
         let _g = self.enter(Method::ImageStatus, image, &[]).await?;
-        let s = lock(&self.state);
+        let s = self.state.lock();
         if s.ambiguous(image) {
             return Err(err(
                 Method::ImageStatus,
@@ -36,7 +36,7 @@ impl ImageService for FakeRuntime {
     ) -> Result<String> {
         let _g = self.enter(Method::PullImage, image, &[]).await?;
         let normalized = normalize(image);
-        let mut s = lock(&self.state);
+        let mut s = self.state.lock();
         s.pull_auths.push((image.to_owned(), auth.clone()));
         match s.pullable.get(&normalized).cloned() {
             Some(Pullable::Ok { size }) => {
@@ -82,7 +82,7 @@ impl ImageService for FakeRuntime {
 
     async fn remove_image(&self, image: &str) -> Result<()> {
         let _g = self.enter(Method::RemoveImage, image, &[]).await?;
-        let mut s = lock(&self.state);
+        let mut s = self.state.lock();
         if let Some(i) = s.find_image(image) {
             s.images.remove(i);
         }
@@ -92,7 +92,7 @@ impl ImageService for FakeRuntime {
     async fn image_fs_info(&self) -> Result<Vec<api::FilesystemUsage>> {
         let _g = self.enter(Method::ImageFsInfo, "", &[]).await?;
         let now = self.now_ns();
-        let s = lock(&self.state);
+        let s = self.state.lock();
         let (mountpoint, used, inodes) = s.image_fs.clone().unwrap_or_else(|| {
             ("/fake/imagefs".into(), Some(s.images.iter().map(|i| i.size).sum()), Some(s.images.len() as u64))
         });

@@ -42,10 +42,11 @@ mod tests;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
+use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::{CriError, api};
@@ -304,8 +305,4 @@ fn fake_digest(seed: &str) -> String {
 
 fn err(method: Method, code: tonic::Code, message: impl Into<String>) -> CriError {
     CriError::Status { call: method.name(), code, message: message.into() }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::state::{container_view, finish, labels_match, sandbox_state};
-use super::{Behavior, FakeContainer, FakeRuntime, FakeSandbox, Method, err, lock};
+use super::{Behavior, FakeContainer, FakeRuntime, FakeSandbox, Method, err};
 use crate::cri::{Result, RuntimeService, api};
 
 #[async_trait]
@@ -24,7 +24,7 @@ impl RuntimeService for FakeRuntime {
 
     async fn status(&self) -> Result<api::StatusResponse> {
         let _g = self.enter(Method::Status, "", &[]).await?;
-        let s = lock(&self.state);
+        let s = self.state.lock();
         let cond = |t: &str, ok: bool| api::RuntimeCondition {
             r#type: t.into(),
             status: ok,
@@ -43,7 +43,7 @@ impl RuntimeService for FakeRuntime {
         let name = config.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
         let _g = self.enter(Method::RunPodSandbox, &name, &[]).await?;
         let now = self.now_ns();
-        let mut s = lock(&self.state);
+        let mut s = self.state.lock();
         let id = s.new_id("sandbox-");
         let host_network = config
             .linux
@@ -62,7 +62,7 @@ impl RuntimeService for FakeRuntime {
     async fn stop_pod_sandbox(&self, sandbox_id: &str) -> Result<()> {
         let _g = self.enter(Method::StopPodSandbox, sandbox_id, &[]).await?;
         let now = self.now_ns();
-        let mut s = lock(&self.state);
+        let mut s = self.state.lock();
         let Some(sb) = s.sandboxes.get_mut(sandbox_id) else {
             return Err(err(Method::StopPodSandbox, tonic::Code::NotFound, format!("sandbox {sandbox_id} not found")));
         };
@@ -81,7 +81,7 @@ impl RuntimeService for FakeRuntime {
 
     async fn remove_pod_sandbox(&self, sandbox_id: &str) -> Result<()> {
         let _g = self.enter(Method::RemovePodSandbox, sandbox_id, &[]).await?;
-        let mut s = lock(&self.state);
+        let mut s = self.state.lock();
         if let Some(sb) = s.sandboxes.get(sandbox_id)
             && sb.ready
         {
@@ -98,7 +98,7 @@ impl RuntimeService for FakeRuntime {
 
     async fn pod_sandbox_status(&self, sandbox_id: &str) -> Result<api::PodSandboxStatus> {
         let _g = self.enter(Method::PodSandboxStatus, sandbox_id, &[]).await?;
-        let s = lock(&self.state);
+        let s = self.state.lock();
         let sb = s.sandboxes.get(sandbox_id).ok_or_else(|| {
             err(
                 Method::PodSandboxStatus,
@@ -120,7 +120,7 @@ impl RuntimeService for FakeRuntime {
 
     async fn list_pod_sandbox(&self, filter: Option<api::PodSandboxFilter>) -> Result<Vec<api::PodSandbox>> {
         let _g = self.enter(Method::ListPodSandbox, "", &[]).await?;
-        let s = lock(&self.state);
+        let s = self.state.lock();
         let f = filter.unwrap_or_default();
         Ok(s.sandboxes
             .values()
@@ -148,7 +148,7 @@ impl RuntimeService for FakeRuntime {
         let name = config.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
         let _g = self.enter(Method::CreateContainer, &name, &[sandbox_id]).await?;
         let now = self.now_ns();
-        let mut s = lock(&self.state);
+        let mut s = self.state.lock();
         let log_dir = match s.sandboxes.get(sandbox_id) {
             None => {
                 return Err(err(
@@ -214,7 +214,7 @@ impl RuntimeService for FakeRuntime {
         let _g = self.enter(Method::StartContainer, container_id, &[&name]).await?;
         let now = Instant::now();
         let now_ns = self.ns_at(now);
-        let mut s = lock(&self.state);
+        let mut s = self.state.lock();
         let Some(c) = s.containers.get_mut(container_id) else {
             return Err(err(
                 Method::StartContainer,
@@ -258,7 +258,7 @@ impl RuntimeService for FakeRuntime {
         let name = self.container_name(container_id);
         let _g = self.enter(Method::StopContainer, container_id, &[&name]).await?;
         let now = self.now_ns();
-        let mut s = lock(&self.state);
+        let mut s = self.state.lock();
         let Some(c) = s.containers.get_mut(container_id) else {
             return Err(err(
                 Method::StopContainer,
@@ -286,7 +286,7 @@ impl RuntimeService for FakeRuntime {
     async fn remove_container(&self, container_id: &str) -> Result<()> {
         let name = self.container_name(container_id);
         let _g = self.enter(Method::RemoveContainer, container_id, &[&name]).await?;
-        let mut s = lock(&self.state);
+        let mut s = self.state.lock();
         if let Some(c) = s.containers.get(container_id)
             && c.state == api::ContainerState::ContainerRunning
         {
@@ -302,7 +302,7 @@ impl RuntimeService for FakeRuntime {
 
     async fn list_containers(&self, filter: Option<api::ContainerFilter>) -> Result<Vec<api::Container>> {
         let _g = self.enter(Method::ListContainers, "", &[]).await?;
-        let s = lock(&self.state);
+        let s = self.state.lock();
         let f = filter.unwrap_or_default();
         Ok(s.containers
             .values()
@@ -317,7 +317,7 @@ impl RuntimeService for FakeRuntime {
     async fn container_status(&self, container_id: &str) -> Result<api::ContainerStatus> {
         let name = self.container_name(container_id);
         let _g = self.enter(Method::ContainerStatus, container_id, &[&name]).await?;
-        let s = lock(&self.state);
+        let s = self.state.lock();
         let c = s.containers.get(container_id).ok_or_else(|| {
             err(
                 Method::ContainerStatus,
@@ -354,7 +354,7 @@ impl RuntimeService for FakeRuntime {
         let name = self.container_name(container_id);
         let _g = self.enter(Method::ExecSync, container_id, &[&name]).await?;
         let f = {
-            let s = lock(&self.state);
+            let s = self.state.lock();
             match s.containers.get(container_id) {
                 None => {
                     return Err(err(
@@ -382,7 +382,7 @@ impl RuntimeService for FakeRuntime {
     async fn reopen_container_log(&self, container_id: &str) -> Result<()> {
         let name = self.container_name(container_id);
         let _g = self.enter(Method::ReopenContainerLog, container_id, &[&name]).await?;
-        let s = lock(&self.state);
+        let s = self.state.lock();
         let c = s.containers.get(container_id).ok_or_else(|| {
             err(Method::ReopenContainerLog, tonic::Code::NotFound, format!("container {container_id} not found"))
         })?;
@@ -409,7 +409,7 @@ impl RuntimeService for FakeRuntime {
     ) -> Result<Vec<api::ContainerStats>> {
         let _g = self.enter(Method::ListContainerStats, "", &[]).await?;
         let now = self.now_ns();
-        let s = lock(&self.state);
+        let s = self.state.lock();
         let f = filter.unwrap_or_default();
         Ok(s.containers
             .values()

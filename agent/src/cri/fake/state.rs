@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use tokio::time::Instant;
 
-use super::{Behavior, Call, FakeContainer, FakeImage, FakeRuntime, Method, State, Times, err, lock, normalize};
+use super::{Behavior, Call, FakeContainer, FakeImage, FakeRuntime, Method, State, Times, err, normalize};
 use crate::cri::{CriError, Result, api};
 
 impl State {
@@ -71,7 +71,7 @@ impl FakeRuntime {
     /// Applies scripted exits whose time has come.
     pub(super) fn refresh(&self) {
         let now = Instant::now();
-        let mut s = lock(&self.state);
+        let mut s = self.state.lock();
         for c in s.containers.values_mut() {
             if c.state != api::ContainerState::ContainerRunning {
                 continue;
@@ -94,7 +94,7 @@ impl FakeRuntime {
     /// keeps the call counted as in flight.
     pub(super) async fn enter(&self, method: Method, target: &str, extra_targets: &[&str]) -> Result<InFlight<'_>> {
         let latency = {
-            let mut s = lock(&self.state);
+            let mut s = self.state.lock();
             s.calls.push(Call { method, target: target.to_owned() });
             let n = s.in_flight.entry(method).or_default();
             *n += 1;
@@ -110,14 +110,14 @@ impl FakeRuntime {
         self.refresh();
         let mut targets = vec![target];
         targets.extend_from_slice(extra_targets);
-        if let Some(e) = lock(&self.state).take_fault(method, &targets) {
+        if let Some(e) = self.state.lock().take_fault(method, &targets) {
             return Err(e);
         }
         Ok(guard)
     }
 
     pub(super) fn container_name(&self, id: &str) -> String {
-        lock(&self.state).containers.get(id).map(|c| c.name().to_owned()).unwrap_or_default()
+        self.state.lock().containers.get(id).map(|c| c.name().to_owned()).unwrap_or_default()
     }
 }
 
@@ -128,7 +128,7 @@ pub(super) struct InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if let Some(n) = lock(&self.rt.state).in_flight.get_mut(&self.method) {
+        if let Some(n) = self.rt.state.lock().in_flight.get_mut(&self.method) {
             *n = n.saturating_sub(1);
         }
     }

@@ -119,10 +119,9 @@ impl Killer for CgroupFs {
 pub mod fake {
     //! In-memory twins of the edges, for the driver's table tests.
 
-    use std::{
-        collections::{HashMap, HashSet},
-        sync::Mutex,
-    };
+    use std::collections::{HashMap, HashSet};
+
+    use parking_lot::Mutex;
 
     use super::{CgroupReader, Killer, ReclaimWrite, Reclaimer};
     use crate::{eviction::reclaim::MemoryKinds, signals::memory::MemorySource};
@@ -140,26 +139,26 @@ pub mod fake {
 
     impl FakeCgroups {
         pub fn kills(&self) -> Vec<String> {
-            self.kills.lock().unwrap().clone()
+            self.kills.lock().clone()
         }
 
         /// The last process of `cgroup` has exited.
         pub fn emptied(&self, cgroup: &str) {
-            self.populated.lock().unwrap().remove(cgroup);
+            self.populated.lock().remove(cgroup);
         }
     }
 
     impl CgroupReader for FakeCgroups {
         fn has_processes(&self, cgroup: &str) -> bool {
-            self.populated.lock().unwrap().contains(cgroup)
+            self.populated.lock().contains(cgroup)
         }
 
         fn working_set(&self, cgroup: &str) -> Option<u64> {
-            self.working_sets.lock().unwrap().get(cgroup).copied()
+            self.working_sets.lock().get(cgroup).copied()
         }
 
         fn tasks(&self, cgroup: &str) -> Option<u64> {
-            self.tasks.lock().unwrap().get(cgroup).copied()
+            self.tasks.lock().get(cgroup).copied()
         }
     }
 
@@ -180,7 +179,7 @@ pub mod fake {
 
     impl FakeReclaimer {
         pub fn writes(&self) -> Vec<(String, u64)> {
-            self.writes.lock().unwrap().clone()
+            self.writes.lock().clone()
         }
     }
 
@@ -190,15 +189,15 @@ pub mod fake {
         }
 
         fn memory_kinds(&self, cgroup: &str) -> Option<MemoryKinds> {
-            self.kinds.lock().unwrap().get(cgroup).copied()
+            self.kinds.lock().get(cgroup).copied()
         }
 
         fn reclaim(&self, cgroup: &str, bytes: u64) -> Result<ReclaimWrite, String> {
-            self.writes.lock().unwrap().push((cgroup.to_owned(), bytes));
-            if self.refilling.lock().unwrap().contains(cgroup) {
+            self.writes.lock().push((cgroup.to_owned(), bytes));
+            if self.refilling.lock().contains(cgroup) {
                 return Ok(ReclaimWrite::Short);
             }
-            let mut kinds = self.kinds.lock().unwrap();
+            let mut kinds = self.kinds.lock();
             let Some(m) = kinds.get(cgroup).copied() else { return Err(format!("{cgroup}: gone")) };
             let inactive = m.inactive_file.min(bytes);
             let active = m.active_file.min(bytes - inactive);
@@ -230,8 +229,8 @@ pub mod fake {
 
     impl Killer for FakeCgroups {
         fn kill_all(&self, cgroup: &str) -> Result<(), String> {
-            self.kills.lock().unwrap().push(cgroup.to_owned());
-            if self.populated.lock().unwrap().contains(cgroup) { Ok(()) } else { Err(format!("{cgroup}: gone")) }
+            self.kills.lock().push(cgroup.to_owned());
+            if self.populated.lock().contains(cgroup) { Ok(()) } else { Err(format!("{cgroup}: gone")) }
         }
     }
 }

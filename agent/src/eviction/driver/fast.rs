@@ -11,7 +11,7 @@ use std::sync::{Arc, Weak, atomic::Ordering};
 
 use tracing::warn;
 
-use super::{KillPath, PID_PLAN_MAX_AGE, Plan, PlannedVictim, Shared, Wake, lock, reclaim::is_memory};
+use super::{KillPath, PID_PLAN_MAX_AGE, Plan, PlannedVictim, Shared, Wake, reclaim::is_memory};
 use crate::{
     eviction::signal::EvictionSignal,
     metrics::OutcomeLabels,
@@ -36,7 +36,7 @@ impl EventSink for Sink {
                 value,
                 ..
             } => {
-                let plan = lock(&shared.plan).clone();
+                let plan = shared.plan.lock().clone();
                 match plan.lines.iter().find(|l| l.target == target && l.signal == signal) {
                     Some(line) => {
                         if kernel_outcome != KillOutcome::NotAttempted {
@@ -64,7 +64,9 @@ impl EventSink for Sink {
             SignalEvent::KernelKill {
                 target, cgroup, cgroup_id, signal, crossing_ns, crossing_value, at_ns, ..
             } => {
-                let line_signal = lock(&shared.plan)
+                let line_signal = shared
+                    .plan
+                    .lock()
                     .lines
                     .iter()
                     .find(|l| l.target == target && l.signal == signal)
@@ -127,7 +129,7 @@ fn fast_kill(shared: &Arc<Shared>, plan: &Plan, signal: EvictionSignal, at_ns: u
             return Some(v.clone());
         }
         // Gone since the plan was made: the next one.
-        lock(&shared.in_flight).remove(&v.uid);
+        shared.in_flight.lock().remove(&v.uid);
     }
     None
 }

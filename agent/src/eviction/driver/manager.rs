@@ -5,16 +5,17 @@
 
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
+use parking_lot::Mutex;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::{
     DiskUsageMeter, DriverConfig, Edges, EvictionPod, EvictionRequest, KillPath, PID_PLAN_MAX_AGE, Plan, PlannedVictim,
-    Shared, Wake, lock,
+    Shared, Wake,
     reclaim::{CacheReclaim, is_memory},
 };
 use crate::{
@@ -67,7 +68,7 @@ impl Manager {
     }
 
     fn cfg(&self) -> DriverConfig {
-        lock(&self.cfg).clone()
+        self.cfg.lock().clone()
     }
 
     pub(super) fn conditions(&self) -> watch::Receiver<BTreeSet<NodeCondition>> {
@@ -75,17 +76,17 @@ impl Manager {
     }
 
     pub(super) fn set_disk_meter(&self, meter: Arc<dyn DiskUsageMeter>) {
-        *lock(&self.disk_meter) = Some(meter);
+        *self.disk_meter.lock() = Some(meter);
     }
 
     pub(super) fn reconfigure(&self, eviction: EvictionConfig) {
-        lock(&self.cfg).eviction = eviction;
+        self.cfg.lock().eviction = eviction;
         self.program_lines();
     }
 
     /// (housekeeping, plan) periods.
     pub(super) fn periods(&self) -> (Duration, Duration) {
-        let c = lock(&self.cfg);
+        let c = self.cfg.lock();
         (c.housekeeping_interval, c.plan_interval)
     }
 
@@ -142,7 +143,7 @@ impl Manager {
             }
             Wake::CgroupRemoved(cgroup) => {
                 self.edges.source.unregister(&cgroup);
-                lock(&self.registered).remove(&cgroup);
+                self.registered.lock().remove(&cgroup);
                 None
             }
             Wake::Other => None,
@@ -151,9 +152,9 @@ impl Manager {
 
     /// The planned (or in-flight) victim whose pod cgroup is `cgroup`.
     fn victim_of(&self, cgroup: &str) -> Option<PlannedVictim> {
-        let planned = lock(&self.shared.plan).victims.values().flatten().find(|v| v.cgroup == cgroup).cloned();
+        let planned = self.shared.plan.lock().victims.values().flatten().find(|v| v.cgroup == cgroup).cloned();
         planned.or_else(|| {
-            lock(&self.shared.in_flight).values().find(|f| f.victim.cgroup == cgroup).map(|f| f.victim.clone())
+            self.shared.in_flight.lock().values().find(|f| f.victim.cgroup == cgroup).map(|f| f.victim.clone())
         })
     }
 
@@ -324,7 +325,7 @@ impl Manager {
         meter: &dyn core::ContainerMemory,
     ) {
         let (firing, fired_at) = {
-            let mut p = lock(&self.shared.pressure);
+            let mut p = self.shared.pressure.lock();
             (p.firing.take(), p.fired_at.take())
         };
         let Some(firing) = firing else { return };
@@ -363,7 +364,7 @@ impl Manager {
         // the plan names, so nothing else may get there.
         let kubepods = format!("{}/", cfg.node.kubepods_cgroup);
         let pods: Vec<&EvictionPod> = pods.iter().filter(|p| p.cgroup.starts_with(&kubepods)).collect();
-        let lines = lock(&self.lines).clone();
+        let lines = self.lines.lock().clone();
         let tasks = lines.iter().any(|l| l.eviction_signal == EvictionSignal::PidAvailable);
         let reader = tasks.then_some(&*self.edges.cgroups);
         let candidates: Vec<(Candidate, &EvictionPod)> =
@@ -392,7 +393,7 @@ impl Manager {
             }
             victims.insert(signal, list);
         }
-        *lock(&self.shared.plan) = Arc::new(Plan { lines, victims, ranked_ns });
+        *self.shared.plan.lock() = Arc::new(Plan { lines, victims, ranked_ns });
     }
 
     fn observe(&self, snapshot: &Snapshot, cfg: &DriverConfig) -> Observations {
@@ -416,7 +417,7 @@ impl Manager {
             .iter()
             .map(|p| Candidate { in_flight: self.shared.is_in_flight(&p.uid), ..candidate(p, snapshot, tasks, true) })
             .collect();
-        for (uid, f) in lock(&self.shared.in_flight).iter() {
+        for (uid, f) in self.shared.in_flight.lock().iter() {
             if pods.iter().any(|p| &p.uid == uid) {
                 continue;
             }
@@ -440,18 +441,18 @@ impl Manager {
     /// returns the pods.
     fn sync_registrations(&self) -> Vec<EvictionPod> {
         let pods = self.edges.pods.eviction_pods();
-        let kubepods = lock(&self.cfg).node.kubepods_cgroup.clone();
-        lock(&self.shared.in_flight).retain(|uid, f| {
+        let kubepods = self.cfg.lock().node.kubepods_cgroup.clone();
+        self.shared.in_flight.lock().retain(|uid, f| {
             let listed = pods.iter().any(|p| &p.uid == uid);
             (listed || self.edges.cgroups.has_processes(&f.victim.cgroup)) && f.since.elapsed() < IN_FLIGHT_FOR
         });
         // Runs every plan interval: the common case, nothing to change,
         // allocates nothing per pod.
-        let in_flight: Vec<String> = lock(&self.shared.in_flight).values().map(|f| f.victim.cgroup.clone()).collect();
+        let in_flight: Vec<String> = self.shared.in_flight.lock().values().map(|f| f.victim.cgroup.clone()).collect();
         let mut want: HashSet<&str> = pods.iter().map(|p| p.cgroup.as_str()).collect();
         want.extend(in_flight.iter().map(String::as_str));
         want.insert(kubepods.as_str());
-        let mut registered = lock(&self.registered);
+        let mut registered = self.registered.lock();
         for cg in want.iter().filter(|cg| !registered.contains(**cg)).copied().collect::<Vec<_>>() {
             let kind = if cg == kubepods { CgroupKind::Kubepods } else { CgroupKind::Pod };
             match self.edges.source.register(cg, kind) {
@@ -475,7 +476,7 @@ impl Manager {
     fn program_lines(&self) {
         let cfg = self.cfg();
         let lines = kernel_lines(&cfg.eviction.thresholds, &cfg.node);
-        let old = std::mem::replace(&mut *lock(&self.lines), lines.clone());
+        let old = std::mem::replace(&mut *self.lines.lock(), lines.clone());
         for l in &old {
             if !lines.iter().any(|n| n.target == l.target && n.signal == l.signal) {
                 let _ = self.edges.source.set_threshold(&l.target, l.signal, None);
@@ -509,7 +510,7 @@ impl Manager {
     /// The candidates with their measured disk bytes and inodes, for the
     /// disk-pressure ranking.
     async fn with_disk_usage(&self, mut candidates: Vec<Candidate>) -> Vec<Candidate> {
-        let Some(meter) = lock(&self.disk_meter).clone() else { return candidates };
+        let Some(meter) = self.disk_meter.lock().clone() else { return candidates };
         let uids: Vec<String> = candidates.iter().map(|c| c.uid.clone()).collect();
         let usage = meter.measure(&uids).await;
         for c in &mut candidates {
@@ -525,7 +526,7 @@ impl Manager {
     fn publish(&self, obs: &Observations, eval: &Evaluation) {
         // The memory.pressure signal's condition joins the thresholds'.
         let mut conditions = eval.conditions.clone();
-        if lock(&self.shared.pressure).condition {
+        if self.shared.pressure.lock().condition {
             conditions.insert(NodeCondition::MemoryContention);
         }
         for (signal, o) in obs {

@@ -35,9 +35,12 @@ use std::{
     future::Future,
     path::PathBuf,
     pin::Pin,
-    sync::{Arc, Mutex, atomic::AtomicBool},
+    sync::{Arc, atomic::AtomicBool},
     time::Duration,
 };
+
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
 
 pub use edge::{CgroupReader, Killer, ReclaimWrite, Reclaimer};
 use tokio::sync::{broadcast, mpsc, watch};
@@ -261,15 +264,11 @@ pub(crate) struct Shared {
     reclaim_first: AtomicBool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Shared {
     /// Marks `v` as being evicted for `signal`; false when it already was,
     /// by anyone.
     fn claim(&self, v: &PlannedVictim, signal: EvictionSignal) -> bool {
-        let mut in_flight = lock(&self.in_flight);
+        let mut in_flight = self.in_flight.lock();
         if in_flight.contains_key(&v.uid) {
             return false;
         }
@@ -278,14 +277,14 @@ impl Shared {
     }
 
     fn is_in_flight(&self, uid: &str) -> bool {
-        lock(&self.in_flight).contains_key(uid)
+        self.in_flight.lock().contains_key(uid)
     }
 
     /// Whether a victim evicted for `signal` is still dying. A crossing
     /// then (the signal wavering at the line meanwhile) is left to the
     /// evaluation, which counts what the dying victim gives back.
     fn dying_for(&self, signal: EvictionSignal) -> bool {
-        lock(&self.in_flight).values().any(|f| f.signal == signal)
+        self.in_flight.lock().values().any(|f| f.signal == signal)
     }
 
     /// The one place that kills: every process of `v`'s cgroup, then the
@@ -390,7 +389,7 @@ impl EvictionManager {
 
     /// The current victim plan for a hard signal.
     pub fn plan(&self, signal: EvictionSignal) -> Vec<PlannedVictim> {
-        lock(&self.shared.plan).victims.get(&signal).cloned().unwrap_or_default()
+        self.shared.plan.lock().victims.get(&signal).cloned().unwrap_or_default()
     }
 
     /// Measures pods' disk usage when disk pressure needs a ranking.
@@ -435,7 +434,7 @@ pub struct EvictionLoop {
 
 impl EvictionLoop {
     /// Runs until `shutdown` becomes true.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(mut self, shutdown: CancellationToken) {
         let m = self.manager.clone();
         m.start();
         let (housekeeping, plan_every) = m.periods();
@@ -455,7 +454,7 @@ impl EvictionLoop {
                 _ = async { match deadline { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } } => {
                     deadline = m.evaluate(&mut state, None).await;
                 }
-                _ = shutdown.changed() => if *shutdown.borrow() { break },
+                _ = shutdown.cancelled() => break,
             }
         }
         tracing::debug!("eviction manager stopped");

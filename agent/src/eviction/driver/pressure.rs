@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 
-use super::{EvictionPod, Shared, Wake, lock};
+use super::{EvictionPod, Shared, Wake};
 use crate::{
     events::{EventRecorder, EventType},
     eviction::{
@@ -44,7 +44,7 @@ impl PressureSink for PressureReporter {
     fn node(&self, avg10: f64, v: &Verdict) {
         self.metrics.pressure.set_avg10("node", avg10);
         let Some(shared) = self.shared.upgrade() else { return };
-        let mut p = lock(&shared.pressure);
+        let mut p = shared.pressure.lock();
         let changed = p.condition != v.condition || v.fire;
         p.condition = v.condition;
         if v.fire {

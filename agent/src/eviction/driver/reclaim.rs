@@ -7,13 +7,14 @@
 //! met.
 
 use std::sync::{
-    Arc, Mutex,
+    Arc,
     atomic::{AtomicBool, Ordering},
 };
 
+use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
-use super::{EvictionPod, Reclaimer, Shared, lock};
+use super::{EvictionPod, Reclaimer, Shared};
 use crate::{
     eviction::{
         core::Observation,
@@ -82,14 +83,14 @@ impl CacheReclaim {
     pub(super) fn growth_was_anonymous(&self, kubepods: &str) -> bool {
         let kernel = self.anonymous_crossing.swap(false, Ordering::Relaxed);
         let now = self.reclaimer.memory_kinds(kubepods);
-        let before = std::mem::replace(&mut *lock(&self.last), now);
+        let before = std::mem::replace(&mut *self.last.lock(), now);
         let stat = matches!((before, now), (Some(b), Some(n)) if reclaim::growth_is_anonymous(b, n));
         kernel || stat
     }
 
     /// The pods' figures after a reclaim: growth is measured from here.
     pub(super) fn rebase(&self, kubepods: &str) {
-        *lock(&self.last) = self.reclaimer.memory_kinds(kubepods);
+        *self.last.lock() = self.reclaimer.memory_kinds(kubepods);
     }
 
     /// Reclaims page cache from `pods` to bring `t`'s signal back over its

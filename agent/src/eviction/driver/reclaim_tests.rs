@@ -39,7 +39,7 @@ enum Growth {
 async fn crossed(growth: Growth, reclaimer: Option<FakeReclaimer>) -> Harness {
     let with_reclaim = reclaimer.is_some();
     let mut fake = reclaimer.unwrap_or_default();
-    fake.kinds.get_mut().unwrap().extend([
+    fake.kinds.get_mut().extend([
         (CACHE.to_owned(), kinds(50, 400, 150)),
         (HOG.to_owned(), kinds(328, 0, 0)),
         (KUBEPODS.to_owned(), kinds(378, 400, 150)),
@@ -52,11 +52,11 @@ async fn crossed(growth: Growth, reclaimer: Option<FakeReclaimer>) -> Harness {
         Growth::Anon => (HOG, kinds(528, 0, 0)),
     };
     let before = h.reclaimer.memory_kinds_of(pod_cgroup);
-    h.reclaimer.kinds.lock().unwrap().insert(pod_cgroup.into(), grown);
+    h.reclaimer.kinds.lock().insert(pod_cgroup.into(), grown);
     let mut total = h.reclaimer.memory_kinds_of(KUBEPODS);
     total.anon += grown.anon - before.anon;
     total.active_file += grown.active_file - before.active_file;
-    h.reclaimer.kinds.lock().unwrap().insert(KUBEPODS.into(), total);
+    h.reclaimer.kinds.lock().insert(KUBEPODS.into(), total);
     let ws = h.source.cgroup(pod_cgroup).working_set_bytes + 200 * MI;
     h.source.set_cgroup(pod_cgroup, CgroupUsage { working_set_bytes: ws, processes: 1, ..Default::default() });
     h.source.set_cgroup(KUBEPODS, CgroupUsage { working_set_bytes: 828 * MI, ..Default::default() });
@@ -80,7 +80,7 @@ fn cross(h: &Harness, outcome: KillOutcome, at_ns: u64) {
 
 impl FakeReclaimer {
     fn memory_kinds_of(&self, cgroup: &str) -> MemoryKinds {
-        self.kinds.lock().unwrap().get(cgroup).copied().unwrap_or_default()
+        self.kinds.lock().get(cgroup).copied().unwrap_or_default()
     }
 }
 
@@ -134,7 +134,7 @@ async fn page_cache_is_reclaimed_and_anonymous_growth_evicted() {
 #[tokio::test(start_paused = true)]
 async fn still_over_the_line_after_reclaim_evicts_once() {
     let fake = FakeReclaimer::default();
-    fake.refilling.lock().unwrap().insert(CACHE.into());
+    fake.refilling.lock().insert(CACHE.into());
     let h = crossed(Growth::Cache, Some(fake)).await;
     cross(&h, KillOutcome::DeferredFileGrowth, monotonic_ns());
     assert!(h.cgroups.kills().is_empty(), "no kill before the reclaim");

@@ -3,13 +3,10 @@
 //! crossings into, in-memory cgroups that record kills, a recording pod
 //! manager, the real metrics registry, and tokio's paused clock.
 
-use std::{
-    collections::BTreeSet,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
-use tokio::sync::watch;
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use super::{
     DriverConfig, Edges, EvictionContainer, EvictionManager, EvictionPod, EvictionRequest, KillPath, PodEvictor,
@@ -43,14 +40,14 @@ pub(super) struct Pods {
 
 impl PodProvider for Pods {
     fn eviction_pods(&self) -> Vec<EvictionPod> {
-        let gone: Vec<String> = self.requests.lock().unwrap().iter().map(|r| r.uid.clone()).collect();
-        self.pods.lock().unwrap().iter().filter(|p| !gone.contains(&p.uid)).cloned().collect()
+        let gone: Vec<String> = self.requests.lock().iter().map(|r| r.uid.clone()).collect();
+        self.pods.lock().iter().filter(|p| !gone.contains(&p.uid)).cloned().collect()
     }
 }
 
 impl PodEvictor for Pods {
     fn evict(&self, request: EvictionRequest) {
-        self.requests.lock().unwrap().push(request);
+        self.requests.lock().push(request);
     }
 }
 
@@ -87,7 +84,7 @@ pub(super) struct Harness {
     pods: Arc<Pods>,
     metrics: Arc<Metrics>,
     pub(super) manager: EvictionManager,
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
 }
 
 impl Harness {
@@ -111,9 +108,9 @@ impl Harness {
         let cgroups = Arc::new(FakeCgroups::default());
         let h_pods = Arc::new(Pods::default());
         for (p, usage_mi) in pods {
-            h_pods.pods.lock().unwrap().push(p.clone());
-            cgroups.populated.lock().unwrap().insert(p.cgroup.clone());
-            cgroups.working_sets.lock().unwrap().insert(format!("{}/c", p.cgroup), usage_mi * MI);
+            h_pods.pods.lock().push(p.clone());
+            cgroups.populated.lock().insert(p.cgroup.clone());
+            cgroups.working_sets.lock().insert(format!("{}/c", p.cgroup), usage_mi * MI);
             source.set_cgroup(
                 &p.cgroup,
                 CgroupUsage { working_set_bytes: usage_mi * MI, processes: 1, ..Default::default() },
@@ -155,14 +152,15 @@ impl Harness {
             },
             metrics.clone(),
         );
-        let (stop, stop_rx) = watch::channel(false);
+        let stop = CancellationToken::new();
+        let stop_rx = stop.clone();
         tokio::spawn(event_loop.run(stop_rx));
         settle().await;
         Harness { source, cgroups, reclaimer, pods: h_pods, metrics, manager, stop }
     }
 
     pub(super) fn requests(&self) -> Vec<EvictionRequest> {
-        self.pods.requests.lock().unwrap().clone()
+        self.pods.requests.lock().clone()
     }
 
     pub(super) fn conditions(&self) -> BTreeSet<NodeCondition> {
@@ -193,7 +191,7 @@ impl Harness {
 
 impl Drop for Harness {
     fn drop(&mut self) {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
     }
 }
 
@@ -308,12 +306,12 @@ async fn a_crossing_with_a_stale_pid_plan_ranks_again() {
         let pids = vec![hard(EvictionSignal::PidAvailable, quantity(1000))];
         let h = Harness::start(pids, &[(pod("bomb", 0), 10), (pod("neighbour", 0), 10)], false).await;
         // When the plan was made, the neighbour held more tasks.
-        h.cgroups.tasks.lock().unwrap().extend([("kubepods/podbomb".into(), 1), ("kubepods/podneighbour".into(), 5)]);
+        h.cgroups.tasks.lock().extend([("kubepods/podbomb".into(), 1), ("kubepods/podneighbour".into(), 5)]);
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(h.manager.plan(EvictionSignal::PidAvailable)[0].uid, "neighbour");
-        let ranked_ns = h.manager.shared.plan.lock().unwrap().ranked_ns;
+        let ranked_ns = h.manager.shared.plan.lock().ranked_ns;
         // Then one process of the bomb started 30,000 threads.
-        h.cgroups.tasks.lock().unwrap().insert("kubepods/podbomb".into(), 30_000);
+        h.cgroups.tasks.lock().insert("kubepods/podbomb".into(), 30_000);
         h.source.set_node(NodeUsage { working_set_bytes: 1024 * MI, tasks: 31_800, ..Default::default() });
         h.crossing(Target::Node, Signal::Processes, 31_800, ranked_ns + age.as_nanos() as u64);
         settle().await;
@@ -419,7 +417,7 @@ mod memory_pressure {
 
     impl EventRecorder for Events {
         fn record(&self, object: &ObjectReference, _t: EventType, reason: &str, message: &str) {
-            self.0.lock().unwrap().push((object.name.clone().unwrap_or_default(), reason.into(), message.into()));
+            self.0.lock().push((object.name.clone().unwrap_or_default(), reason.into(), message.into()));
         }
     }
 
@@ -478,7 +476,7 @@ mod memory_pressure {
         sink.pods_highest(Some(80.0));
         settle().await;
         assert!(h.requests().is_empty() && h.conditions().is_empty());
-        let got = events.0.lock().unwrap().clone();
+        let got = events.0.lock().clone();
         assert_eq!(got.len(), 1, "{got:?}");
         assert_eq!((got[0].0.as_str(), got[0].1.as_str()), ("hog", "MemoryPressureStall"));
         assert!(got[0].2.contains("80.00%") && got[0].2.contains("not evicted"), "{}", got[0].2);

@@ -15,10 +15,10 @@ use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
     process::Stdio,
-    sync::Mutex,
     time::{Duration, Instant},
 };
 
+use parking_lot::Mutex;
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 
@@ -160,7 +160,7 @@ impl Plugin {
     }
 
     fn cached(&self, image: &str) -> Option<DockerConfig> {
-        self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(image, Instant::now())
+        self.cache.lock().get(image, Instant::now())
     }
 
     /// The plugin's credentials for an image repository (from the cache
@@ -180,11 +180,7 @@ impl Plugin {
         let response = parse_response(&self.config.api_version, image, &data)?;
         let ttl = response.cache_duration.unwrap_or(self.config.default_cache_duration);
         if !ttl.is_zero() {
-            self.cache.lock().unwrap_or_else(|p| p.into_inner()).put(
-                response.cache_key.clone(),
-                response.auth.clone(),
-                Instant::now() + ttl,
-            );
+            self.cache.lock().put(response.cache_key.clone(), response.auth.clone(), Instant::now() + ttl);
         }
         Ok(response.auth)
     }

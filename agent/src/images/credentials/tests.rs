@@ -3,13 +3,14 @@
 //! provider plugin (a shell script written here), and that the plugin's
 //! answer is cached for its cacheDuration.
 
-use std::{collections::HashMap, os::unix::fs::PermissionsExt, sync::Mutex, time::Duration};
+use std::{collections::HashMap, os::unix::fs::PermissionsExt, time::Duration};
 
 use k8s_openapi::{
     ByteString,
     api::core::v1::{Container, LocalObjectReference, ObjectReference, PodSpec},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
+use parking_lot::Mutex;
 
 use super::*;
 use crate::{
@@ -23,7 +24,7 @@ struct Events(Mutex<Vec<(String, String)>>);
 
 impl EventRecorder for Events {
     fn record(&self, _object: &ObjectReference, _t: EventType, reason: &str, message: &str) {
-        self.0.lock().unwrap().push((reason.into(), message.into()));
+        self.0.lock().push((reason.into(), message.into()));
     }
 }
 
@@ -87,7 +88,7 @@ async fn pull_secrets_reach_the_runtime_for_their_registry() {
     assert_eq!(image, "registry.example.com/team/app:1");
     let auth = auth.expect("credentials sent");
     assert_eq!((auth.username.as_str(), auth.password.as_str()), ("alice", "s3cret"));
-    let ev = events.0.lock().unwrap().clone();
+    let ev = events.0.lock().clone();
     assert!(
         ev.contains(&(
             "FailedToRetrieveImagePullSecret".into(),

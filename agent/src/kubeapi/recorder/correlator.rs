@@ -1,6 +1,7 @@
 //! client-go's EventCorrelator, pure: aggregation of similar events,
 //! deduplication of identical ones into count patches, and the spam filter,
-//! each keyed as client-go keys them and bounded by an LRU.
+//! each keyed as client-go keys them. Aggregates and observations are
+//! bounded by an LRU; the spam filter's buckets are forgotten once refilled.
 
 use std::{
     collections::{BTreeSet, HashMap, VecDeque},
@@ -15,7 +16,7 @@ use k8s_openapi::{
 };
 use serde_json::{Value, json};
 
-use crate::kubeapi::ratelimit::TokenBucket;
+use crate::flowcontrol::KeyedBucket;
 
 const LRU_ENTRIES: usize = 4096;
 const AGGREGATE_MAX_EVENTS: usize = 10;
@@ -145,12 +146,16 @@ fn aggregate_key(e: &Event) -> String {
 pub struct Correlator {
     aggregates: Lru<String, AggregateRecord>,
     observed: Lru<String, Observation>,
-    spam: Lru<String, TokenBucket>,
+    spam: KeyedBucket<String>,
 }
 
 impl Default for Correlator {
     fn default() -> Self {
-        Correlator { aggregates: Lru::new(LRU_ENTRIES), observed: Lru::new(LRU_ENTRIES), spam: Lru::new(LRU_ENTRIES) }
+        Correlator {
+            aggregates: Lru::new(LRU_ENTRIES),
+            observed: Lru::new(LRU_ENTRIES),
+            spam: KeyedBucket::new(SPAM_QPS, SPAM_BURST, LRU_ENTRIES),
+        }
     }
 }
 
@@ -229,16 +234,7 @@ impl Correlator {
             Outcome::Create { event, .. } | Outcome::Patch { event, .. } => spam_key(event),
             Outcome::Skip => return Outcome::Skip,
         };
-        let allowed = match self.spam.get_mut(&sk) {
-            Some(b) => b.try_take(clock),
-            None => {
-                let mut b = TokenBucket::new(SPAM_QPS, SPAM_BURST, clock);
-                let ok = b.try_take(clock);
-                self.spam.insert(sk, b);
-                ok
-            }
-        };
-        if allowed { outcome } else { Outcome::Skip }
+        if self.spam.try_accept(&sk, clock) { outcome } else { Outcome::Skip }
     }
 
     /// After a successful write: remember the object's name and version.

@@ -20,7 +20,7 @@ mod correlator;
 mod tests;
 
 use std::{
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -30,8 +30,10 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
     jiff::Timestamp,
 };
+use parking_lot::Mutex;
 use serde_json::Value;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::ratelimit::RateLimiter;
@@ -113,19 +115,19 @@ impl ApiEventRecorder {
     }
 
     /// Writes queued events until `shutdown`; call once.
-    pub async fn run(&self, sink: Arc<dyn EventSink>, mut shutdown: watch::Receiver<bool>) {
-        let Some(mut rx) = self.rx.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+    pub async fn run(&self, sink: Arc<dyn EventSink>, shutdown: CancellationToken) {
+        let Some(mut rx) = self.rx.lock().take() else {
             warn!("the event recorder runs only once");
             return;
         };
         loop {
             let outcome = tokio::select! {
                 o = rx.recv() => match o { Some(o) => o, None => return },
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.cancelled() => return,
             };
             tokio::select! {
                 _ = self.write(&*sink, outcome) => {}
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.cancelled() => return,
             }
         }
     }
@@ -152,7 +154,7 @@ impl ApiEventRecorder {
             match result {
                 Ok(written) => {
                     if let Outcome::Create { key, .. } | Outcome::Patch { key, .. } = &outcome {
-                        self.correlator.lock().unwrap_or_else(|p| p.into_inner()).written(key, &written);
+                        self.correlator.lock().written(key, &written);
                     }
                     return;
                 }
@@ -181,7 +183,7 @@ impl AnnotatedEventRecorder for ApiEventRecorder {
         if !e.annotations.is_empty() {
             event.metadata.annotations = Some(e.annotations.clone());
         }
-        let outcome = self.correlator.lock().unwrap_or_else(|p| p.into_inner()).correlate(event, now, Instant::now());
+        let outcome = self.correlator.lock().correlate(event, now, Instant::now());
         if outcome == Outcome::Skip {
             debug!(reason = e.reason, "event dropped by the spam filter");
             return;

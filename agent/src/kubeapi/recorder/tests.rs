@@ -1,6 +1,7 @@
 //! The correlator table-tested, and the recorder against an in-memory sink.
 
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 use super::*;
 
@@ -130,14 +131,14 @@ struct MemorySink {
 #[async_trait]
 impl EventSink for MemorySink {
     async fn create(&self, event: &Event) -> Result<Event, SinkError> {
-        let mut f = self.failures.lock().unwrap();
+        let mut f = self.failures.lock();
         if *f > 0 {
             *f -= 1;
             return Err(SinkError::Retry("connection refused".into()));
         }
         let mut e = event.clone();
         e.metadata.resource_version = Some("1".into());
-        self.created.lock().unwrap().push(e.clone());
+        self.created.lock().push(e.clone());
         Ok(e)
     }
 
@@ -145,9 +146,8 @@ impl EventSink for MemorySink {
         if self.missing {
             return Err(SinkError::NotFound);
         }
-        self.patched.lock().unwrap().push((name.into(), patch.clone()));
-        let mut e =
-            self.created.lock().unwrap().iter().find(|e| e.metadata.name.as_deref() == Some(name)).cloned().unwrap();
+        self.patched.lock().push((name.into(), patch.clone()));
+        let mut e = self.created.lock().iter().find(|e| e.metadata.name.as_deref() == Some(name)).cloned().unwrap();
         e.count = patch["count"].as_i64().map(|c| c as i32);
         Ok(e)
     }
@@ -162,7 +162,8 @@ async fn writes_retry_and_dedup_through_the_sink() {
         patched: Mutex::default(),
         missing: false,
     });
-    let (stop, shutdown) = watch::channel(false);
+    let stop = CancellationToken::new();
+    let shutdown = stop.clone();
     let r = rec.clone();
     let s: Arc<dyn EventSink> = sink.clone();
     let task = tokio::spawn(async move { r.run(s, shutdown).await });
@@ -170,10 +171,10 @@ async fn writes_retry_and_dedup_through_the_sink() {
     rec.record(&pod_ref("web"), EventType::Normal, "Started", "Started container c");
     // Two failed tries (10 s apart) before the first write lands.
     tokio::time::sleep(Duration::from_secs(25)).await;
-    assert_eq!(sink.created.lock().unwrap().len(), 1);
-    assert_eq!(sink.patched.lock().unwrap().len(), 1);
-    assert_eq!(sink.patched.lock().unwrap()[0].1["count"], 2);
-    stop.send(true).unwrap();
+    assert_eq!(sink.created.lock().len(), 1);
+    assert_eq!(sink.patched.lock().len(), 1);
+    assert_eq!(sink.patched.lock()[0].1["count"], 2);
+    stop.cancel();
     task.await.unwrap();
 }
 
@@ -186,14 +187,15 @@ async fn a_vanished_event_is_created_again() {
         patched: Mutex::default(),
         missing: true,
     });
-    let (_stop, shutdown) = watch::channel(false);
+    let _stop = CancellationToken::new();
+    let shutdown = _stop.clone();
     let r = rec.clone();
     let s: Arc<dyn EventSink> = sink.clone();
     tokio::spawn(async move { r.run(s, shutdown).await });
     rec.record(&pod_ref("web"), EventType::Warning, "Failed", "x");
     rec.record(&pod_ref("web"), EventType::Warning, "Failed", "x");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let created = sink.created.lock().unwrap();
+    let created = sink.created.lock();
     assert_eq!(created.len(), 2);
     assert_eq!(created[1].count, Some(2));
 }
@@ -207,7 +209,8 @@ async fn event_qps_limits_writes() {
         patched: Mutex::default(),
         missing: false,
     });
-    let (_stop, shutdown) = watch::channel(false);
+    let _stop = CancellationToken::new();
+    let shutdown = _stop.clone();
     let r = rec.clone();
     let s: Arc<dyn EventSink> = sink.clone();
     tokio::spawn(async move { r.run(s, shutdown).await });
@@ -215,9 +218,9 @@ async fn event_qps_limits_writes() {
         rec.record(&pod_ref(&format!("p{i}")), EventType::Normal, "Created", "c");
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(sink.created.lock().unwrap().len(), 2, "the burst");
+    assert_eq!(sink.created.lock().len(), 2, "the burst");
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    assert_eq!(sink.created.lock().unwrap().len(), 3, "then one per second");
+    assert_eq!(sink.created.lock().len(), 3, "then one per second");
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(sink.created.lock().unwrap().len(), 5);
+    assert_eq!(sink.created.lock().len(), 5);
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use super::{Entry, PodManager, is_mirror, lock};
+use super::{Entry, PodManager, is_mirror};
 use crate::{
     cm::{
         hierarchy::pod_requests,
@@ -22,7 +22,7 @@ use crate::{
 
 impl PodProvider for PodManager {
     fn eviction_pods(&self) -> Vec<EvictionPod> {
-        let mut pods = lock(&self.inner.pods);
+        let mut pods = self.inner.pods.lock();
         let cgroups = &self.inner.deps.cgroups;
         let evict_static = self.inner.evict_static.load(std::sync::atomic::Ordering::Relaxed);
         pods.iter_mut()
@@ -82,7 +82,7 @@ fn eviction_pod(id: &str, e: &Entry, cgroups: &PodCgroups, evict_static: bool) -
 
 impl PodEvictor for PodManager {
     fn evict(&self, request: EvictionRequest) {
-        let mut pods = lock(&self.inner.pods);
+        let mut pods = self.inner.pods.lock();
         let Some(e) = pods.get_mut(&request.uid) else {
             warn!(uid = request.uid, "cannot evict an unknown pod");
             return;
@@ -115,12 +115,14 @@ impl ActivePods for PodManager {
     /// Known and kept: running, or finished but not deleted (its last
     /// containers hold its logs and exit status).
     fn is_active(&self, uid: &str) -> bool {
-        lock(&self.inner.pods)
+        self.inner
+            .pods
+            .lock()
             .get(uid)
             .is_some_and(|e| !e.orphan && !e.evicted && (e.pod.metadata.deletion_timestamp.is_none() || e.active))
     }
 
     fn is_terminated(&self, uid: &str) -> bool {
-        lock(&self.inner.pods).get(uid).is_none_or(|e| !e.active)
+        self.inner.pods.lock().get(uid).is_none_or(|e| !e.active)
     }
 }

@@ -11,12 +11,14 @@ mod reconcile;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
-    sync::{Arc, Mutex, RwLock, Weak},
+    sync::{Arc, Weak},
     time::{Duration, Instant},
 };
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::{
@@ -67,7 +69,7 @@ struct Inner {
     expected: HashSet<SourceKind>,
     sources: Mutex<BTreeMap<SourceKind, Vec<Pod>>>,
     pods: Mutex<HashMap<String, Entry>>,
-    shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
     last_relist: Mutex<Option<Instant>>,
     /// Pods removed lately: a relist listed before their cleanup finished
     /// must not mistake their remains for orphans.
@@ -90,14 +92,6 @@ pub struct PodManager {
     inner: Arc<Inner>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    m.read().unwrap_or_else(|p| p.into_inner())
-}
-
 fn uid(pod: &Pod) -> String {
     pod.metadata.uid.clone().unwrap_or_default()
 }
@@ -112,7 +106,7 @@ impl PodManager {
         expected: HashSet<SourceKind>,
         capacity: Capacity,
         metrics: PodMetrics,
-        shutdown: watch::Receiver<bool>,
+        shutdown: CancellationToken,
     ) -> PodManager {
         let inner = Arc::new_cyclic(|this| Inner {
             deps,
@@ -137,28 +131,28 @@ impl PodManager {
     /// What new pods are admitted against (node allocatable), when a
     /// reload changed it.
     pub fn set_capacity(&self, capacity: Capacity) {
-        *lock(&self.inner.capacity) = capacity;
+        *self.inner.capacity.lock() = capacity;
     }
 
     /// Where status changes go (the API server's status manager).
     pub fn set_reporter(&self, reporter: Arc<dyn StatusReporter>) {
-        *self.inner.reporter.write().unwrap_or_else(|p| p.into_inner()) = reporter;
+        *self.inner.reporter.write() = reporter;
     }
 
     /// How long a pod took from first sight to all its containers running
     /// (kubelet_pod_start_duration_seconds, per pod).
     pub fn start_duration(&self, uid: &str) -> Option<Duration> {
-        lock(&self.inner.pods).get(uid).and_then(|e| e.started_after)
+        self.inner.pods.lock().get(uid).and_then(|e| e.started_after)
     }
 
     /// When the runtime was last relisted (healthz: the sync loop is alive).
     pub fn last_relist(&self) -> Option<Instant> {
-        *lock(&self.inner.last_relist)
+        *self.inner.last_relist.lock()
     }
 
     /// Relists the runtime every `period` until shutdown.
     pub async fn run(self, period: Duration) {
-        let mut shutdown = self.inner.shutdown.clone();
+        let shutdown = self.inner.shutdown.clone();
         let mut previous: HashMap<String, Vec<(String, i32)>> = HashMap::new();
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -166,20 +160,20 @@ impl PodManager {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = shutdown.changed() => if *shutdown.borrow() { break } else { continue },
+                _ = shutdown.cancelled() => break,
             }
             let started = Instant::now();
             let since_previous = last_start.map(|t| started.saturating_duration_since(t));
             last_start = Some(started);
             match self.inner.relist(&mut previous).await {
-                Ok(()) => *lock(&self.inner.last_relist) = Some(Instant::now()),
+                Ok(()) => *self.inner.last_relist.lock() = Some(Instant::now()),
                 Err(e) => debug!("relist: {e}"),
             }
             self.inner.update_qos_cgroups().await;
             self.inner.metrics.observe_relist(started.elapsed(), since_previous, std::time::SystemTime::now());
         }
         let workers: Vec<_> =
-            lock(&self.inner.pods).values_mut().filter_map(|e| e.handle.take()).map(|h| h.task).collect();
+            self.inner.pods.lock().values_mut().filter_map(|e| e.handle.take()).map(|h| h.task).collect();
         for t in workers {
             let _ = t.await;
         }
@@ -191,12 +185,14 @@ impl PodManager {
     /// Whether the pod manager knows the pod (running, stopping, or kept
     /// after it finished).
     pub fn knows(&self, uid: &str) -> bool {
-        lock(&self.inner.pods).contains_key(uid)
+        self.inner.pods.lock().contains_key(uid)
     }
 
     /// The pods that still run or may run: (uid, pod), orphans excluded.
     pub fn running_pods(&self) -> Vec<(String, Pod)> {
-        lock(&self.inner.pods)
+        self.inner
+            .pods
+            .lock()
             .iter()
             .filter(|(_, e)| !e.orphan && e.handle.is_some() && (e.active || !e.running.is_empty()))
             .map(|(uid, e)| (uid.clone(), e.pod.clone()))
@@ -206,7 +202,7 @@ impl PodManager {
     /// Stops a pod for good within `grace` and leaves it Failed with
     /// `reason` (node shutdown); false for an unknown pod.
     pub fn terminate_pod(&self, uid: &str, grace: Duration, reason: TerminalReason) -> bool {
-        let mut pods = lock(&self.inner.pods);
+        let mut pods = self.inner.pods.lock();
         let Some(e) = pods.get_mut(uid) else { return false };
         e.active = false;
         e.evicted = true;
@@ -218,12 +214,12 @@ impl PodManager {
 
     /// Containers of the pod still running, as its worker last saw them.
     pub fn running_containers(&self, uid: &str) -> usize {
-        lock(&self.inner.pods).get(uid).map_or(0, |e| e.running.len())
+        self.inner.pods.lock().get(uid).map_or(0, |e| e.running.len())
     }
 
     /// Whether the pod's worker has finished stopping it (or it is gone).
     pub fn is_stopped(&self, uid: &str) -> bool {
-        lock(&self.inner.pods).get(uid).is_none_or(|e| {
+        self.inner.pods.lock().get(uid).is_none_or(|e| {
             e.handle.is_none()
                 || (!e.active
                     && e.running.is_empty()
@@ -236,18 +232,18 @@ impl PodManager {
 
     /// What the host offers pods, for admission (before pods arrive).
     pub fn set_host_support(&self, host: admission::HostSupport) {
-        *self.inner.host.write().unwrap_or_else(|p| p.into_inner()) = host;
+        *self.inner.host.write() = host;
     }
 
     /// Refuses every new pod with `rejection` from now on (None: admit again).
     pub fn refuse_new_pods(&self, rejection: Option<admission::Rejection>) {
-        *lock(&self.inner.refuse_new) = rejection;
+        *self.inner.refuse_new.lock() = rejection;
     }
 
     /// The node's pressure conditions: while they hold, admission refuses
     /// what the kubelet's eviction admit handler refuses.
     pub fn set_node_conditions(&self, conditions: watch::Receiver<BTreeSet<NodeCondition>>) {
-        *lock(&self.inner.pressure) = Some(conditions);
+        *self.inner.pressure.lock() = Some(conditions);
     }
 
     /// Lets eviction take static pods below system-cluster-critical
@@ -255,7 +251,7 @@ impl PodManager {
     /// critical and never evicted, as with the kubelet.
     pub fn set_evict_static_pods(&self, on: bool) {
         self.inner.evict_static.store(on, std::sync::atomic::Ordering::Relaxed);
-        for e in lock(&self.inner.pods).values_mut() {
+        for e in self.inner.pods.lock().values_mut() {
             e.eviction = None;
         }
     }
@@ -267,14 +263,16 @@ impl Inner {
     }
 
     fn reporter(&self) -> Arc<dyn StatusReporter> {
-        self.reporter.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.reporter.read().clone()
     }
 
     /// The Burstable QoS cgroup's cpu shares follow the cpu requests of the
     /// Burstable pods that run or may run (the kubelet's QoS container
     /// manager); the cgroup is written only when the sum changes.
     async fn update_qos_cgroups(&self) {
-        let total: i64 = lock(&self.pods)
+        let total: i64 = self
+            .pods
+            .lock()
             .values()
             .filter(|e| !e.orphan && e.handle.is_some() && (e.active || !e.running.is_empty()))
             .map(|e| e.burstable_cpu_milli)
@@ -285,7 +283,7 @@ impl Inner {
     }
 
     fn sources_ready(&self) -> bool {
-        let s = lock(&self.sources);
+        let s = self.sources.lock();
         self.expected.iter().all(|k| s.contains_key(k))
     }
 }
@@ -336,7 +334,7 @@ impl WorkerSink for Sink {
     fn status(&self, pod: &Pod, status: &PodStatus, containers: &[(String, String)], active: bool) {
         let Some(inner) = self.0.upgrade() else { return };
         let changed = {
-            let mut pods = lock(&inner.pods);
+            let mut pods = inner.pods.lock();
             let Some(e) = pods.get_mut(&uid(pod)) else { return };
             if e.running != containers {
                 e.running = containers.to_vec();
@@ -372,8 +370,8 @@ impl WorkerSink for Sink {
     fn removed(&self, pod: &Pod) {
         let Some(inner) = self.0.upgrade() else { return };
         let id = uid(pod);
-        lock(&inner.tombstones).insert(id.clone(), Instant::now());
-        lock(&inner.pods).remove(&id);
+        inner.tombstones.lock().insert(id.clone(), Instant::now());
+        inner.pods.lock().remove(&id);
         if let Some(devices) = &inner.deps.devices {
             devices.pod_removed(&id);
         }
@@ -385,14 +383,14 @@ impl WorkerSink for Sink {
 
 impl PodSink for PodManager {
     fn set(&self, snapshot: PodSnapshot) {
-        lock(&self.inner.sources).insert(snapshot.source, snapshot.pods);
+        self.inner.sources.lock().insert(snapshot.source, snapshot.pods);
         self.inner.reconcile();
     }
 }
 
 impl PodView for PodManager {
     fn pods(&self) -> Vec<Pod> {
-        let pods = lock(&self.inner.pods);
+        let pods = self.inner.pods.lock();
         let mut out: Vec<Pod> = pods
             .values()
             .filter(|e| !e.orphan)

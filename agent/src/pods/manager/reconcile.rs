@@ -15,7 +15,7 @@ use k8s_openapi::{
 };
 use tracing::{info, warn};
 
-use super::{Entry, Inner, TOMBSTONE_TTL, lock, read, same_spec, uid};
+use super::{Entry, Inner, TOMBSTONE_TTL, same_spec, uid};
 use crate::{
     cm::{hierarchy::burstable_cpu_request, qos::qos_class},
     cri::{api, labels},
@@ -32,14 +32,14 @@ impl Inner {
     /// stops workers, removes the pods gone from every source.
     pub(super) fn reconcile(&self) {
         let mut desired: BTreeMap<String, Pod> = BTreeMap::new();
-        for pods in lock(&self.sources).values() {
+        for pods in self.sources.lock().values() {
             for p in pods {
                 let mut p = p.clone();
                 defaults::apply(&mut p);
                 desired.entry(uid(&p)).or_insert(p);
             }
         }
-        let mut pods = lock(&self.pods);
+        let mut pods = self.pods.lock();
         // Pods of this round not admitted yet keep their devices while
         // earlier ones are admitted (an agent restart re-admits them all).
         let mut pending: std::collections::BTreeSet<String> =
@@ -69,12 +69,12 @@ impl Inner {
                 .or_insert_with(|| Timestamp::now().to_string());
             let active: Vec<&Pod> = pods.values().filter(|e| e.active && !e.orphan).map(|e| &e.pod).collect();
             pending.remove(id);
-            let pressure = lock(&self.pressure).as_ref().map(|c| c.borrow().clone()).unwrap_or_default();
-            let verdict = match lock(&self.refuse_new).clone() {
+            let pressure = self.pressure.lock().as_ref().map(|c| c.borrow().clone()).unwrap_or_default();
+            let verdict = match self.refuse_new.lock().clone() {
                 Some(r) => Err(r),
-                None => admission::admit_host(&pod, &read(&self.host))
+                None => admission::admit_host(&pod, &self.host.read())
                     .and_then(|()| admission::admit_under_pressure(&pod, &pressure))
-                    .and_then(|()| admission::admit(&pod, &active, &lock(&self.capacity))),
+                    .and_then(|()| admission::admit(&pod, &active, &self.capacity.lock())),
             };
             // The device manager's admit handler: devices for every
             // container, or UnexpectedAdmissionError. Devices of pods no
@@ -170,9 +170,9 @@ impl Inner {
             v.sort();
         }
         let ready = self.sources_ready();
-        let mut tombstones = lock(&self.tombstones);
+        let mut tombstones = self.tombstones.lock();
         tombstones.retain(|_, at| at.elapsed() < TOMBSTONE_TTL);
-        let mut pods = lock(&self.pods);
+        let mut pods = self.pods.lock();
         for (uid, fp) in &now {
             if previous.get(uid) != Some(fp)
                 && let Some(h) = pods.get(uid).and_then(|e| e.handle.as_ref())

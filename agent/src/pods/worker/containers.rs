@@ -10,7 +10,7 @@ use std::{
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::{SYNC_RETRY, Worker, container_ref, find_container, instant_of, lock, pod_name, spec_grace};
+use super::{SYNC_RETRY, Worker, container_ref, find_container, instant_of, pod_name, spec_grace};
 use crate::{
     cri::{api, error::reason},
     events::EventType,
@@ -180,7 +180,7 @@ impl Worker {
         self.deps.recorder.record(&cref, EventType::Normal, reason::STARTED, &format!("Started container {}", c.name));
         self.waiting.remove(&c.name);
         if c.startup_probe.is_some() {
-            lock(&self.results).not_started.insert(id.clone(), true);
+            self.results.lock().not_started.insert(id.clone(), true);
         }
         if let Some(hook) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
             let ip = pod_ip.and_then(|ip| ip.parse::<IpAddr>().ok());

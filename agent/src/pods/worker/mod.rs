@@ -19,27 +19,29 @@ mod sync;
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
+use parking_lot::Mutex;
 use tokio::{
-    sync::{Notify, mpsc, watch},
+    sync::{Notify, mpsc},
     task::JoinHandle,
 };
+use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use self::probes::ProbeResults;
 
 use super::{
-    backoff::{Backoff, BackoffPolicy},
     metrics::SyncKind,
     probe::{self, ProbeType},
     pull::ImageEnsurer,
     spec::NodeSettings,
     status::TerminalReason,
 };
+use crate::flowcontrol::{Backoff, BackoffPolicy};
 use crate::{
     cm::pod_cgroups::PodCgroups,
     cri::RuntimeService,
@@ -141,10 +143,6 @@ pub struct Worker {
     mount_retry: Option<Duration>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn pod_name(pod: &Pod) -> String {
     format!(
         "{}_{}({})",
@@ -205,7 +203,7 @@ impl Worker {
         deps: Arc<WorkerDeps>,
         sink: Arc<dyn WorkerSink>,
         pod: Pod,
-        shutdown: watch::Receiver<bool>,
+        shutdown: CancellationToken,
     ) -> WorkerHandle {
         let (tx, rx) = mpsc::unbounded_channel();
         let wake = Arc::new(Notify::new());
@@ -233,7 +231,7 @@ impl Worker {
         WorkerHandle { tx, wake, task }
     }
 
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>, mut shutdown: watch::Receiver<bool>) {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>, shutdown: CancellationToken) {
         let mut last_sync = Instant::now();
         if self.pod.metadata.deletion_timestamp.is_some() {
             self.lifecycle = Lifecycle::Terminating { grace: spec_grace(&self.pod), remove: false };
@@ -241,7 +239,7 @@ impl Worker {
         // What the next round is for (kubelet_pod_worker_duration_seconds).
         let mut kind = SyncKind::Create;
         loop {
-            if *shutdown.borrow() {
+            if shutdown.is_cancelled() {
                 break;
             }
             if matches!(self.lifecycle, Lifecycle::Terminating { .. }) {
@@ -269,7 +267,7 @@ impl Worker {
                 },
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep_until(until.into()) => {}
-                _ = shutdown.changed() => {}
+                _ = shutdown.cancelled() => {}
             }
             while let Ok(m) = rx.try_recv() {
                 kind = update_kind(&m, kind);

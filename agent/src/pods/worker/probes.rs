@@ -5,14 +5,15 @@
 use std::{
     collections::{HashMap, HashSet},
     net::IpAddr,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use super::{Worker, WorkerDeps, container_ref, find_container, instant_of, lock};
+use super::{Worker, WorkerDeps, container_ref, find_container, instant_of};
 use crate::{
     cri::error::reason,
     events::EventType,
@@ -51,14 +52,14 @@ impl Worker {
                 if self.probes.contains_key(&key) {
                     continue;
                 }
-                if kind == ProbeType::Startup && !lock(&self.results).not_started.contains_key(&c.id) {
+                if kind == ProbeType::Startup && !self.results.lock().not_started.contains_key(&c.id) {
                     // Re-adopted after a restart: assume it started only if
                     // it has been running longer than the probe's budget.
                     let budget = p.initial_delay_seconds.unwrap_or(0) as u64
                         + p.period_seconds.unwrap_or(10) as u64 * p.failure_threshold.unwrap_or(3) as u64;
                     let running_for = instant_of(c.started_at).elapsed();
                     if running_for < Duration::from_secs(budget) {
-                        lock(&self.results).not_started.insert(c.id.clone(), true);
+                        self.results.lock().not_started.insert(c.id.clone(), true);
                     } else {
                         continue;
                     }
@@ -85,7 +86,7 @@ impl Worker {
             keep
         });
         let live: HashSet<&String> = observed.running().map(|c| &c.id).collect();
-        let mut r = lock(&self.results);
+        let mut r = self.results.lock();
         r.readiness.retain(|id, _| live.contains(id));
         r.not_started.retain(|id, _| live.contains(id));
         r.verdicts.retain(|id, _| live.contains(id));
@@ -119,7 +120,7 @@ impl ProbeTask {
         let cref = container_ref(&self.pod, &self.container, init);
         loop {
             let waiting_for_startup = self.kind != ProbeType::Startup
-                && lock(&self.results).not_started.get(&self.id).copied().unwrap_or(false);
+                && self.results.lock().not_started.get(&self.id).copied().unwrap_or(false);
             if !waiting_for_startup {
                 let outcome = probe::run(self.deps.runtime.as_ref(), &target, &self.probe).await;
                 if let Some(f) = &self.deps.probe_results {
@@ -141,7 +142,7 @@ impl ProbeTask {
                     probe::Outcome::Success => {}
                 }
                 if let Some(v) = tracker.record(outcome.ok()) {
-                    let mut r = lock(&self.results);
+                    let mut r = self.results.lock();
                     let stop = match (self.kind, v) {
                         (ProbeType::Readiness, v) => {
                             r.readiness.insert(self.id.clone(), v);

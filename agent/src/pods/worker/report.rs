@@ -4,7 +4,7 @@
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::{Lifecycle, Worker, find_container, lock};
+use super::{Lifecycle, Worker, find_container};
 use crate::pods::{
     observed::{self, ContainerRunState, ObservedPod},
     spec,
@@ -54,7 +54,7 @@ impl Worker {
                 self.waiting.remove(&c.name);
             }
         }
-        let results = lock(&self.results);
+        let results = self.results.lock();
         let host_ip = self.deps.settings.node_ip.clone();
         let input = StatusInput {
             pod: &self.pod,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use super::{SYNC_RETRY, Worker, container_ref, find_container, lock, pod_name, spec_grace};
+use super::{SYNC_RETRY, Worker, container_ref, find_container, pod_name, spec_grace};
 use crate::{
     cm::{
         hierarchy::{pod_cgroup_config, pod_hugetlb_limits},
@@ -47,7 +47,7 @@ impl Worker {
         let rt = self.deps.runtime.clone();
         let mut observed = observed::observe(rt.as_ref(), &self.uid).await?;
         let verdicts = {
-            let r = lock(&self.results);
+            let r = self.results.lock();
             let mut v = r.verdicts.clone();
             // Containers still waiting for their startup probe (a sidecar
             // not started holds the next init container back).
@@ -126,7 +126,7 @@ impl Worker {
                 );
             }
             self.stop_container(&k.id, c.as_ref(), grace, sandbox_ip.as_deref()).await;
-            lock(&self.results).verdicts.remove(&k.id);
+            self.results.lock().verdicts.remove(&k.id);
         }
         if let Some(sandbox_id) = sandbox_id.filter(|_| volumes_ready) {
             let sandbox_config = spec::sandbox_config(

@@ -12,12 +12,13 @@
 use std::{
     collections::HashMap,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicU32, Ordering},
     },
 };
 
 use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     sync::{mpsc, oneshot, watch},
@@ -156,11 +157,11 @@ impl Session {
         let id = self.shared.next_id.fetch_add(2, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         let (reply_tx, reply_rx) = oneshot::channel();
-        lock(&self.shared.streams).insert(id, tx);
-        lock(&self.shared.replies).insert(id, reply_tx);
+        self.shared.streams.lock().insert(id, tx);
+        self.shared.replies.lock().insert(id, reply_tx);
         if self.is_ended() {
-            lock(&self.shared.replies).remove(&id);
-            lock(&self.shared.streams).remove(&id);
+            self.shared.replies.lock().remove(&id);
+            self.shared.streams.lock().remove(&id);
             return Err(Closed);
         }
         let f = Frame::SynStream {
@@ -201,10 +202,6 @@ impl Session {
     pub fn is_ended(&self) -> bool {
         *self.ended.borrow()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 async fn write_loop<W: AsyncWrite>(wr: W, mut rx: mpsc::Receiver<Out>) {
@@ -297,7 +294,7 @@ async fn read_loop<R: AsyncRead>(
                     last_peer_stream = stream_id;
                     let (tx, rx) = mpsc::channel(STREAM_QUEUE);
                     if flags & FLAG_FIN == 0 {
-                        lock(&shared.streams).insert(stream_id, tx);
+                        shared.streams.lock().insert(stream_id, tx);
                     }
                     // The reply first, so the peer may send at once.
                     let reply = Frame::SynReply { stream_id, flags: 0, headers: vec![] };
@@ -315,34 +312,34 @@ async fn read_loop<R: AsyncRead>(
                     }
                 }
                 Frame::SynReply { stream_id, flags, .. } => {
-                    if let Some(t) = lock(&shared.replies).remove(&stream_id) {
+                    if let Some(t) = shared.replies.lock().remove(&stream_id) {
                         let _ = t.send(true);
                     }
                     if flags & FLAG_FIN != 0 {
-                        lock(&shared.streams).remove(&stream_id);
+                        shared.streams.lock().remove(&stream_id);
                     }
                 }
                 Frame::Data { stream_id, flags, data } => {
-                    let tx = lock(&shared.streams).get(&stream_id).cloned();
+                    let tx = shared.streams.lock().get(&stream_id).cloned();
                     if let Some(tx) = tx
                         && !data.is_empty()
                         && tx.send(data).await.is_err()
                     {
                         // The consumer is gone: drop the rest of the stream.
-                        lock(&shared.streams).remove(&stream_id);
+                        shared.streams.lock().remove(&stream_id);
                     }
                     if flags & FLAG_FIN != 0 {
-                        lock(&shared.streams).remove(&stream_id);
+                        shared.streams.lock().remove(&stream_id);
                     }
                 }
                 Frame::Headers { stream_id, flags, .. } => {
                     if flags & FLAG_FIN != 0 {
-                        lock(&shared.streams).remove(&stream_id);
+                        shared.streams.lock().remove(&stream_id);
                     }
                 }
                 Frame::RstStream { stream_id, .. } => {
-                    lock(&shared.streams).remove(&stream_id);
-                    if let Some(t) = lock(&shared.replies).remove(&stream_id) {
+                    shared.streams.lock().remove(&stream_id);
+                    if let Some(t) = shared.replies.lock().remove(&stream_id) {
                         let _ = t.send(false);
                     }
                 }
@@ -367,8 +364,8 @@ async fn read_loop<R: AsyncRead>(
     }
     // Ended first: an open racing this sees it, or its reply is failed here.
     let _ = ended.send(true);
-    lock(&shared.streams).clear();
-    for (_, t) in lock(&shared.replies).drain() {
+    shared.streams.lock().clear();
+    for (_, t) in shared.replies.lock().drain() {
         let _ = t.send(false);
     }
 }

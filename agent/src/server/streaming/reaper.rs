@@ -10,19 +10,16 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
+use parking_lot::Mutex;
 use tokio::sync::OwnedMutexGuard;
 
 /// How long a start waits for its process to appear.
 const CLAIM_WINDOW: Duration = Duration::from_secs(3);
 const POLL: Duration = Duration::from_millis(10);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Exec processes in use, and the per-container start locks.
 #[derive(Default)]
@@ -73,7 +70,7 @@ impl ExecTracker {
     /// None when the container's process cannot be found (nothing will
     /// be reaped for this session).
     pub async fn begin(&self, container_id: &str, init_pid: u32) -> Option<Start> {
-        let m = lock(&self.starts).entry(container_id.to_owned()).or_default().clone();
+        let m = self.starts.lock().entry(container_id.to_owned()).or_default().clone();
         let guard = m.lock_owned().await;
         let init_cgroup = proc_fs::cgroup(init_pid)?;
         let shim = proc_fs::ppid(init_pid)?;
@@ -102,7 +99,7 @@ impl Start {
                     .into_iter()
                     .filter_map(|pid| Some(Child { pid, cgroup: proc_fs::cgroup(pid)? }))
                     .collect();
-                let mut c = lock(&claimed);
+                let mut c = claimed.lock();
                 let pid = new_exec_processes(&before, &now, &init, &c).into_iter().next()?;
                 let start_time = proc_fs::start_time(pid)?;
                 c.insert(pid);
@@ -149,7 +146,7 @@ impl ExecProcess {
 
 impl Drop for ExecProcess {
     fn drop(&mut self) {
-        lock(&self.claimed).remove(&self.pid);
+        self.claimed.lock().remove(&self.pid);
     }
 }
 

@@ -35,11 +35,12 @@ use std::{
     collections::{BTreeMap, HashMap},
     fs,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, RwLock},
+    sync::Arc,
     time::Duration,
 };
 
 use k8s_openapi::api::core::v1::Pod;
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tracing::{info, warn};
 
@@ -138,10 +139,6 @@ pub struct VolumeManager {
     metrics: std::sync::OnceLock<crate::metrics::storage::StorageMetrics>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn uid_of(pod: &Pod) -> String {
     pod.metadata.uid.clone().unwrap_or_default()
 }
@@ -178,7 +175,7 @@ impl VolumeManager {
     /// (volume_manager_total_volumes' actual state). A pod whose volumes
     /// are being set up at this moment is left out rather than waited for.
     pub fn mounted_plugins(&self) -> Vec<&'static str> {
-        let states: Vec<_> = lock(&self.pods).values().cloned().collect();
+        let states: Vec<_> = self.pods.lock().values().cloned().collect();
         states
             .iter()
             .filter_map(|s| {
@@ -210,11 +207,11 @@ impl VolumeManager {
     /// Where ConfigMaps, Secrets and tokens come from (the API server's
     /// client once it is connected).
     pub fn set_objects(&self, objects: Arc<dyn ObjectSource>) {
-        *self.objects.write().unwrap_or_else(|p| p.into_inner()) = objects;
+        *self.objects.write() = objects;
     }
 
     pub fn objects(&self) -> Arc<dyn ObjectSource> {
-        self.objects.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.objects.read().clone()
     }
 
     pub fn pods_dir(&self) -> &Path {
@@ -235,11 +232,11 @@ impl VolumeManager {
     }
 
     fn state(&self, uid: &str) -> Option<Arc<AsyncMutex<PodState>>> {
-        lock(&self.pods).get(uid).cloned()
+        self.pods.lock().get(uid).cloned()
     }
 
     /// The pods whose volumes are set up.
     pub fn pods(&self) -> Vec<String> {
-        lock(&self.pods).keys().cloned().collect()
+        self.pods.lock().keys().cloned().collect()
     }
 }

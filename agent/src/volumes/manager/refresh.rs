@@ -8,10 +8,10 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::Volume;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::{FAILED_MOUNT, PodState, PodsInUse, VolumeError, VolumeKind, VolumeManager, lock, setup::apply_fs_group};
+use super::{FAILED_MOUNT, PodState, PodsInUse, VolumeError, VolumeKind, VolumeManager, setup::apply_fs_group};
 use crate::{
     cri::RuntimeService,
     events::{EventType, pod_ref},
@@ -75,7 +75,7 @@ impl VolumeManager {
     /// Re-reads every API-backed volume of every pod (or only those that
     /// show `key`).
     pub async fn refresh(&self, key: Option<&ObjectKey>) {
-        let states: Vec<_> = lock(&self.pods).values().cloned().collect();
+        let states: Vec<_> = self.pods.lock().values().cloned().collect();
         for s in states {
             let mut st = s.lock().await;
             self.refresh_state(&mut st, |k| !matches!(k, VolumeKind::DownwardApi), key).await;
@@ -84,7 +84,7 @@ impl VolumeManager {
 
     /// When the next service account token needs refreshing.
     pub(super) async fn next_token_refresh(&self) -> Option<SystemTime> {
-        let states: Vec<_> = lock(&self.pods).values().cloned().collect();
+        let states: Vec<_> = self.pods.lock().values().cloned().collect();
         let mut next: Option<SystemTime> = None;
         for s in states {
             let st = s.lock().await;
@@ -104,7 +104,7 @@ impl VolumeManager {
         self: Arc<Self>,
         in_use: Arc<dyn PodsInUse>,
         runtime: Arc<dyn RuntimeService>,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: CancellationToken,
     ) {
         let mut changes = self.objects().subscribe();
         let mut refresh = tokio::time::interval(self.cfg.refresh_period);
@@ -138,7 +138,7 @@ impl VolumeManager {
                         None => std::future::pending().await,
                     }
                 } => self.refresh(None).await,
-                _ = shutdown.changed() => if *shutdown.borrow() { break },
+                _ = shutdown.cancelled() => break,
             }
         }
     }

@@ -17,7 +17,7 @@ use tracing::debug;
 use super::{
     MountedVolume, PodState, VolumeError, VolumeKind, VolumeManager, kind_of,
     kinds::{DEFAULT_TOKEN_SECONDS, quantity_bytes},
-    lock, memory_volume_size, namespace_of, token_needs_refresh, uid_of,
+    memory_volume_size, namespace_of, token_needs_refresh, uid_of,
 };
 use crate::volumes::{
     atomic, hostpath, mount,
@@ -34,7 +34,7 @@ impl VolumeManager {
     pub async fn setup(&self, pod: &Pod) -> Result<(), VolumeError> {
         let uid = uid_of(pod);
         let state = {
-            let mut pods = lock(&self.pods);
+            let mut pods = self.pods.lock();
             pods.entry(uid.clone())
                 .or_insert_with(|| {
                     Arc::new(AsyncMutex::new(PodState {

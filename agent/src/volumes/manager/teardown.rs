@@ -6,7 +6,7 @@ use std::{collections::BTreeSet, fs, path::Path};
 
 use tracing::{info, warn};
 
-use super::{PodsInUse, VolumeManager, lock};
+use super::{PodsInUse, VolumeManager};
 use crate::{
     cri::{RuntimeService, api, labels},
     volumes::mount,
@@ -17,7 +17,7 @@ impl VolumeManager {
     /// subPath bind mounts) and removes its volume directories. Fails,
     /// leaving the directories, if something stays mounted.
     pub async fn teardown(&self, uid: &str) -> Result<(), String> {
-        let state = lock(&self.pods).remove(uid);
+        let state = self.pods.lock().remove(uid);
         // Wait for a set-up or refresh in progress to finish.
         let mut kinds = vec![];
         if let Some(s) = &state {
@@ -69,7 +69,7 @@ impl VolumeManager {
             // Only names a pod uid can have: a podLogsDir pointed at the
             // same directory (`<ns>_<name>_<uid>`) must never be swept.
             .filter(|uid| !uid.contains('_'))
-            .filter(|uid| !in_use.in_use(uid) && !lock(&self.pods).contains_key(uid))
+            .filter(|uid| !in_use.in_use(uid) && !self.pods.lock().contains_key(uid))
             .collect();
         if candidates.is_empty() {
             return vec![];

@@ -23,7 +23,7 @@ struct Events(Mutex<Vec<(String, String)>>);
 
 impl EventRecorder for Events {
     fn record(&self, _: &k8s_openapi::api::core::v1::ObjectReference, _: EventType, reason: &str, message: &str) {
-        lock(&self.0).push((reason.into(), message.into()));
+        self.0.lock().push((reason.into(), message.into()));
     }
 }
 
@@ -137,7 +137,7 @@ async fn config_maps_are_written_refreshed_and_reported() {
     vm.refresh(None).await;
     vm.refresh(None).await;
     assert_eq!(fs::read_to_string(dir.join("a")).unwrap(), "2");
-    let failed: Vec<_> = lock(&events.0).iter().filter(|(r, _)| r == FAILED_MOUNT).cloned().collect();
+    let failed: Vec<_> = events.0.lock().iter().filter(|(r, _)| r == FAILED_MOUNT).cloned().collect();
     assert_eq!(failed.len(), 1, "{failed:?}");
 
     vm.teardown("uid-1").await.unwrap();

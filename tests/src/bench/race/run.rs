@@ -28,6 +28,7 @@ use swiftlet::{
     },
 };
 use swiftlet_common::Signal;
+use tokio_util::sync::CancellationToken;
 
 use super::{
     ALLOCATABLE, ALLOCATABLE_THRESHOLD, MIB, Mode, NODE_HEADROOM, NODE_RAMP_TO_LINE, Run, Scenario,
@@ -233,7 +234,8 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
     }
     let pods = Arc::new(FakePods::new(pod_list));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop_tx = CancellationToken::new();
+    let stop_rx = stop_tx.clone();
     let mut agent = None;
     let mut agent_events = None;
     let mut earlyoom = None;
@@ -378,7 +380,7 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
     std::thread::sleep(Duration::from_millis(100));
     let peer_crossing = watch.and_then(MemAvailableWatch::finish);
     drop(earlyoom);
-    stop_tx.send(true).ok();
+    stop_tx.cancel();
     if let Some((_, task, _)) = agent.take() {
         let _ = rt.block_on(task);
     }

@@ -1,151 +1,57 @@
-//! The composition root: builds every manager from the effective
-//! configuration, connects them through their traits, runs them until
-//! shutdown, and stops them in order.
-//!
-//! Components expose a constructor and a `run(shutdown)` future; this
-//! module is the only place that knows all of them. Stopping the agent
-//! leaves the pods running (as the kubelet): a restarted agent re-adopts
-//! them.
+//! Wiring: reads the machine, prepares the pods' cgroup hierarchy, opens
+//! the signal source and the runtime client, and builds every manager.
 
-use std::{
-    collections::HashSet,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::HashSet, sync::Arc};
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use thiserror::Error;
-use tokio::{sync::watch, task::JoinHandle};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::{
-    cgroups::{CgroupError, CgroupFs},
+    cgroups::CgroupFs,
     cm::{
         allocatable::{NodeAllocatable, Resource, machine_capacity},
         hierarchy::kubepods_limits,
-        manager::CmError,
         pod_cgroups::PodCgroups,
     },
     config::Config,
-    cri::{CriClient, CriError, ImageService, RuntimeService},
+    cri::{CriClient, RuntimeService},
     events::{EventRecorder, LogRecorder},
     eviction::{
         core::EvictionConfig,
-        driver::{DriverConfig, EvictionLoop, EvictionManager},
+        driver::{DriverConfig, EvictionManager},
         observe::NodeInfo,
     },
+    flowcontrol::BackoffPolicy,
     gc::{ContainerGc, DiskReclaimer, GcPolicy},
     host,
     images::{ImageGc, ImageGcPolicy, ImageManager, ImageManagerConfig, ImageMetrics},
-    kubeapi::{ApiAgent, ApiError, pod_watch::TeeSink, recorder::TeeRecorder},
+    kubeapi::{ApiAgent, recorder::TeeRecorder},
     logs::{ContainerLogManager, LogPolicy},
     metrics::Metrics,
     pods::{
         admission::Capacity,
-        backoff::BackoffPolicy,
-        file::FileSource,
         manager::PodManager,
         metrics::{PodMetrics, ProbeLabels},
-        source::{PodSink, SourceKind},
+        source::SourceKind,
         spec::{NodeSettings, parse_resolv_conf},
         worker::{ProbeObserver, WorkerDeps},
     },
-    reload::{self, ConfigDiff, LiveSettings},
+    reload::LiveSettings,
     shutdown::{NodeShutdownManager, ShutdownPods, trigger::Detector},
-    signals::{self, OpenedSource, SignalError, ebpf::EbpfOptions, node},
-    volumes::{NoApiServer, ObjectSource, PodsInUse, VolumeConfig, VolumeManager, storage::LocalStorageMonitor},
+    signals::{self, ebpf::EbpfOptions, node},
+    volumes::{NoApiServer, ObjectSource, VolumeConfig, VolumeManager, storage::LocalStorageMonitor},
 };
-// ---- server (issue 8) ----
+// ---- server ----
 use crate::server::{
-    ServerError,
     events::{DebugEvents, EvictionTap},
     health::HealthChecks,
 };
 // ---- end server ----
 
-#[derive(Debug, Error)]
-pub enum StartError {
-    #[error("cgroups: {0}")]
-    Cgroup(#[from] CgroupError),
-    #[error("container manager: {0}")]
-    Cm(#[from] CmError),
-    #[error("signals: {0}")]
-    Signals(#[from] SignalError),
-    #[error("container runtime: {0}")]
-    Runtime(#[from] CriError),
-    #[error("node capacity: {0}")]
-    Capacity(std::io::Error),
-    #[error("container logs: {0}")]
-    Logs(#[from] crate::logs::LogError),
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    #[error("API server: {0}")]
-    Api(#[from] ApiError),
-    /// The host or configuration cannot run as configured (swap on,
-    /// cgroup v1 refused, a credential provider configuration in error).
-    #[error("{0}")]
-    Refused(String),
-    // ---- server (issue 8) ----
-    #[error("kubelet server: {0}")]
-    Server(#[from] ServerError),
-    // ---- end server ----
-}
-
-/// How often the runtime is relisted (the kubelet's PLEG period).
-const RELIST_PERIOD: Duration = Duration::from_secs(1);
-/// How often the eviction manager re-ranks its victim plan.
-const PLAN_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Everything the managers share, built once at start.
-pub struct Agent {
-    pub config: Config,
-    pub node_name: String,
-    pub metrics: Arc<Metrics>,
-    pub pod_metrics: PodMetrics,
-    pub cgroupfs: CgroupFs,
-    pub pod_cgroups: PodCgroups,
-    pub allocatable: NodeAllocatable,
-    pub signals: OpenedSource,
-    pub cri: Arc<CriClient>,
-    pub recorder: Arc<dyn EventRecorder>,
-    pub pods: PodManager,
-    pub eviction: EvictionManager,
-    pub image_gc: Arc<ImageGc>,
-    pub container_gc: Arc<ContainerGc>,
-    pub logs: Arc<ContainerLogManager>,
-    pub volumes: Arc<VolumeManager>,
-    /// Graceful node shutdown; its phase is the node's NotReady signal.
-    pub node_shutdown: Arc<NodeShutdownManager>,
-    /// Device plugins: registration, extended resources, Allocate.
-    pub devices: Arc<crate::deviceplugin::DeviceManager>,
-    /// The configuration in effect (the start one plus reloaded live fields),
-    /// as /configz shows it.
-    running: watch::Sender<Arc<Config>>,
-    live: watch::Sender<LiveSettings>,
-    log_level: Mutex<Option<LogLevelHook>>,
-    eviction_loop: Mutex<Option<EvictionLoop>>,
-    shutdown: watch::Receiver<bool>,
-    // ---- API server (issue 7) ----
-    /// Node, Lease, API pods, pod statuses, mirror pods and events; None in
-    /// standalone mode.
-    pub api: Option<Arc<ApiAgent>>,
-    // ---- end API server ----
-    // ---- server (issue 8) ----
-    /// /healthz checks: `ping` and `runtime` are registered by the server;
-    /// the pod manager may register `syncloop` (a `server::health::Heartbeat`).
-    pub health: Arc<HealthChecks>,
-    /// /debug/events: the eviction manager's signal events and evictions.
-    pub debug_events: DebugEvents,
-    // ---- end server ----
-    // ---- pod fields ----
-    /// RuntimeClasses for the pod workers (from the API server once it
-    /// answers).
-    pub runtime_classes: crate::pods::runtime_class::RuntimeClasses,
-    // ---- end pod fields ----
-}
-
-/// Sets the log verbosity (`--v`) of the running agent.
-pub type LogLevelHook = Box<dyn Fn(u32) + Send + Sync>;
+use super::{Agent, PLAN_INTERVAL, StartError};
 
 /// The eviction manager's settings from a KubeletConfiguration.
 pub fn eviction_config(k: &crate::config::KubeletConfiguration) -> EvictionConfig {
@@ -156,12 +62,12 @@ pub fn eviction_config(k: &crate::config::KubeletConfiguration) -> EvictionConfi
     }
 }
 
-fn quantity(list: &crate::cm::allocatable::ResourceList, r: Resource) -> crate::quantity::Quantity {
+pub(super) fn quantity(list: &crate::cm::allocatable::ResourceList, r: Resource) -> crate::quantity::Quantity {
     list.get(&r).copied().unwrap_or_default()
 }
 
 /// What new pods are admitted against: node allocatable.
-fn admission_capacity(alloc: &crate::cm::allocatable::ResourceList) -> Capacity {
+pub(super) fn admission_capacity(alloc: &crate::cm::allocatable::ResourceList) -> Capacity {
     Capacity {
         pods: quantity(alloc, Resource::Pods).value(),
         cpu_milli: quantity(alloc, Resource::Cpu).milli_value(),
@@ -205,14 +111,14 @@ impl Agent {
     /// Reads the machine, prepares the pods' cgroup hierarchy, opens the
     /// signal source and the runtime client, and builds the managers.
     /// Nothing runs until [`Agent::run`].
-    pub async fn build(config: Config, shutdown: watch::Receiver<bool>) -> Result<Agent, StartError> {
+    pub async fn build(config: Config, shutdown: CancellationToken) -> Result<Agent, StartError> {
         Agent::build_with_recorder(config, shutdown, Arc::new(LogRecorder)).await
     }
 
     /// [`Agent::build`] with events going to `recorder`.
     pub async fn build_with_recorder(
         config: Config,
-        shutdown: watch::Receiver<bool>,
+        shutdown: CancellationToken,
         recorder: Arc<dyn EventRecorder>,
     ) -> Result<Agent, StartError> {
         Agent::build_with(config, shutdown, recorder, Arc::new(NoApiServer)).await
@@ -224,7 +130,7 @@ impl Agent {
     /// replaces it later.
     pub async fn build_with(
         config: Config,
-        shutdown: watch::Receiver<bool>,
+        shutdown: CancellationToken,
         recorder: Arc<dyn EventRecorder>,
         objects: Arc<dyn ObjectSource>,
     ) -> Result<Agent, StartError> {
@@ -291,7 +197,7 @@ impl Agent {
             }
         };
 
-        // ---- API server (issue 7) ----
+        // ---- API server ----
         // Not standalone: events also go to the API server.
         let api = (!config.standalone()).then(|| Arc::new(ApiAgent::new(&config, &node_name, &allocatable)));
         let recorder: Arc<dyn EventRecorder> = match &api {
@@ -305,7 +211,7 @@ impl Agent {
         pod_metrics.register(&mut metrics.registry);
         let image_metrics = ImageMetrics::register(&mut metrics.registry);
         let metrics = Arc::new(metrics);
-        // ---- server (issue 8) ----
+        // ---- server ----
         cri.observe_with(metrics.clone());
         // ---- end server ----
 
@@ -365,7 +271,7 @@ impl Agent {
         ));
         volumes.start();
         volumes.set_metrics(metrics.storage.clone());
-        // ---- device plugins (issue 13) ----
+        // ---- device plugins ----
         let devices = crate::deviceplugin::DeviceManager::new(&config.flags.root_dir);
         if let Some(api) = &api {
             api.connect_devices(devices.extended_resources());
@@ -485,7 +391,7 @@ impl Agent {
             kernel_eviction: config.swiftlet.kernel_eviction,
             reclaim_before_eviction: config.swiftlet.memory_reclaim_before_eviction,
         };
-        // ---- server (issue 8) ----
+        // ---- server ----
         let health = Arc::new(HealthChecks::new());
         let debug_events = DebugEvents::new(Arc::new(pods.clone()));
         let evictor = Arc::new(EvictionTap { inner: Arc::new(pods.clone()), events: debug_events.clone() });
@@ -512,7 +418,7 @@ impl Agent {
             pod_logs_dir: k.pod_logs_dir.clone(),
             period: config.swiftlet.housekeeping_interval,
         }));
-        // ---- API server (issue 7) ----
+        // ---- API server ----
         // Pod statuses to the API, API pods to the pod manager, pressure
         // conditions to node status.
         if let Some(api) = &api {
@@ -562,237 +468,5 @@ impl Agent {
             shutdown,
             config,
         })
-    }
-
-    /// The memory.pressure eviction signal: PSI triggers on the node's file
-    /// and, on cgroup v2, on each pod's.
-    fn start_memory_pressure(&self, signal: crate::config::MemoryPressureSignal) -> std::io::Result<JoinHandle<()>> {
-        use crate::eviction::{pressure::PressureConfig, pressure_watch};
-        let cfg = PressureConfig {
-            threshold_percent: signal.threshold_percent,
-            grace_period: signal.grace_period,
-            transition_period: self.config.kubelet.eviction_pressure_transition_period,
-        };
-        let sink = self.eviction.pressure_sink(cfg, self.recorder.clone());
-        let fs = self.cgroupfs.clone();
-        if fs.version() == crate::cgroups::Version::V1 {
-            info!(
-                "memory.pressure signal: the pods' cgroups are cgroup v1, which has no pressure files: the node only"
-            );
-        }
-        let pod_file: pressure_watch::PodPressureFile = Box::new(move |p| {
-            (fs.version() == crate::cgroups::Version::V2).then(|| fs.memory_dir(&p.cgroup).join("memory.pressure"))
-        });
-        pressure_watch::spawn(cfg, Arc::new(self.pods.clone()), pod_file, sink, self.shutdown.clone())
-    }
-
-    /// Runs every manager until shutdown, then waits for them to stop.
-    pub async fn run(self: Arc<Self>) -> Result<(), StartError> {
-        let k = &self.config.kubelet;
-        let mut tasks: Vec<JoinHandle<()>> = vec![];
-        tasks.push(tokio::spawn(self.pods.clone().run(RELIST_PERIOD)));
-        if let Some(l) = self.eviction_loop.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            tasks.push(tokio::spawn(l.run(self.shutdown.clone())));
-        }
-        if let Some(signal) = self.config.swiftlet.memory_pressure {
-            match self.start_memory_pressure(signal) {
-                Ok(t) => tasks.push(t),
-                Err(e) => tracing::error!("--eviction-memory-pressure is set but the signal cannot run: {e}"),
-            }
-        }
-        tasks.push(tokio::spawn(self.image_gc.clone().run(self.shutdown.clone())));
-        tasks.push(tokio::spawn(self.container_gc.clone().run(self.shutdown.clone())));
-        tasks.push(tokio::spawn(self.logs.clone().run(self.shutdown.clone())));
-        tasks.push(tokio::spawn(self.node_shutdown.clone().run(self.shutdown.clone())));
-        if self.node_shutdown.enabled() {
-            if crate::shutdown::logind::available() {
-                tasks.push(tokio::spawn(crate::shutdown::logind::run(
-                    self.node_shutdown.clone(),
-                    self.shutdown.clone(),
-                )));
-            } else {
-                info!(
-                    "graceful node shutdown: systemd is not PID 1, so no logind; the shutdown marker and SIGTERM start it"
-                );
-            }
-        }
-        // ---- device plugins (issue 13) ----
-        // The kubelet cannot start without its device manager; swiftlet
-        // runs on without device plugins and says why.
-        match self.devices.start(self.shutdown.clone()) {
-            Ok(t) => tasks.push(t),
-            Err(e) => tracing::error!("device plugins are not available: {e}"),
-        }
-        // ---- end device plugins ----
-        let in_use: Arc<dyn PodsInUse> = Arc::new(self.pods.clone());
-        tasks.push(tokio::spawn(self.volumes.clone().run(in_use, self.cri.clone(), self.shutdown.clone())));
-        if k.local_storage_capacity_isolation {
-            let monitor = LocalStorageMonitor {
-                pods: Arc::new(self.pods.clone()),
-                evictor: Arc::new(self.pods.clone()),
-                runtime: self.cri.clone(),
-                volumes: self.volumes.clone(),
-                pod_logs_dir: k.pod_logs_dir.clone(),
-                period: self.config.swiftlet.housekeeping_interval,
-            };
-            tasks.push(tokio::spawn(monitor.run(self.shutdown.clone())));
-        }
-        // ---- API server (issue 7) ----
-        let mut api_task = self.api.clone().map(|api| {
-            let runtime: Arc<dyn RuntimeService> = self.cri.clone();
-            let images: Arc<dyn ImageService> = self.cri.clone();
-            tokio::spawn(api.run(runtime, images, self.live.subscribe(), self.shutdown.clone()))
-        });
-        // ConfigMaps, Secrets and service account tokens for volumes and
-        // environments come from the API server once connected.
-        if let Some(api) = self.api.clone() {
-            let volumes = self.volumes.clone();
-            let runtime_classes = self.runtime_classes.clone();
-            let mut stop = self.shutdown.clone();
-            tasks.push(tokio::spawn(async move {
-                loop {
-                    if let Some(client) = api.client() {
-                        runtime_classes.set_source(Arc::new(crate::kubeapi::runtime_class::KubeRuntimeClasses::new(
-                            client.clone(),
-                        )));
-                        volumes.set_objects(Arc::new(crate::volumes::kube::KubeObjects::new(client)));
-                        return;
-                    }
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                        _ = stop.changed() => return,
-                    }
-                }
-            }));
-        }
-        // ---- end API server ----
-        if let Some(dir) = &k.static_pod_path {
-            let mut sink: Arc<dyn PodSink> = Arc::new(self.pods.clone());
-            // ---- API server (issue 7) ----
-            // Static pods also get their mirror pods.
-            if let Some(api) = &self.api {
-                sink = Arc::new(TeeSink(vec![sink, api.mirror_sink()]));
-            }
-            // ---- end API server ----
-            let source = FileSource::new(
-                dir.clone(),
-                self.node_name.clone(),
-                k.file_check_frequency,
-                sink,
-                self.pod_metrics.manifest_errors.clone(),
-            );
-            tasks.push(tokio::spawn(source.run(self.shutdown.clone())));
-        }
-        info!(
-            node = self.node_name,
-            mode = self.signals.source.mode().as_str(),
-            standalone = self.config.standalone(),
-            static_pods = k.static_pod_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-            "swiftlet started"
-        );
-        // ---- server (issue 8): :10248, :10250 and the debug socket ----
-        // The forwarder ends only when the eviction manager's sender is
-        // dropped, which this Agent outlives: it is aborted at shutdown.
-        let debug_forwarder = self.debug_events.forward(self.eviction.events());
-        let servers = crate::server::agent::serve(&self, self.shutdown.clone()).await?;
-        // ---- end server ----
-        let mut shutdown = self.shutdown.clone();
-        while !*shutdown.borrow() {
-            tokio::select! {
-                // ---- API server (issue 7) ----
-                // It ends early only on a fatal error (a bad kubeconfig, a
-                // refused bootstrap): the agent stops, as the kubelet exits.
-                r = async { api_task.as_mut().expect("guarded").await }, if api_task.is_some() => {
-                    api_task = None;
-                    match r {
-                        Ok(Err(e)) => return Err(e.into()),
-                        Err(e) => return Err(StartError::Io(std::io::Error::other(format!("API loops: {e}")))),
-                        Ok(Ok(())) => {}
-                    }
-                }
-                // ---- end API server ----
-                changed = shutdown.changed() => if changed.is_err() { break },
-            }
-        }
-        if let Some(t) = api_task {
-            let _ = t.await;
-        }
-        // ---- server (issue 8) ----
-        // Open connections (a follow, a long scrape) must not keep the
-        // agent from stopping.
-        if tokio::time::timeout(Duration::from_secs(5), servers.join()).await.is_err() {
-            warn!("the kubelet API servers did not stop within 5s; leaving them");
-        }
-        debug_forwarder.abort();
-        // ---- end server ----
-        for t in tasks {
-            let _ = t.await;
-        }
-        info!("swiftlet stopped");
-        Ok(())
-    }
-
-    /// Settings that change with a reload (node status frequencies, log
-    /// verbosity), for the API side.
-    pub fn live_settings(&self) -> watch::Receiver<LiveSettings> {
-        self.live.subscribe()
-    }
-
-    /// How a reload changes the log verbosity (the binary's subscriber).
-    pub fn set_log_level_hook(&self, hook: LogLevelHook) {
-        *self.log_level.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
-    }
-
-    /// The configuration in effect.
-    pub fn running_config(&self) -> Config {
-        (**self.running.borrow()).clone()
-    }
-
-    /// The configuration in effect, as it changes (for /configz).
-    pub fn running_configs(&self) -> watch::Receiver<Arc<Config>> {
-        self.running.subscribe()
-    }
-
-    /// Applies a newly loaded configuration (SIGHUP): the live fields take
-    /// effect, the others are reported as needing a restart. Pods are not
-    /// touched.
-    pub fn reload(&self, new: Config) -> ConfigDiff {
-        // One reload at a time: the signal handler is the only caller.
-        let running = self.running_config();
-        let diff = reload::diff(&running, &new);
-        if diff.is_empty() {
-            info!("configuration reloaded: nothing changed");
-            return diff;
-        }
-        let next = reload::apply_live(&running, &new);
-        let mut allocatable = self.live.borrow().allocatable.clone();
-        if diff.eviction_changed() {
-            self.eviction.reconfigure(eviction_config(&next.kubelet));
-            // Node allocatable subtracts the hard memory threshold: node
-            // status and pod admission follow.
-            let alloc = reload::allocatable(&self.allocatable.capacity, &next);
-            let a = &alloc.allocatable;
-            self.pods.set_capacity(admission_capacity(a));
-            allocatable = Some(crate::node::resource_strings(a));
-        }
-        if next.kubelet.logging.verbosity != running.kubelet.logging.verbosity
-            && let Some(hook) = self.log_level.lock().unwrap_or_else(|p| p.into_inner()).as_ref()
-        {
-            hook(next.kubelet.logging.verbosity);
-        }
-        self.live.send_if_modified(|l| {
-            let want = LiveSettings { allocatable: allocatable.clone(), ..LiveSettings::of(&next) };
-            let changed = *l != want;
-            *l = want;
-            changed
-        });
-        if !diff.applied.is_empty() {
-            info!(fields = ?diff.applied, "configuration reloaded: applied");
-        }
-        if !diff.needs_restart.is_empty() {
-            warn!(fields = ?diff.needs_restart, "configuration reloaded: these changes need a restart and are not applied");
-        }
-        self.running.send_replace(Arc::new(next));
-        diff
     }
 }
