@@ -112,6 +112,7 @@ pub fn fs_sample(path: &Path) -> std::io::Result<FsSample> {
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains NUL"))?;
     // SAFETY: a zeroed statvfs is a valid out-parameter; c is NUL-terminated.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated and `st` a valid statvfs to fill.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
