@@ -2,7 +2,9 @@
 //!
 //! The agent is a long-running daemon with a small, steady working set and
 //! one large burst at start (loading the eBPF programs parses the kernel's
-//! BTF twice: tens of MiB, all freed when the load returns). glibc's
+//! BTF: aya's loader parses it once when it is made and the agent once
+//! more, since aya 0.14 cannot be handed a parse before then; tens of MiB,
+//! all freed when the load returns). glibc's
 //! defaults suit the opposite: up to 8 arenas per core, each keeping its
 //! own free memory, and a trim threshold that rises after every large free,
 //! so the burst would stay in the agent's RSS for its whole life.
@@ -10,10 +12,12 @@
 /// Fixes malloc's tuning before any thread starts: two arenas (the agent's
 /// threads mostly wait on I/O, so contention is rare), and a fixed mmap
 /// threshold, which also fixes the trim threshold at its 128 KiB default
-/// instead of letting it grow.
+/// instead of letting it grow. (These are glibc's own functions, not system
+/// calls, so they go through libc: rustix has no binding for them.)
 pub fn configure() {
     #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt takes plain integers; called before other threads run.
+    // SAFETY: mallopt takes plain integers and changes only malloc's
+    // tuning; it is called before other threads run, as glibc asks.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
         libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
@@ -24,7 +28,8 @@ pub fn configure() {
 /// agent will not repeat (the eBPF load).
 pub fn release_freed() {
     #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim takes no pointers and has no preconditions.
+    // SAFETY: malloc_trim takes no pointers, has no preconditions and is
+    // thread-safe (it takes each arena's lock).
     unsafe {
         libc::malloc_trim(0);
     }

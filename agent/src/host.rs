@@ -9,15 +9,11 @@ use std::{
     path::Path,
 };
 
-/// The machine's hostname (not lowercased: pods see it as it is).
+/// The machine's hostname (not lowercased: pods see it as it is): the
+/// node name uname(2) gives, which is what gethostname(3) returns. Never
+/// fails; the `Result` keeps callers' error paths for other sources.
 pub fn hostname() -> io::Result<String> {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into buf.
-    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-    Ok(String::from_utf8_lossy(&buf[..end]).trim().to_owned())
+    Ok(rustix::system::uname().nodename().to_string_lossy().trim().to_owned())
 }
 
 /// The interface of the IPv4 default route, from /proc/net/route text.
@@ -29,28 +25,35 @@ pub fn default_route_interface(route_table: &str) -> Option<String> {
     })
 }
 
-/// IPv4 addresses per interface.
+/// IPv4 addresses per interface. Through libc's getifaddrs: rustix has no
+/// binding for it (it is a netlink conversation in the C library, not a
+/// system call), and no maintained crate in the tree offers one.
 fn interface_addresses() -> io::Result<Vec<(String, Ipv4Addr)>> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills head with a list we free below.
+    // SAFETY: `head` is a valid place for the list's pointer; getifaddrs
+    // allocates the list, which is freed once below.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
         return Err(io::Error::last_os_error());
     }
     let mut out = vec![];
     let mut cur = head;
     while !cur.is_null() {
-        // SAFETY: cur is a node of the list getifaddrs returned.
+        // SAFETY: `cur` is a non-null node of the list getifaddrs returned,
+        // alive until freeifaddrs; the list is ours alone, so a shared
+        // reference to a node cannot alias a write.
         let ifa = unsafe { &*cur };
+        // SAFETY: a non-null `ifa_addr` points at a sockaddr of the list.
         if !ifa.ifa_addr.is_null() && i32::from(unsafe { (*ifa.ifa_addr).sa_family }) == libc::AF_INET {
-            // SAFETY: an AF_INET address is a sockaddr_in.
+            // SAFETY: an AF_INET address is a sockaddr_in, of the list.
             let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-            // SAFETY: ifa_name is a NUL-terminated interface name.
+            // SAFETY: ifa_name is a NUL-terminated interface name of the list.
             let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
             out.push((name, Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))));
         }
         cur = ifa.ifa_next;
     }
-    // SAFETY: head came from getifaddrs and is freed once.
+    // SAFETY: `head` came from getifaddrs, is freed once, and no reference
+    // into the list outlives this point (names and addresses were copied).
     unsafe { libc::freeifaddrs(head) };
     Ok(out)
 }

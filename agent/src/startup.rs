@@ -4,6 +4,8 @@
 //! oom_score_adj (oomScoreAdj) and its open-file limit (maxOpenFiles).
 //! The decisions are pure; reading /proc and setting limits are the edge.
 
+use rustix::process::{Resource, Rlimit};
+
 use crate::{cgroups::Version, config::KubeletConfiguration};
 
 /// Why the host refuses this configuration, in the kubelet's words.
@@ -47,13 +49,7 @@ pub fn apparmor_enabled() -> bool {
 
 /// The running kernel's release (`uname -r`).
 pub fn kernel_release() -> String {
-    // SAFETY: uname fills the zeroed struct it is given.
-    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-    if unsafe { libc::uname(&mut u) } != 0 {
-        return String::new();
-    }
-    // SAFETY: the kernel writes a NUL-terminated string into `release`.
-    unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }.to_string_lossy().into_owned()
+    rustix::system::uname().release().to_string_lossy().into_owned()
 }
 
 /// Applies oomScoreAdj and maxOpenFiles to this process; what could not be
@@ -63,13 +59,12 @@ pub fn apply_process_settings(k: &KubeletConfiguration) -> Vec<String> {
     if let Err(e) = std::fs::write("/proc/self/oom_score_adj", k.oom_score_adj.to_string()) {
         problems.push(format!("cannot set the agent's oom_score_adj to {} (oomScoreAdj): {e}", k.oom_score_adj));
     }
-    let limit = libc::rlimit { rlim_cur: k.max_open_files, rlim_max: k.max_open_files };
-    // SAFETY: setrlimit reads a valid rlimit struct.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+    let limit = Rlimit { current: Some(k.max_open_files), maximum: Some(k.max_open_files) };
+    if let Err(e) = rustix::process::setrlimit(Resource::Nofile, limit) {
         problems.push(format!(
             "cannot set the open file limit to {} (maxOpenFiles): {}",
             k.max_open_files,
-            std::io::Error::last_os_error()
+            std::io::Error::from(e)
         ));
     }
     problems

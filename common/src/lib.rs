@@ -636,15 +636,25 @@ const _: () = assert!(core::mem::size_of::<KernelLayout>() == 108);
 #[cfg(feature = "user")]
 mod user {
     use super::*;
-    // SAFETY: all of these are repr(C) plain data with no padding-dependent
-    // invariants; any bit pattern is a valid value.
+    // Each of these is repr(C) plain integers (arrays of them, or of each
+    // other), so any bit pattern is a valid value and copying bytes is a
+    // copy of the value.
+    // SAFETY: `CgroupSlot` is repr(C) plain integers: any bit pattern is a value.
     unsafe impl aya::Pod for CgroupSlot {}
+    // SAFETY: `Resolution` is repr(C) plain integers: any bit pattern is a value.
     unsafe impl aya::Pod for Resolution {}
+    // SAFETY: `Control` is repr(C) plain integers: any bit pattern is a value.
     unsafe impl aya::Pod for Control {}
+    // SAFETY: `VictimPlan` is repr(C) plain integers: any bit pattern is a value.
     unsafe impl aya::Pod for VictimPlan {}
+    // SAFETY: `Event` is repr(C) plain integers: any bit pattern is a value.
     unsafe impl aya::Pod for Event {}
+    // SAFETY: `KernelLayout` is repr(C) plain integers: any bit pattern is a value.
     unsafe impl aya::Pod for KernelLayout {}
+    // SAFETY: `Threshold` is repr(C) plain integers: any bit pattern is a value.
     unsafe impl aya::Pod for Threshold {}
+    // SAFETY: `ProcCpu` is repr(C) plain integers: any bit pattern is a value.
     unsafe impl aya::Pod for ProcCpu {}
+    // SAFETY: `NodePending` is repr(C) plain integers: any bit pattern is a value.
     unsafe impl aya::Pod for NodePending {}
 }

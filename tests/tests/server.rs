@@ -52,6 +52,7 @@ fn external_ipv4() -> Option<Ipv4Addr> {
     while !p.is_null() {
         // SAFETY: p walks the list getifaddrs returned.
         let ifa = unsafe { &*p };
+        // SAFETY: a non-null ifa_addr points at a sockaddr of the list.
         if !ifa.ifa_addr.is_null() && unsafe { (*ifa.ifa_addr).sa_family } as i32 == libc::AF_INET {
             // SAFETY: an AF_INET address is a sockaddr_in.
             let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
@@ -258,6 +259,7 @@ fn statvfs(path: &Path) -> (u64, u64, u64, u64) {
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
     // SAFETY: a zeroed statvfs is a valid out-parameter; c is NUL-terminated.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated and `st` a valid statvfs to fill.
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0, "statvfs {}", path.display());
     (st.f_frsize as u64, st.f_blocks as u64, st.f_bfree as u64, st.f_bavail as u64)
 }

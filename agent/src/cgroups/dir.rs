@@ -7,15 +7,13 @@
 //! read goes by full path ([`CgroupDir::at`]), one open fewer.
 
 use std::{
-    ffi::CString,
     fs::File,
     io::{self, Read},
-    os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd},
-        unix::ffi::OsStrExt,
-    },
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
 };
+
+use rustix::fs::{CWD, Mode, OFlags};
 
 use super::{CgroupError, Result};
 
@@ -29,8 +27,7 @@ pub struct CgroupDir {
 
 impl CgroupDir {
     pub fn open(path: &Path) -> Result<CgroupDir> {
-        let fd =
-            open_at(libc::AT_FDCWD, path, libc::O_PATH | libc::O_DIRECTORY).map_err(|e| CgroupError::io(path, e))?;
+        let fd = open_at(CWD, path, OFlags::PATH | OFlags::DIRECTORY).map_err(|e| CgroupError::io(path, e))?;
         Ok(CgroupDir { fd: Some(fd), path: path.to_owned() })
     }
 
@@ -48,8 +45,8 @@ impl CgroupDir {
     pub fn read(&self, name: &str) -> Result<String> {
         let mut text = String::new();
         match &self.fd {
-            Some(fd) => open_at(fd.as_raw_fd(), Path::new(name), libc::O_RDONLY),
-            None => open_at(libc::AT_FDCWD, &self.path.join(name), libc::O_RDONLY),
+            Some(fd) => open_at(fd.as_fd(), Path::new(name), OFlags::RDONLY),
+            None => open_at(CWD, &self.path.join(name), OFlags::RDONLY),
         }
         .map(File::from)
         .and_then(|mut f| f.read_to_string(&mut text))
@@ -68,17 +65,8 @@ impl CgroupDir {
     }
 }
 
-fn open_at(dir: libc::c_int, path: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
-    // SAFETY: `c` is NUL-terminated and outlives the call; `dir` is a
-    // descriptor this module owns, or AT_FDCWD.
-    let raw = unsafe { libc::openat(dir, c.as_ptr(), flags | libc::O_CLOEXEC) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+fn open_at(dir: BorrowedFd<'_>, path: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(dir, path, flags | OFlags::CLOEXEC, Mode::empty())?)
 }
 
 #[cfg(test)]

@@ -19,6 +19,10 @@ use std::{
 };
 
 pub use dir::CgroupDir;
+use rustix::{
+    io::Errno,
+    process::{Pid, Signal},
+};
 pub use stat::MemoryStat;
 use thiserror::Error;
 
@@ -393,7 +397,7 @@ impl CgroupFs {
                     // the cgroup FREEZING; signal anyway rather than wait on it.
                     tracing::debug!(cgroup = rel, "not FROZEN within {FREEZE_WAIT:?}; signalling what is there");
                 }
-                let result = self.signal_tree(rel, libc::SIGKILL);
+                let result = self.signal_tree(rel, Signal::KILL);
                 if frozen {
                     // Thaw even when signalling failed, or the tasks stay
                     // frozen forever.
@@ -422,16 +426,18 @@ impl CgroupFs {
         }
     }
 
-    fn signal_tree(&self, rel: &str, sig: i32) -> Result<usize> {
+    fn signal_tree(&self, rel: &str, sig: Signal) -> Result<usize> {
         // Each cgroup's own tasks (threads included: a thread's id is a pid
         // kill(2) takes, and it signals the whole process).
         let mut n = 0;
         let dir = self.memory_dir(rel);
         let tasks = self.read(&dir.join("tasks")).or_else(|_| self.read(&dir.join("cgroup.procs")))?;
-        for pid in tasks.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-            // SAFETY: kill(2) with a pid read from the cgroup; a pid that has
-            // exited meanwhile yields ESRCH, which is fine.
-            if unsafe { libc::kill(pid, sig) } == 0 {
+        // A pid that has exited meanwhile yields ESRCH, which is fine. `Pid`
+        // is positive: a stray 0 or -1 in the file never becomes kill(2)'s
+        // "this process group" or "every process".
+        let pids = tasks.lines().filter_map(|l| Pid::from_raw(l.trim().parse::<i32>().ok()?));
+        for pid in pids {
+            if rustix::process::kill_process(pid, sig).is_ok() {
                 n += 1;
             }
         }
@@ -490,10 +496,10 @@ fn remove_tree(dir: &Path, deadline: Instant) -> Result<()> {
         match fs::remove_dir(dir) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
+            Err(e) if e.raw_os_error() == Some(Errno::BUSY.raw_os_error()) && Instant::now() < deadline => {
                 thread::sleep(Duration::from_millis(10));
             }
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            Err(e) if e.raw_os_error() == Some(Errno::BUSY.raw_os_error()) => {
                 return Err(CgroupError::Busy { path: dir.to_owned(), waited: start.elapsed() });
             }
             Err(e) => return Err(CgroupError::io(dir, e)),

@@ -282,6 +282,7 @@ impl Screen {
     fn enter() -> Screen {
         // SAFETY: termios is plain data; tcgetattr fills it for fd 0.
         let mut t: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: `t` is a valid termios for tcgetattr to fill.
         let orig = if unsafe { libc::tcgetattr(0, &mut t) } == 0 {
             let orig = t;
             t.c_lflag &= !(libc::ICANON | libc::ECHO | libc::ISIG | libc::IEXTEN);
@@ -302,6 +303,7 @@ impl Screen {
     fn size() -> (usize, usize) {
         // SAFETY: winsize is plain data filled by the ioctl.
         let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+        // SAFETY: TIOCGWINSZ writes one winsize into `ws`, which is one.
         if unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) } == 0 && ws.ws_col > 0 {
             (ws.ws_col as usize, ws.ws_row as usize)
         } else {

@@ -69,13 +69,8 @@ impl Config {
         if let Some(h) = &self.flags.hostname_override {
             return Ok(h.clone());
         }
-        let mut buf = [0u8; 256];
-        // SAFETY: gethostname writes at most buf.len() bytes into buf.
-        if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-        Ok(String::from_utf8_lossy(&buf[..end]).trim().to_lowercase())
+        // uname's node name is what gethostname(3) returns.
+        Ok(rustix::system::uname().nodename().to_string_lossy().trim().to_lowercase())
     }
 }
 

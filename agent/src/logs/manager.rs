@@ -80,6 +80,7 @@ pub fn local_stamp(t: SystemTime) -> String {
     // SAFETY: a zeroed tm is a valid out-parameter; localtime_r is the
     // thread-safe variant.
     let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are to valid locals; localtime_r keeps neither.
     if unsafe { libc::localtime_r(&secs, &mut tm) }.is_null() {
         return "19700101-000000".into();
     }

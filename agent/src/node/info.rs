@@ -34,13 +34,7 @@ fn read_trimmed(path: &str) -> String {
 }
 
 fn kernel_release() -> String {
-    // SAFETY: uname fills the struct it is given.
-    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-    if unsafe { libc::uname(&mut u) } != 0 {
-        return String::new();
-    }
-    // SAFETY: release is NUL-terminated by uname.
-    unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }.to_string_lossy().into_owned()
+    rustix::system::uname().release().to_string_lossy().into_owned()
 }
 
 pub fn machine_info() -> MachineInfo {

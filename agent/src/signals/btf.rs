@@ -1,12 +1,21 @@
-//! A reader for the kernel's BTF (`/sys/kernel/btf/vmlinux`), just enough to
-//! find struct member offsets, enum values and tracepoint prototypes.
+//! The running kernel's BTF (`/sys/kernel/btf/vmlinux`): read once, parsed
+//! once by aya-obj (the [`aya::Btf`] the loader and the program loads use),
+//! and asked for the struct member offsets, enum values and tracepoint
+//! prototypes the kernel programs need.
 //!
 //! Rust eBPF programs get no CO-RE relocations, so the agent looks up the
 //! offsets the programs need in the running kernel's BTF and passes them in
 //! as load-time constants ([`swiftlet_common::KernelLayout`]).
+//!
+//! Type ids come from aya-obj's public lookup by name and kind. aya-obj 0.3
+//! keeps a type's members, enumerators and parameters crate-private, so the
+//! few records the agent reads are decoded here, from the same bytes aya-obj
+//! parsed, through an index of where each type's record starts (four bytes
+//! a type; nothing else is copied or decoded up front).
 
 use std::path::Path;
 
+use aya_obj::btf::BtfKind;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -15,6 +24,8 @@ pub enum BtfError {
     Read { path: String, source: std::io::Error },
     #[error("malformed BTF: {0}")]
     Malformed(&'static str),
+    #[error("malformed BTF: {0}")]
+    Parse(#[from] aya::BtfError),
     #[error("BTF has no {kind} named `{name}`")]
     NotFound { kind: &'static str, name: String },
     #[error("`{container}` has no member `{member}`")]
@@ -22,74 +33,13 @@ pub enum BtfError {
 }
 
 const MAGIC: u16 = 0xeb9f;
+/// Bytes of a type record's common header (name, info, size or type).
+const HEADER_LEN: usize = 12;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Int = 1,
-    Ptr = 2,
-    Array = 3,
-    Struct = 4,
-    Union = 5,
-    Enum = 6,
-    Fwd = 7,
-    Typedef = 8,
-    Volatile = 9,
-    Const = 10,
-    Restrict = 11,
-    Func = 12,
-    FuncProto = 13,
-    Var = 14,
-    Datasec = 15,
-    Float = 16,
-    DeclTag = 17,
-    TypeTag = 18,
-    Enum64 = 19,
-}
-
-impl Kind {
-    fn from_u32(v: u32) -> Option<Kind> {
-        use Kind::*;
-        Some(match v {
-            1 => Int,
-            2 => Ptr,
-            3 => Array,
-            4 => Struct,
-            5 => Union,
-            6 => Enum,
-            7 => Fwd,
-            8 => Typedef,
-            9 => Volatile,
-            10 => Const,
-            11 => Restrict,
-            12 => Func,
-            13 => FuncProto,
-            14 => Var,
-            15 => Datasec,
-            16 => Float,
-            17 => DeclTag,
-            18 => TypeTag,
-            19 => Enum64,
-            _ => return None,
-        })
-    }
-}
-
+/// A type record's header; the kind-specific data follows it.
 #[derive(Debug, Clone, Copy)]
-struct Member {
-    name: u32,
-    ty: u32,
-    /// Offset in bits.
-    bit_offset: u32,
-}
-
-/// A type's header; its members, enumerators or parameters are read from
-/// the type section when asked for. (Reading them all up front, and indexing
-/// every name, took seconds in a debug build and far longer on an emulated
-/// CPU; the agent asks for a few dozen names.)
-#[derive(Debug, Clone, Copy)]
-struct Type {
-    name: u32,
-    kind: Kind,
+struct Header {
+    kind: BtfKind,
     kind_flag: bool,
     vlen: usize,
     /// Size for structs/unions/enums/ints; referenced type otherwise.
@@ -100,10 +50,15 @@ struct Type {
 
 /// Parsed kernel BTF.
 pub struct Btf {
-    types: Vec<Type>,
-    /// The type section.
-    section: Vec<u8>,
-    strings: Vec<u8>,
+    parsed: aya::Btf,
+    /// The whole BTF blob, as read.
+    data: Vec<u8>,
+    /// Where the type and string sections lie in `data`.
+    types: std::ops::Range<usize>,
+    strings: std::ops::Range<usize>,
+    /// For each type id, where its record starts in the type section (id 0,
+    /// void, has none).
+    record_at: Vec<u32>,
 }
 
 fn u16_at(b: &[u8], off: usize) -> Result<u16, BtfError> {
@@ -115,21 +70,22 @@ fn u32_at(b: &[u8], off: usize) -> Result<u32, BtfError> {
 }
 
 /// Bytes of kind-specific data after a type's 12-byte header.
-fn body_len(kind: Kind, vlen: usize) -> usize {
+fn body_len(kind: BtfKind, vlen: usize) -> usize {
     match kind {
-        Kind::Int | Kind::Var | Kind::DeclTag => 4,
-        Kind::Array => 12,
-        Kind::Struct | Kind::Union | Kind::Enum64 | Kind::Datasec => 12 * vlen,
-        Kind::Enum | Kind::FuncProto => 8 * vlen,
-        Kind::Ptr
-        | Kind::Fwd
-        | Kind::Typedef
-        | Kind::Volatile
-        | Kind::Const
-        | Kind::Restrict
-        | Kind::Func
-        | Kind::Float
-        | Kind::TypeTag => 0,
+        BtfKind::Int | BtfKind::Var | BtfKind::DeclTag => 4,
+        BtfKind::Array => 12,
+        BtfKind::Struct | BtfKind::Union | BtfKind::Enum64 | BtfKind::DataSec => 12 * vlen,
+        BtfKind::Enum | BtfKind::FuncProto => 8 * vlen,
+        BtfKind::Unknown
+        | BtfKind::Ptr
+        | BtfKind::Fwd
+        | BtfKind::Typedef
+        | BtfKind::Volatile
+        | BtfKind::Const
+        | BtfKind::Restrict
+        | BtfKind::Func
+        | BtfKind::Float
+        | BtfKind::TypeTag => 0,
     }
 }
 
@@ -141,110 +97,123 @@ impl Btf {
 
     pub fn from_file(path: &Path) -> Result<Btf, BtfError> {
         let data = std::fs::read(path).map_err(|source| BtfError::Read { path: path.display().to_string(), source })?;
-        Btf::parse(&data)
+        Btf::parse(data)
     }
 
-    pub fn parse(data: &[u8]) -> Result<Btf, BtfError> {
-        if u16_at(data, 0)? != MAGIC {
+    pub fn parse(data: Vec<u8>) -> Result<Btf, BtfError> {
+        if u16_at(&data, 0)? != MAGIC {
             return Err(BtfError::Malformed("bad magic (not little-endian BTF)"));
         }
-        let hdr_len = u32_at(data, 4)? as usize;
-        let type_off = u32_at(data, 8)? as usize;
-        let type_len = u32_at(data, 12)? as usize;
-        let str_off = u32_at(data, 16)? as usize;
-        let str_len = u32_at(data, 20)? as usize;
-        let types_start = hdr_len + type_off;
-        let types_end = types_start + type_len;
-        let strings = data
-            .get(hdr_len + str_off..hdr_len + str_off + str_len)
-            .ok_or(BtfError::Malformed("string section out of bounds"))?
-            .to_vec();
-        let section =
-            data.get(types_start..types_end).ok_or(BtfError::Malformed("type section out of bounds"))?.to_vec();
-
-        // Type id 0 is void.
-        let mut types = vec![Type { name: 0, kind: Kind::Int, kind_flag: false, vlen: 0, size_or_type: 0, body: 0 }];
+        let hdr_len = u32_at(&data, 4)? as usize;
+        let type_off = u32_at(&data, 8)? as usize;
+        let type_len = u32_at(&data, 12)? as usize;
+        let str_off = u32_at(&data, 16)? as usize;
+        let str_len = u32_at(&data, 20)? as usize;
+        let types = hdr_len + type_off..hdr_len + type_off + type_len;
+        let strings = hdr_len + str_off..hdr_len + str_off + str_len;
+        if data.get(types.clone()).is_none() {
+            return Err(BtfError::Malformed("type section out of bounds"));
+        }
+        if data.get(strings.clone()).is_none() {
+            return Err(BtfError::Malformed("string section out of bounds"));
+        }
+        let parsed = aya::Btf::parse(&data, aya::Endianness::Little)?;
+        let section = &data[types.clone()];
+        let mut record_at = vec![u32::MAX];
         let mut off = 0;
         while off < section.len() {
-            let name = u32_at(&section, off)?;
-            let info = u32_at(&section, off + 4)?;
-            let size_or_type = u32_at(&section, off + 8)?;
-            let vlen = (info & 0xffff) as usize;
-            let kind = Kind::from_u32((info >> 24) & 0x1f).ok_or(BtfError::Malformed("unknown kind"))?;
-            let body = off + 12;
-            off = body + body_len(kind, vlen);
-            if off > section.len() {
-                return Err(BtfError::Malformed("truncated"));
-            }
-            types.push(Type { name, kind, kind_flag: info >> 31 == 1, vlen, size_or_type, body });
+            let info = u32_at(section, off + 4)?;
+            let kind = BtfKind::try_from((info >> 24) & 0x1f).map_err(|_| BtfError::Malformed("unknown kind"))?;
+            record_at.push(u32::try_from(off).map_err(|_| BtfError::Malformed("type section over 4 GiB"))?);
+            off += HEADER_LEN + body_len(kind, (info & 0xffff) as usize);
         }
-        Ok(Btf { types, section, strings })
+        if off > section.len() {
+            return Err(BtfError::Malformed("truncated"));
+        }
+        Ok(Btf { parsed, data, types, strings, record_at })
+    }
+
+    /// aya-obj's parse, for the loader and the program loads.
+    pub fn aya(&self) -> &aya::Btf {
+        &self.parsed
+    }
+
+    fn section(&self) -> &[u8] {
+        &self.data[self.types.clone()]
+    }
+
+    fn header(&self, id: u32) -> Option<Header> {
+        let off = *self.record_at.get(id as usize).filter(|&&o| o != u32::MAX)? as usize;
+        let section = self.section();
+        let info = u32_at(section, off + 4).ok()?;
+        Some(Header {
+            kind: BtfKind::try_from((info >> 24) & 0x1f).ok()?,
+            kind_flag: info >> 31 == 1,
+            vlen: (info & 0xffff) as usize,
+            size_or_type: u32_at(section, off + 8).ok()?,
+            body: off + HEADER_LEN,
+        })
     }
 
     /// True when the string at `off` is `name`.
     fn name_is(&self, off: u32, name: &str) -> bool {
+        let strings = &self.data[self.strings.clone()];
         let off = off as usize;
         let end = off + name.len();
-        self.strings.get(off..end) == Some(name.as_bytes()) && self.strings.get(end) == Some(&0)
+        strings.get(off..end) == Some(name.as_bytes()) && strings.get(end) == Some(&0)
     }
 
     /// The first type of that name and kind: a forward declaration comes
     /// later than, or instead of, the full definition.
-    fn find(&self, name: &str, kind: Kind) -> Option<u32> {
-        let first = *name.as_bytes().first()?;
-        self.types
-            .iter()
-            .position(|t| {
-                t.kind == kind
-                    && t.name != 0
-                    && self.strings.get(t.name as usize) == Some(&first)
-                    && self.name_is(t.name, name)
-            })
-            .map(|i| i as u32)
+    fn find(&self, name: &str, kind: BtfKind) -> Option<u32> {
+        self.parsed.id_by_type_name_kind(name, kind).ok()
     }
 
-    fn members(&self, t: &Type) -> impl Iterator<Item = Member> + '_ {
-        let (body, flag) = (t.body, t.kind_flag);
-        let n = if matches!(t.kind, Kind::Struct | Kind::Union) { t.vlen } else { 0 };
+    /// (name, type, bit offset) of each member of a struct or union.
+    fn members(&self, t: Header) -> impl Iterator<Item = (u32, u32, u32)> + '_ {
+        let n = if matches!(t.kind, BtfKind::Struct | BtfKind::Union) { t.vlen } else { 0 };
+        let section = self.section();
         (0..n).filter_map(move |i| {
-            let o = body + 12 * i;
-            let m_off = u32_at(&self.section, o + 8).ok()?;
-            Some(Member {
-                name: u32_at(&self.section, o).ok()?,
-                ty: u32_at(&self.section, o + 4).ok()?,
-                bit_offset: if flag { m_off & 0xff_ffff } else { m_off },
-            })
+            let o = t.body + 12 * i;
+            let m_off = u32_at(section, o + 8).ok()?;
+            let bit_offset = if t.kind_flag { m_off & 0xff_ffff } else { m_off };
+            Some((u32_at(section, o).ok()?, u32_at(section, o + 4).ok()?, bit_offset))
         })
     }
 
-    fn enum_values(&self, t: &Type) -> impl Iterator<Item = (u32, i64)> + '_ {
-        let (body, kind) = (t.body, t.kind);
-        let n = if matches!(kind, Kind::Enum | Kind::Enum64) { t.vlen } else { 0 };
-        (0..n).filter_map(move |i| match kind {
-            Kind::Enum => {
-                let o = body + 8 * i;
-                Some((u32_at(&self.section, o).ok()?, u32_at(&self.section, o + 4).ok()? as i32 as i64))
+    fn enum_values(&self, t: Header) -> impl Iterator<Item = (u32, i64)> + '_ {
+        let n = if matches!(t.kind, BtfKind::Enum | BtfKind::Enum64) { t.vlen } else { 0 };
+        let section = self.section();
+        (0..n).filter_map(move |i| match t.kind {
+            BtfKind::Enum => {
+                let o = t.body + 8 * i;
+                Some((u32_at(section, o).ok()?, u32_at(section, o + 4).ok()? as i32 as i64))
             }
             _ => {
-                let o = body + 12 * i;
-                let lo = u32_at(&self.section, o + 4).ok()? as u64;
-                let hi = u32_at(&self.section, o + 8).ok()? as u64;
-                Some((u32_at(&self.section, o).ok()?, ((hi << 32) | lo) as i64))
+                let o = t.body + 12 * i;
+                let lo = u32_at(section, o + 4).ok()? as u64;
+                let hi = u32_at(section, o + 8).ok()? as u64;
+                Some((u32_at(section, o).ok()?, ((hi << 32) | lo) as i64))
             }
         })
     }
 
     /// The type of parameter `i` of a function prototype.
-    fn param_type(&self, t: &Type, i: usize) -> Option<u32> {
-        (t.kind == Kind::FuncProto && i < t.vlen).then(|| u32_at(&self.section, t.body + 8 * i + 4).ok()).flatten()
+    fn param_type(&self, t: Header, i: usize) -> Option<u32> {
+        (t.kind == BtfKind::FuncProto && i < t.vlen).then(|| u32_at(self.section(), t.body + 8 * i + 4).ok()).flatten()
     }
 
     /// Follows typedefs and qualifiers to the underlying type.
     fn resolve(&self, mut id: u32) -> u32 {
         for _ in 0..32 {
-            match self.types.get(id as usize).map(|t| t.kind) {
-                Some(Kind::Typedef | Kind::Volatile | Kind::Const | Kind::Restrict | Kind::TypeTag) => {
-                    id = self.types[id as usize].size_or_type
+            match self.header(id) {
+                Some(h)
+                    if matches!(
+                        h.kind,
+                        BtfKind::Typedef | BtfKind::Volatile | BtfKind::Const | BtfKind::Restrict | BtfKind::TypeTag
+                    ) =>
+                {
+                    id = h.size_or_type
                 }
                 _ => break,
             }
@@ -256,18 +225,18 @@ impl Btf {
     /// structs and unions (to a bounded depth, so malformed BTF with a cycle
     /// cannot recurse forever). Returns (bit offset, member type).
     fn member(&self, container: u32, name: &str, depth: u32) -> Option<(u32, u32)> {
-        let t = self.types.get(container as usize)?;
-        for m in self.members(t) {
-            if m.name == 0 {
+        let t = self.header(container)?;
+        for (m_name, m_ty, m_bits) in self.members(t) {
+            if m_name == 0 {
                 if depth >= 8 {
                     continue;
                 }
-                let inner = self.resolve(m.ty);
+                let inner = self.resolve(m_ty);
                 if let Some((off, ty)) = self.member(inner, name, depth + 1) {
-                    return Some((m.bit_offset.checked_add(off)?, ty));
+                    return Some((m_bits.checked_add(off)?, ty));
                 }
-            } else if self.name_is(m.name, name) {
-                return Some((m.bit_offset, m.ty));
+            } else if self.name_is(m_name, name) {
+                return Some((m_bits, m_ty));
             }
         }
         None
@@ -277,7 +246,7 @@ impl Btf {
     /// `member_offset("mem_cgroup", "memory.usage")`.
     pub fn member_offset(&self, struct_name: &str, path: &str) -> Result<u32, BtfError> {
         let mut ty = self
-            .find(struct_name, Kind::Struct)
+            .find(struct_name, BtfKind::Struct)
             .ok_or_else(|| BtfError::NotFound { kind: "struct", name: struct_name.to_owned() })?;
         let mut bits = 0;
         let mut container = struct_name.to_owned();
@@ -298,24 +267,30 @@ impl Btf {
     /// The value of an enumerator, e.g. `enum_value("node_stat_item", "NR_INACTIVE_FILE")`.
     pub fn enum_value(&self, enum_name: &str, variant: &str) -> Result<i64, BtfError> {
         let not_found = || BtfError::NotFound { kind: "enumerator", name: format!("{enum_name}::{variant}") };
-        let id =
-            self.find(enum_name, Kind::Enum).or_else(|| self.find(enum_name, Kind::Enum64)).ok_or_else(not_found)?;
-        let t = self.types[id as usize];
-        self.enum_values(&t).find(|(n, _)| self.name_is(*n, variant)).map(|(_, v)| v).ok_or_else(not_found)
+        let id = self
+            .find(enum_name, BtfKind::Enum)
+            .or_else(|| self.find(enum_name, BtfKind::Enum64))
+            .ok_or_else(not_found)?;
+        let t = self.header(id).ok_or_else(not_found)?;
+        self.enum_values(t).find(|(n, _)| self.name_is(*n, variant)).map(|(_, v)| v).ok_or_else(not_found)
+    }
+
+    /// The prototype behind a BTF tracepoint's `btf_trace_<name>` typedef
+    /// (a pointer to a function prototype), if the kernel has it.
+    fn tracepoint_proto(&self, name: &str) -> Option<Header> {
+        let td = self.find(&format!("btf_trace_{name}"), BtfKind::Typedef)?;
+        let ptr = self.header(self.resolve(td))?;
+        if ptr.kind != BtfKind::Ptr {
+            return None;
+        }
+        self.header(self.resolve(ptr.size_or_type)).filter(|f| f.kind == BtfKind::FuncProto)
     }
 
     /// Number of arguments a BTF tracepoint passes to programs, or None when
     /// the kernel has no such tracepoint (`btf_trace_<name>` typedef).
     pub fn tracepoint_args(&self, name: &str) -> Option<usize> {
-        let td = self.find(&format!("btf_trace_{name}"), Kind::Typedef)?;
-        let ptr = self.resolve(td);
-        let proto = self.types.get(ptr as usize)?;
-        if proto.kind != Kind::Ptr {
-            return None;
-        }
-        let f = self.types.get(self.resolve(proto.size_or_type) as usize)?;
         // The first parameter is the tracepoint's private `void *data`.
-        (f.kind == Kind::FuncProto).then(|| f.vlen.saturating_sub(1))
+        self.tracepoint_proto(name).map(|f| f.vlen.saturating_sub(1))
     }
 
     /// Whether argument `index` of a BTF tracepoint (counting from 0, after
@@ -323,25 +298,14 @@ impl Btf {
     /// tracepoint or argument. Tracepoints change their arguments between
     /// kernels (`mark_victim` took a pid before it took the task).
     pub fn tracepoint_arg_is_pointer(&self, name: &str, index: usize) -> Option<bool> {
-        let td = self.find(&format!("btf_trace_{name}"), Kind::Typedef)?;
-        let ptr = self.types.get(self.resolve(td) as usize)?;
-        if ptr.kind != Kind::Ptr {
-            return None;
-        }
-        let f = self.types.get(self.resolve(ptr.size_or_type) as usize)?;
+        let f = self.tracepoint_proto(name)?;
         let ty = self.param_type(f, index + 1)?;
-        Some(self.types.get(self.resolve(ty) as usize)?.kind == Kind::Ptr)
+        Some(self.header(self.resolve(ty))?.kind == BtfKind::Ptr)
     }
 
     /// True when the kernel has a function (e.g. a kfunc) of that name.
     pub fn has_func(&self, name: &str) -> bool {
-        self.find(name, Kind::Func).is_some()
-    }
-
-    /// The BTF type id of a kernel function, which is how a program names a
-    /// kfunc it calls.
-    pub fn func_id(&self, name: &str) -> Option<u32> {
-        self.find(name, Kind::Func)
+        self.find(name, BtfKind::Func).is_some()
     }
 }
 
@@ -401,7 +365,7 @@ mod tests {
 
     #[test]
     fn finds_members_through_anonymous_unions() {
-        let btf = Btf::parse(&sample()).unwrap();
+        let btf = Btf::parse(sample()).unwrap();
         assert_eq!(btf.member_offset("outer", "a").unwrap(), 0);
         assert_eq!(btf.member_offset("outer", "memory").unwrap(), 8);
         assert_eq!(btf.member_offset("outer", "memory.usage").unwrap(), 8);
@@ -411,7 +375,7 @@ mod tests {
 
     #[test]
     fn reads_enums_and_tracepoint_arity() {
-        let btf = Btf::parse(&sample()).unwrap();
+        let btf = Btf::parse(sample()).unwrap();
         assert_eq!(btf.enum_value("e", "B").unwrap(), 7);
         assert!(btf.enum_value("e", "C").is_err());
         assert_eq!(btf.tracepoint_args("x"), Some(2));
@@ -427,12 +391,12 @@ mod tests {
 
     #[test]
     fn rejects_garbage_without_panicking() {
-        assert!(Btf::parse(&[]).is_err());
-        assert!(Btf::parse(&[0x9f, 0xeb, 1, 0, 24, 0, 0, 0, 0, 0, 0, 0, 255, 255, 0, 0]).is_err());
+        assert!(Btf::parse(vec![]).is_err());
+        assert!(Btf::parse(vec![0x9f, 0xeb, 1, 0, 24, 0, 0, 0, 0, 0, 0, 0, 255, 255, 0, 0]).is_err());
         let mut bad = sample();
         bad.truncate(bad.len() - 40);
         // Truncation lands in the string section; parse may fail or succeed,
         // but must not panic.
-        let _ = Btf::parse(&bad);
+        let _ = Btf::parse(bad);
     }
 }

@@ -59,14 +59,7 @@ pub struct FsStats {
 }
 
 pub fn statfs(path: &Path) -> io::Result<FsStats> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
-    // SAFETY: zeroed statvfs is a valid out-parameter; c is NUL-terminated.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let st = rustix::fs::statvfs(path)?;
     let frsize = st.f_frsize;
     Ok(FsStats {
         capacity_bytes: st.f_blocks * frsize,

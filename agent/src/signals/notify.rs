@@ -18,10 +18,12 @@
 use std::{
     fs::{File, OpenOptions},
     io::{self, Read, Seek, Write},
-    os::fd::{AsRawFd, OwnedFd},
+    os::fd::OwnedFd,
     path::{Path, PathBuf},
     time::Duration,
 };
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec};
 
 use crate::cgroups::Version;
 
@@ -161,58 +163,48 @@ pub enum Woken {
 
 /// Blocks until a watch fires, `control` is written, or `timeout` passes.
 pub fn wait(watches: &[Watch], control: &OwnedFd, timeout: Duration) -> io::Result<Woken> {
-    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(watches.len() + 1);
-    fds.push(libc::pollfd { fd: control.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+    let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(watches.len() + 1);
+    fds.push(PollFd::new(control, PollFlags::IN));
     for w in watches {
-        fds.push(libc::pollfd { fd: w.file.as_raw_fd(), events: libc::POLLPRI, revents: 0 });
+        fds.push(PollFd::new(&w.file, PollFlags::PRI));
     }
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    loop {
-        // SAFETY: fds is a valid array of pollfds for its length.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+    let timeout = Timespec::try_from(timeout).unwrap_or(Timespec { tv_sec: i64::MAX, tv_nsec: 0 });
+    let n = loop {
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(n) => break n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
-        if n == 0 {
-            return Ok(Woken::Timeout);
-        }
-        if fds[0].revents != 0 {
-            let mut v = 0u64;
-            // SAFETY: reading 8 bytes from our eventfd into v.
-            unsafe { libc::read(control.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-            return Ok(Woken::Control);
-        }
-        let fired: Vec<usize> = fds[1..]
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.revents & (libc::POLLPRI | libc::POLLERR) != 0)
-            .map(|(i, _)| i)
-            .collect();
-        return Ok(if fired.is_empty() { Woken::Timeout } else { Woken::Fired(fired) });
+    };
+    if n == 0 {
+        return Ok(Woken::Timeout);
     }
+    if !fds[0].revents().is_empty() {
+        // Drain the eventfd; it is non-blocking, so an empty one (another
+        // waiter drained it) is no error worth reporting.
+        let mut v = [0u8; 8];
+        let _ = rustix::io::read(control, &mut v);
+        return Ok(Woken::Control);
+    }
+    let fired: Vec<usize> = fds[1..]
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.revents().intersects(PollFlags::PRI | PollFlags::ERR))
+        .map(|(i, _)| i)
+        .collect();
+    Ok(if fired.is_empty() { Woken::Timeout } else { Woken::Fired(fired) })
 }
 
 /// A fresh eventfd (for stopping and reconfiguring the waiter).
 pub fn eventfd() -> io::Result<OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: eventfd has no preconditions; the fd is owned below.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh fd we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?)
 }
 
 /// Writes to an eventfd.
 pub fn signal(fd: &OwnedFd) {
-    let one: u64 = 1;
-    // SAFETY: writing 8 bytes to our eventfd.
-    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    // Adding 1 cannot fail short of the counter's overflow, which would
+    // wake the waiter all the same.
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
 }
 
 #[cfg(test)]

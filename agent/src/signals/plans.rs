@@ -154,6 +154,7 @@ mod tests {
     // SAFETY: tests share the plans between a writer and a reader thread
     // through raw pointers only, as the agent and the kernel do.
     unsafe impl Send for Heap {}
+    // SAFETY: as for Send: shared only through raw pointers.
     unsafe impl Sync for Heap {}
 
     impl PlanMemory for Heap {

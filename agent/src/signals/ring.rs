@@ -3,11 +3,12 @@
 //! to the subscribed sink.
 
 use std::{
-    os::fd::{AsRawFd, OwnedFd},
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
     sync::{Arc, atomic::Ordering},
 };
 
 use aya::maps::{MapData, RingBuf};
+use rustix::event::{PollFd, PollFlags};
 use swiftlet_common::{EventKind, NODE_SLOT};
 use tracing::{debug, warn};
 
@@ -31,9 +32,8 @@ pub(super) fn read_events(
             Err(e) => warn!(priority = p, "ring buffer reader stays in the normal scheduler: SCHED_FIFO: {e}"),
         }
     }
-    let ring_fd = ring.as_raw_fd();
     loop {
-        match wait_readable(ring_fd, &stop, -1) {
+        match wait_readable(ring.as_fd(), &stop) {
             Ok((_, true)) => return,
             Ok(_) => {}
             Err(e) => {
@@ -60,9 +60,11 @@ pub(super) fn read_events(
 }
 
 /// Puts the calling thread under SCHED_FIFO at `priority` (1..=99).
+/// Through libc: rustix has no sched_setscheduler.
 pub fn set_realtime(priority: u8) -> std::io::Result<()> {
     let param = libc::sched_param { sched_priority: i32::from(priority.clamp(1, 99)) };
-    // SAFETY: 0 names the calling thread; `param` is a valid sched_param.
+    // SAFETY: 0 names the calling thread; `param` is a valid sched_param
+    // that the call only reads.
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0 {
         Ok(())
     } else {
@@ -74,7 +76,8 @@ fn decode(bytes: &[u8], shared: &Shared, page: u64, received_ns: u64) -> Option<
     if bytes.len() < std::mem::size_of::<swiftlet_common::Event>() {
         return None;
     }
-    // SAFETY: length checked; the record is plain data written by the kernel.
+    // SAFETY: the length is checked above, the read is unaligned, and
+    // `Event` is plain integers, valid for any bytes the kernel wrote.
     let ev: swiftlet_common::Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
     let reg = shared.registry.read().unwrap_or_else(|p| p.into_inner());
     let path = reg.by_id.get(&ev.cgroup_id).cloned();
@@ -140,31 +143,22 @@ fn decode(bytes: &[u8], shared: &Shared, page: u64, received_ns: u64) -> Option<
     }
 }
 
-/// Blocks until either fd is readable (or `timeout_ms` passes); true when
-/// `stop` fired.
-fn wait_readable(fd: i32, stop: &OwnedFd, timeout_ms: i32) -> std::io::Result<(bool, bool)> {
-    let mut fds = [
-        libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-    ];
+/// Blocks until either fd is readable; true when `stop` fired.
+fn wait_readable(fd: BorrowedFd<'_>, stop: &OwnedFd) -> std::io::Result<(bool, bool)> {
+    let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN), PollFd::new(stop, PollFlags::IN)];
     loop {
-        // SAFETY: fds is a valid array of two pollfds.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
-        if n >= 0 {
-            return Ok((fds[0].revents != 0, fds[1].revents != 0));
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
+        match rustix::event::poll(&mut fds, None) {
+            Ok(_) => return Ok((!fds[0].revents().is_empty(), !fds[1].revents().is_empty())),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
 }
 
 /// Drains aya-log records from the kernel into the agent's log.
 pub(super) fn forward_kernel_log(mut logger: aya_log::EbpfLogger<&'static dyn log::Log>, stop: OwnedFd) {
-    let fd = logger.as_raw_fd();
     loop {
-        match wait_readable(fd, &stop, -1) {
+        match wait_readable(logger.as_fd(), &stop) {
             Ok((_, true)) | Err(_) => return,
             Ok((true, false)) => logger.flush(),
             Ok((false, false)) => {}

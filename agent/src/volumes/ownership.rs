@@ -91,6 +91,7 @@ mod tests {
         std::os::unix::fs::symlink("sub/f", root.join("link")).unwrap();
         // The test runs as root (the integration suite needs it); as
         // another user only its own groups could be given.
+        // SAFETY: getegid takes nothing and cannot fail.
         let gid = unsafe { libc::getegid() };
         assert!(set_ownership(root, gid, false, None).unwrap());
         let f = fs::metadata(root.join("sub/f")).unwrap();

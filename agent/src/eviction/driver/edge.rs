@@ -84,7 +84,7 @@ impl Reclaimer for CgroupFs {
         });
         match write {
             Ok(()) => Ok(ReclaimWrite::Done),
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(ReclaimWrite::Short),
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error()) => Ok(ReclaimWrite::Short),
             Err(e) => Err(format!("{}: {e}", file.display())),
         }
     }

@@ -216,6 +216,7 @@ fn cache_dir() -> Result<PathBuf> {
     // SAFETY: statfs on a NUL-terminated path into a zeroed struct.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
+    // SAFETY: `c` is NUL-terminated and `st` a valid statfs to fill.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
         bail!("{CACHE_DIR_ENV}={}: statfs: {}", dir.display(), std::io::Error::last_os_error());
     }
