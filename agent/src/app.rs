@@ -44,6 +44,7 @@ use crate::{
         admission::Capacity,
         backoff::BackoffPolicy,
         file::FileSource,
+        local_storage::LocalStorageMonitor,
         manager::PodManager,
         metrics::{PodMetrics, ProbeLabels},
         source::{PodSink, SourceKind},
@@ -53,7 +54,7 @@ use crate::{
     reload::{self, ConfigDiff, LiveSettings},
     shutdown::{NodeShutdownManager, ShutdownPods, trigger::Detector},
     signals::{self, OpenedSource, SignalError, ebpf::EbpfOptions, node},
-    volumes::{NoApiServer, ObjectSource, PodsInUse, VolumeConfig, VolumeManager, storage::LocalStorageMonitor},
+    volumes::{NoApiServer, ObjectSource, PodsInUse, VolumeConfig, VolumeManager},
 };
 // ---- server (issue 8) ----
 use crate::server::{

@@ -3,6 +3,7 @@
 //! (`kubelet`, `rest_client`, `storage`), and swiftlet's own under
 //! `swiftlet_`.
 
+pub mod exposition;
 pub mod kubelet;
 pub mod pressure;
 pub mod reclaim;
@@ -279,7 +280,7 @@ impl Metrics {
     /// The registry as /metrics serves it: the text format with the
     /// kubelet's names (`kubelet_evictions`).
     pub fn encode_text(&self) -> String {
-        crate::server::exposition::encode(&[&self.registry])
+        crate::metrics::exposition::encode(&[&self.registry])
     }
 }
 

@@ -30,7 +30,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use tokio::{io::unix::AsyncFd, sync::watch};
 use tracing::{debug, info};
 
-use super::manager::{VolumeKind, VolumeManager, VolumeUsage};
+use super::{source::PodView, spec};
 use crate::{
     cm::qos::{SYSTEM_CRITICAL_PRIORITY, priority},
     config::format_quantity,
@@ -39,8 +39,8 @@ use crate::{
         driver::{DiskUsageMeter, EvictionRequest, KillPath, PodDiskUsage, PodEvictor},
         signal::EvictionSignal,
     },
-    pods::{source::PodView, spec},
     quantity::Quantity,
+    volumes::manager::{VolumeKind, VolumeManager, VolumeUsage},
 };
 
 /// What one pod uses.
