@@ -1,11 +1,14 @@
 //! The graph of top-level modules: its strongly connected components (every
-//! one with more than one module is an import cycle), a shortest cycle
-//! through each to print, and the graph as mermaid text for the docs.
+//! one with more than one module is an import cycle, found with petgraph's
+//! Tarjan), a shortest cycle through each to print, and the graph as
+//! mermaid text for the docs.
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
     fmt::Write as _,
 };
+
+use petgraph::{algo, graphmap::DiGraphMap};
 
 /// Where an edge is written: a file relative to the crate's `src/` and a line.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -37,74 +40,39 @@ impl Graph {
         self.edges.entry((from.to_owned(), to.to_owned())).or_default().push(at);
     }
 
+    /// The same graph for petgraph's algorithms, without the edge `skip`.
+    fn digraph(&self, skip: Option<(&str, &str)>) -> DiGraphMap<&str, ()> {
+        let mut g = DiGraphMap::new();
+        for n in &self.nodes {
+            g.add_node(n.as_str());
+        }
+        for (from, to) in self.edges.keys() {
+            if skip != Some((from.as_str(), to.as_str())) {
+                g.add_edge(from.as_str(), to.as_str(), ());
+            }
+        }
+        g
+    }
+
     fn successors(&self, node: &str) -> impl Iterator<Item = &str> {
         self.edges.keys().filter(move |(from, _)| from == node).map(|(_, to)| to.as_str())
     }
 
     /// Every strongly connected component with more than one module.
     pub fn cycles(&self) -> Vec<Cycle> {
-        self.components()
+        let mut components: Vec<BTreeSet<String>> = algo::tarjan_scc(&self.digraph(None))
             .into_iter()
             .filter(|c| c.len() > 1)
+            .map(|c| c.into_iter().map(str::to_owned).collect())
+            .collect();
+        components.sort();
+        components
+            .into_iter()
             .map(|members| {
                 let path = self.shortest_cycle(&members);
                 Cycle { members: members.into_iter().collect(), path }
             })
             .collect()
-    }
-
-    /// Tarjan's algorithm; the graph has a few dozen modules, so recursion
-    /// depth is no concern.
-    fn components(&self) -> Vec<BTreeSet<String>> {
-        struct State<'g> {
-            index: BTreeMap<&'g str, usize>,
-            low: BTreeMap<&'g str, usize>,
-            stack: Vec<&'g str>,
-            on_stack: BTreeSet<&'g str>,
-            out: Vec<BTreeSet<String>>,
-        }
-        fn connect<'g>(g: &'g Graph, v: &'g str, s: &mut State<'g>) {
-            let i = s.index.len();
-            s.index.insert(v, i);
-            s.low.insert(v, i);
-            s.stack.push(v);
-            s.on_stack.insert(v);
-            for w in g.successors(v) {
-                if !s.index.contains_key(w) {
-                    connect(g, w, s);
-                    let low = s.low[v].min(s.low[w]);
-                    s.low.insert(v, low);
-                } else if s.on_stack.contains(w) {
-                    let low = s.low[v].min(s.index[w]);
-                    s.low.insert(v, low);
-                }
-            }
-            if s.low[v] == s.index[v] {
-                let mut component = BTreeSet::new();
-                while let Some(w) = s.stack.pop() {
-                    s.on_stack.remove(w);
-                    component.insert(w.to_owned());
-                    if w == v {
-                        break;
-                    }
-                }
-                s.out.push(component);
-            }
-        }
-        let mut s = State {
-            index: BTreeMap::new(),
-            low: BTreeMap::new(),
-            stack: vec![],
-            on_stack: BTreeSet::new(),
-            out: vec![],
-        };
-        for v in &self.nodes {
-            if !s.index.contains_key(v.as_str()) {
-                connect(self, v, &mut s);
-            }
-        }
-        s.out.sort();
-        s.out
     }
 
     /// A shortest cycle through the component's first module, found by a
@@ -176,18 +144,9 @@ impl Graph {
         out
     }
 
-    /// Whether `to` is reachable from `from` along a path of two or more edges.
+    /// Whether `to` is reachable from `from` along a path of two or more
+    /// edges (another path than the edge itself).
     fn reachable_without(&self, from: &str, to: &str) -> bool {
-        let mut seen = BTreeSet::new();
-        let mut queue: VecDeque<&str> = self.successors(from).filter(|w| *w != to).collect();
-        while let Some(v) = queue.pop_front() {
-            if v == to {
-                return true;
-            }
-            if seen.insert(v) {
-                queue.extend(self.successors(v).filter(|w| *w != from));
-            }
-        }
-        false
+        algo::has_path_connecting(&self.digraph(Some((from, to))), from, to, None)
     }
 }
