@@ -6,6 +6,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 
+/// The reference the kubelet uses for its node's events (UID = name).
+pub fn node_ref(node: &str) -> ObjectReference {
+    ObjectReference { kind: Some("Node".into()), name: Some(node.into()), uid: Some(node.into()), ..Default::default() }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EventType {
     Normal,

@@ -18,12 +18,31 @@ pub fn kubelet_version() -> String {
 
 /// Go's GOOS/GOARCH pair for this build (`linux/amd64`).
 pub fn platform() -> String {
-    format!("{}/{}", std::env::consts::OS, crate::node::info::goarch(std::env::consts::ARCH))
+    format!("{}/{}", std::env::consts::OS, goarch(std::env::consts::ARCH))
+}
+
+/// Go's GOARCH for this architecture, which NodeSystemInfo reports.
+pub fn goarch(arch: &str) -> &str {
+    match arch {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        "riscv64" => "riscv64",
+        "s390x" => "s390x",
+        other => other,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn arch_names() {
+        assert_eq!(goarch("x86_64"), "amd64");
+        assert_eq!(goarch("aarch64"), "arm64");
+    }
 
     /// The form version-skew tools parse: `v<major>.<minor>.<patch>` and an
     /// optional pre-release of dot-separated alphanumerics, with the major

@@ -6,6 +6,7 @@ mod cmd;
 mod containerd;
 mod fuzz;
 mod images;
+mod modgraph;
 mod run;
 mod setup;
 mod test;
@@ -27,6 +28,9 @@ enum Task {
     Setup,
     /// Build the eBPF programs (the agent's build script does this too).
     BuildEbpf,
+    /// The module-graph check: no import cycle between the agent's
+    /// top-level modules (`--graph` prints the graph as mermaid text).
+    Lint(modgraph::Args),
     /// Install what is missing, then fmt, clippy, unit and integration tests.
     Test(test::Args),
     /// Start our own containerd and swiftlet on the static pods in examples/.
@@ -60,6 +64,7 @@ fn run(task: Task) -> Result<()> {
             let tc = setup::ensure_ebpf_toolchain()?;
             setup::build_ebpf(&tc)
         }
+        Task::Lint(args) => modgraph::run(args),
         Task::Test(args) => test::run(args),
         Task::Run(args) => run::run(args),
         Task::Bench(args) => bench::run(args),

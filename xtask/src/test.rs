@@ -14,7 +14,7 @@ use crate::{
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Skip `cargo fmt --check` and clippy.
+    /// Skip the module-graph check, `cargo fmt --check` and clippy.
     #[arg(long)]
     no_lint: bool,
     /// Only unit tests (no root, no containerd).
@@ -50,6 +50,12 @@ pub fn run(args: Args) -> Result<()> {
         c
     };
     let mut results: Vec<(&str, bool, f64)> = vec![];
+    if !args.no_lint {
+        step("module graph: no import cycle between the agent's top-level modules");
+        let t = Instant::now();
+        let ok = succeeded(crate::modgraph::check_tree());
+        results.push(("module graph (no import cycle)", ok, t.elapsed().as_secs_f64()));
+    }
     let mut stage = |name: &'static str, c: &mut Command| {
         step(name);
         let t = Instant::now();

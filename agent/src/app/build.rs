@@ -33,6 +33,7 @@ use crate::{
     metrics::Metrics,
     pods::{
         admission::Capacity,
+        local_storage::LocalStorageMonitor,
         manager::PodManager,
         metrics::{PodMetrics, ProbeLabels},
         source::SourceKind,
@@ -42,7 +43,7 @@ use crate::{
     reload::LiveSettings,
     shutdown::{NodeShutdownManager, ShutdownPods, trigger::Detector},
     signals::{self, ebpf::EbpfOptions, node},
-    volumes::{NoApiServer, ObjectSource, VolumeConfig, VolumeManager, storage::LocalStorageMonitor},
+    volumes::{NoApiServer, ObjectSource, VolumeConfig, VolumeManager},
 };
 // ---- server ----
 use crate::server::{

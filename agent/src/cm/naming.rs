@@ -2,12 +2,15 @@
 //! drivers, and the kubelet's CPU conversions.
 
 use super::qos::QosClass;
+// The driver and the check of cgroupRoot are configuration values, read
+// and validated with the rest of the configuration; the names are built here.
+pub use crate::config::{CgroupDriver, KubeletConfiguration, systemd_root_parts};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum CgroupDriver {
-    #[default]
-    Cgroupfs,
-    Systemd,
+impl KubeletConfiguration {
+    /// Names of the pods' cgroups under cgroupRoot for the configured driver.
+    pub fn cgroup_naming(&self) -> CgroupNaming {
+        CgroupNaming::new(self.cgroup_driver, &self.cgroup_root)
+    }
 }
 
 /// Names the cgroups of the pods' hierarchy under `cgroupRoot`.
@@ -102,36 +105,6 @@ impl CgroupNaming {
 /// (`kubepods.slice/kubepods-besteffort.slice` → `kubepods-besteffort.slice`).
 pub fn unit_name(cgroup: &str) -> &str {
     cgroup.trim_matches('/').rsplit('/').next().unwrap_or_default()
-}
-
-/// The name parts of `cgroupRoot` for the systemd driver: none for `/`, and
-/// for a slice path (`/swiftlet.slice`, `/a.slice/a-b.slice`) the parts of
-/// its last slice, each nested in the one before as systemd nests them.
-/// Anything else cannot hold the kubelet's slices.
-pub fn systemd_root_parts(cgroup_root: &str) -> Result<Vec<String>, String> {
-    let root = cgroup_root.trim_matches('/');
-    if root.is_empty() {
-        return Ok(vec![]);
-    }
-    let mut expected = String::new();
-    let mut parts: Vec<String> = vec![];
-    for slice in root.split('/') {
-        let Some(stem) = slice.strip_suffix(".slice").filter(|s| !s.is_empty()) else {
-            return Err(format!(
-                "{cgroup_root:?} is not a systemd slice path: with cgroupDriver systemd it must be / or slices such as /swiftlet.slice"
-            ));
-        };
-        let own = match stem.strip_prefix(&expected) {
-            Some(rest) if expected.is_empty() || rest.starts_with('-') => rest.trim_start_matches('-'),
-            _ => return Err(format!("{cgroup_root:?}: {slice} is not inside {} as systemd nests slices", expected)),
-        };
-        if own.is_empty() || own.contains('-') {
-            return Err(format!("{cgroup_root:?}: {slice} must add exactly one dash-separated part to its parent"));
-        }
-        parts.push(own.to_owned());
-        expected = stem.to_owned();
-    }
-    Ok(parts)
 }
 
 /// Smallest and largest cpu.shares the kernel accepts.

@@ -8,7 +8,7 @@ use super::{
     kubelet::{KubeletConfiguration, ReservedResource},
     values::{Ctx, Object},
 };
-use crate::{pods::sysctl::Allowlist, quantity::Quantity};
+use crate::{quantity::Quantity, sysctl::Allowlist};
 
 /// Counts the CPUs of a list such as `0-3,8` (None when malformed).
 fn cpu_count(list: &str) -> Option<i64> {

@@ -12,6 +12,7 @@
 //! into typed values, checking each against the kubelet's rules.
 
 pub mod audit;
+mod cgroups;
 pub mod duration;
 mod error;
 mod flags;
@@ -29,6 +30,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+pub use cgroups::{CgroupDriver, systemd_root_parts};
 pub use error::{ConfigError, ErrorSource};
 pub use kubelet::{
     API_VERSION, Authentication, Authorization, AuthorizationMode, Enforcement, KIND, KubeletConfiguration, Logging,

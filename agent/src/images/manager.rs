@@ -443,26 +443,6 @@ impl ImageManager {
     }
 }
 
-/// The pod worker's seam: the image manager in place of the plain
-/// policy puller.
-#[async_trait::async_trait]
-impl crate::pods::pull::ImageEnsurer for ImageManager {
-    async fn ensure(
-        &self,
-        pod: &Pod,
-        container: &Container,
-        sandbox: &api::PodSandboxConfig,
-    ) -> Result<crate::pods::pull::EnsuredImage, crate::pods::pull::ImageFailure> {
-        self.ensure_image_status(pod, container, Some(sandbox))
-            .await
-            .map(|(r, status)| crate::pods::pull::EnsuredImage {
-                image_ref: r.0,
-                user: crate::pods::security::ImageUser::of(status.as_ref()),
-            })
-            .map_err(|e| crate::pods::pull::ImageFailure { reason: e.reason.as_str().to_owned(), message: e.message })
-    }
-}
-
 #[cfg(test)]
 #[path = "manager_tests.rs"]
 mod tests;

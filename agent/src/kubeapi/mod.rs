@@ -19,9 +19,9 @@ pub mod pod_watch;
 pub mod ratelimit;
 pub mod recorder;
 pub mod runtime_class;
-pub mod smp;
 pub mod status;
 
+pub use crate::smp;
 use std::{
     collections::BTreeSet,
     path::PathBuf,

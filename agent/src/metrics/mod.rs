@@ -3,6 +3,7 @@
 //! (`kubelet`, `rest_client`, `storage`), and swiftlet's own under
 //! `swiftlet_`.
 
+pub mod exposition;
 pub mod kubelet;
 pub mod pressure;
 pub mod reclaim;
@@ -82,6 +83,10 @@ pub struct Metrics {
     /// kubelet_evictions{eviction_signal}: pods evicted, by signal (the
     /// kubelet's name and label).
     pub kubelet_evictions: Family<EvictionSignalLabels, Counter>,
+    /// kubelet_eviction_stats_age_seconds{eviction_signal}: at each
+    /// eviction, how old the observation behind it was (a kernel crossing's
+    /// own timestamp, or the snapshot's).
+    pub eviction_stats_age: Family<EvictionSignalLabels, Histogram>,
     /// Available amount per eviction signal, in its unit.
     pub signal_available: Family<SignalLabels, Gauge<i64>>,
     /// Configured thresholds, resolved to the signal's unit.
@@ -145,6 +150,12 @@ impl Metrics {
             "kubelet_evictions",
             "Cumulative number of pod evictions by eviction signal",
             kubelet_evictions.clone(),
+        );
+        let eviction_stats_age = Family::new_with_constructor(kubelet::default_histogram as fn() -> Histogram);
+        registry.register(
+            "kubelet_eviction_stats_age_seconds",
+            "[ALPHA] Time between when stats are collected, and when pod is evicted based on those stats by eviction signal",
+            eviction_stats_age.clone(),
         );
         let signal_available = Family::default();
         registry.register(
@@ -234,6 +245,7 @@ impl Metrics {
         Metrics {
             kubelet,
             reclaim,
+            eviction_stats_age,
             storage,
             pressure,
             registry,
@@ -276,10 +288,17 @@ impl Metrics {
         out
     }
 
+    /// One eviction decided on figures `age_secs` old.
+    pub fn observe_eviction_stats_age(&self, signal: &str, age_secs: f64) {
+        self.eviction_stats_age
+            .get_or_create(&EvictionSignalLabels { eviction_signal: signal.into() })
+            .observe(age_secs);
+    }
+
     /// The registry as /metrics serves it: the text format with the
     /// kubelet's names (`kubelet_evictions`).
     pub fn encode_text(&self) -> String {
-        crate::server::exposition::encode(&[&self.registry])
+        crate::metrics::exposition::encode(&[&self.registry])
     }
 }
 

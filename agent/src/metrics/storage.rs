@@ -167,7 +167,7 @@ mod tests {
         r.register_collector(Box::new(VolumeManagerCollector(Arc::new(Fixed))));
         m.observe("kubernetes.io/configmap", VolumeOperation::Mount, Duration::from_millis(30), false);
         m.observe("kubernetes.io/secret", VolumeOperation::Mount, Duration::from_millis(30), true);
-        let text = crate::server::exposition::encode(&[&r]);
+        let text = crate::metrics::exposition::encode(&[&r]);
         for want in [
             "storage_operation_duration_seconds_count{volume_plugin=\"kubernetes.io/configmap\",operation_name=\"volume_mount\",status=\"success\",migrated=\"false\"} 1",
             "storage_operation_duration_seconds_count{volume_plugin=\"kubernetes.io/secret\",operation_name=\"volume_mount\",status=\"fail-unknown\",migrated=\"false\"} 1",

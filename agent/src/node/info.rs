@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::NodeAddress;
 
 use super::status::MachineInfo;
+use crate::version::goarch;
 
 /// PRETTY_NAME of an os-release file ("Debian GNU/Linux 12 (bookworm)").
 pub fn parse_os_release(text: &str) -> Option<String> {
@@ -14,19 +15,6 @@ pub fn parse_os_release(text: &str) -> Option<String> {
         let v = v.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or(v);
         Some(v.replace("\\\"", "\"").replace("\\\\", "\\"))
     })
-}
-
-/// Go's GOARCH for this architecture, which NodeSystemInfo reports.
-pub fn goarch(arch: &str) -> &str {
-    match arch {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        "x86" => "386",
-        "powerpc64" => "ppc64le",
-        "riscv64" => "riscv64",
-        "s390x" => "s390x",
-        other => other,
-    }
 }
 
 fn read_trimmed(path: &str) -> String {
@@ -91,12 +79,6 @@ mod tests {
         assert_eq!(parse_os_release(t).as_deref(), Some("Debian GNU/Linux 12 (bookworm)"));
         assert_eq!(parse_os_release("PRETTY_NAME=Plain\n").as_deref(), Some("Plain"));
         assert_eq!(parse_os_release("ID=x\n"), None);
-    }
-
-    #[test]
-    fn arch_names() {
-        assert_eq!(goarch("x86_64"), "amd64");
-        assert_eq!(goarch("aarch64"), "arm64");
     }
 
     #[test]

@@ -35,9 +35,9 @@ use crate::{
     cm::allocatable::{NodeAllocatable, ResourceList},
     config::{Config, format_quantity},
     cri::{ImageService, RuntimeService},
-    events::{EventRecorder, EventType},
+    events::{EventRecorder, EventType, node_ref},
     eviction::signal::NodeCondition,
-    kubeapi::{recorder::node_ref, smp},
+    smp,
 };
 
 /// The version node status reports for swiftlet (kubectl's VERSION): the

@@ -7,7 +7,8 @@
 //!
 //! Pure decisions: `admission`, `backoff`, `defaults`, `env`, `hosts`,
 //! `manifest`, `plan`, `security`, `service_env`, `spec`, `status`,
-//! `sysctl`, `validation`. At the edges: `file` (the static
+//! `validation` (with `volume_validation`); `sysctl` is the crate's, here
+//! under its old path. At the edges: `file` (the static
 //! pod source), `observed` (reading the runtime), `probe` (running probes
 //! and hooks), `worker` (one per pod) and `manager` (all of them).
 
@@ -18,6 +19,7 @@ pub mod env;
 pub mod ephemeral;
 pub mod file;
 pub mod hosts;
+pub mod local_storage;
 pub mod manager;
 pub mod manifest;
 pub mod metrics;
@@ -32,9 +34,10 @@ pub mod sidecars;
 pub mod source;
 pub mod spec;
 pub mod status;
-pub mod sysctl;
+pub use crate::sysctl;
 pub mod validation;
 pub mod validation_extra;
+pub mod volume_validation;
 pub mod worker;
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::security::ImageUser;
-use crate::cri::api;
+use crate::{cri::api, images::ImageManager};
 
 /// Why a container's image is not available: the kubelet's waiting reason
 /// (ErrImagePull, ImagePullBackOff, ErrImageNeverPull, InvalidImageName,
@@ -35,4 +35,22 @@ pub trait ImageEnsurer: Send + Sync {
         container: &Container,
         sandbox: &api::PodSandboxConfig,
     ) -> Result<EnsuredImage, ImageFailure>;
+}
+
+/// The pod worker's seam: the image manager in place of the plain
+/// policy puller. The impl lives with the trait so the image module need
+/// not know the pod worker.
+#[async_trait]
+impl ImageEnsurer for ImageManager {
+    async fn ensure(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        sandbox: &api::PodSandboxConfig,
+    ) -> Result<EnsuredImage, ImageFailure> {
+        self.ensure_image_status(pod, container, Some(sandbox))
+            .await
+            .map(|(r, status)| EnsuredImage { image_ref: r.0, user: ImageUser::of(status.as_ref()) })
+            .map_err(|e| ImageFailure { reason: e.reason.as_str().to_owned(), message: e.message })
+    }
 }

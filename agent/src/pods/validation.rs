@@ -154,7 +154,7 @@ pub fn validate(pod: &Pod) -> Vec<FieldError> {
             container(&at, c, host_network, path == "spec.initContainers", &mut errs);
         }
     }
-    errs.extend(crate::volumes::validation::validate(spec));
+    errs.extend(super::volume_validation::validate(spec));
     errs.extend(super::validation_extra::validate(spec));
     errs
 }

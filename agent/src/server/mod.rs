@@ -20,7 +20,7 @@ pub mod cgroup_sample;
 pub mod collectors;
 pub mod conn;
 pub mod events;
-pub mod exposition;
+pub use crate::metrics::exposition;
 pub mod health;
 pub mod http;
 pub mod listen;

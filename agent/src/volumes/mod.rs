@@ -8,14 +8,17 @@
 //! - `objects`: the `ObjectSource` trait (ConfigMaps, Secrets, tokens) and
 //!   its standalone and in-memory implementations; `kube`: over kube-rs.
 //! - Pure: `payload` (files from objects), `hostpath` (type checks),
-//!   `mounts` (volumeMounts → CRI mounts), `validation` (the API server's
-//!   checks for static pods), `storage::evaluate` (eviction for local
-//!   storage).
+//!   `mounts` (volumeMounts → CRI mounts), `downward` (downward API values,
+//!   shared with the container environment).
 //! - I/O helpers: `atomic` (the `..data` swap), `mount` (mount(2) and
-//!   mountinfo), `subpath` (safe bind mounts), `storage` (disk usage and
-//!   the monitor that evicts), `ownership` (fsGroup).
+//!   mountinfo), `subpath` (safe bind mounts), `ownership` (fsGroup).
+//!
+//! Pod-level checks that read volumes live with the pods: the API server's
+//! volume validation (`pods::volume_validation`) and local storage eviction
+//! (`pods::local_storage`).
 
 pub mod atomic;
+pub mod downward;
 pub mod hostpath;
 pub mod kube;
 pub mod manager;
@@ -24,9 +27,7 @@ pub mod mounts;
 pub mod objects;
 pub mod ownership;
 pub mod payload;
-pub mod storage;
 pub mod subpath;
-pub mod validation;
 
 pub use manager::{PodsInUse, VolumeConfig, VolumeError, VolumeManager};
 pub use objects::{EnvObjects, MemoryObjects, NoApiServer, ObjectError, ObjectSource};

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ConfigMap, DownwardAPIVolumeFile, KeyToPath, Pod, Secret};
 
-use crate::pods::env::{self, DownwardContext};
+use super::downward::{self, DownwardContext};
 
 /// One file of a volume.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,10 +133,10 @@ pub fn downward_field(pod: &Pod, path: &str) -> Result<String, String> {
         "metadata.labels" => Ok(format_map(pod.metadata.labels.as_ref())),
         "metadata.annotations" => Ok(format_map(pod.metadata.annotations.as_ref())),
         "metadata.name" | "metadata.namespace" | "metadata.uid" => {
-            env::field(pod, path, &DownwardContext::default()).map_err(|e| e.0)
+            downward::field(pod, path, &DownwardContext::default()).map_err(|e| e.0)
         }
         p if p.starts_with("metadata.labels[") || p.starts_with("metadata.annotations[") => {
-            env::field(pod, path, &DownwardContext::default()).map_err(|e| e.0)
+            downward::field(pod, path, &DownwardContext::default()).map_err(|e| e.0)
         }
         other => Err(format!("unsupported fieldRef {other:?} in a downwardAPI volume")),
     }
@@ -160,7 +160,7 @@ pub fn downward_files(
             match spec
                 .and_then(|s| s.containers.iter().chain(s.init_containers.iter().flatten()).find(|c| c.name == name))
             {
-                Some(c) => env::resource(c, &r.resource, r.divisor.as_ref().map(|d| d.0.as_str()), cx),
+                Some(c) => downward::resource(c, &r.resource, r.divisor.as_ref().map(|d| d.0.as_str()), cx),
                 None => Err(format!("container {name:?} not found in pod for resourceFieldRef")),
             }
         } else {

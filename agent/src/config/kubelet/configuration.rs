@@ -18,8 +18,7 @@ use super::{
     server::{Authentication, Authorization, AuthorizationMode},
 };
 use crate::{
-    cm::naming::{CgroupDriver, CgroupNaming},
-    config::{audit, thresholds},
+    config::{CgroupDriver, audit, thresholds},
     eviction::signal::{EvictionSignal, EvictionThreshold, ThresholdValue},
     quantity::Quantity,
 };
@@ -272,11 +271,6 @@ impl KubeletConfiguration {
 
     pub fn enforces(&self, e: Enforcement) -> bool {
         self.enforce_node_allocatable.contains(&e)
-    }
-
-    /// Names of the pods' cgroups under cgroupRoot for the configured driver.
-    pub fn cgroup_naming(&self) -> CgroupNaming {
-        CgroupNaming::new(self.cgroup_driver, &self.cgroup_root)
     }
 
     /// The endpoint for images (imageServiceEndpoint, else the runtime's).

@@ -7,8 +7,7 @@ use serde_json::{Value as Json, json};
 
 use super::{configuration::KubeletConfiguration, resources::Reservation};
 use crate::{
-    cm::naming::CgroupDriver,
-    config::{duration, thresholds},
+    config::{CgroupDriver, duration, thresholds},
     eviction::signal::EvictionThreshold,
     quantity::Quantity,
 };

@@ -13,9 +13,8 @@ use super::{
     non_negative,
 };
 use crate::{
-    cm::naming::CgroupDriver,
     config::{
-        duration,
+        CgroupDriver, duration,
         error::ConfigError,
         tree::Node,
         values::{self, Ctx, Object},
@@ -111,7 +110,7 @@ fn read_cgroups(cx: &Ctx, root: &Node, o: &mut Object, c: &mut KubeletConfigurat
         };
     }
     if c.cgroup_driver == CgroupDriver::Systemd
-        && let Err(e) = crate::cm::naming::systemd_root_parts(&c.cgroup_root)
+        && let Err(e) = crate::config::systemd_root_parts(&c.cgroup_root)
     {
         let n = root.get("cgroupRoot").or_else(|| root.get("cgroupDriver")).unwrap_or(root);
         return Err(cx.err(n, "cgroupRoot", e));

@@ -200,7 +200,7 @@ impl Manager {
     /// swiftlet's own, which the pod side treats as `signal`).
     fn record_as(&self, v: Victim, signal: EvictionSignal, name: &str, killed: KillPath, stats_age: Duration) {
         self.metrics.kubelet_evictions.get_or_create(&EvictionSignalLabels { eviction_signal: name.into() }).inc();
-        self.metrics.reclaim.observe_stats_age(name, stats_age.as_secs_f64());
+        self.metrics.observe_eviction_stats_age(name, stats_age.as_secs_f64());
         info!(
             pod = format!("{}/{}", v.namespace, v.name),
             signal = name,

@@ -37,13 +37,6 @@ pub trait SecretSource: Send + Sync {
     async fn secret(&self, namespace: &str, name: &str) -> Result<Secret, String>;
 }
 
-#[async_trait]
-impl SecretSource for crate::volumes::VolumeManager {
-    async fn secret(&self, namespace: &str, name: &str) -> Result<Secret, String> {
-        self.objects().get_secret(namespace, name).await.map_err(|e| e.to_string())
-    }
-}
-
 /// Reads the plugins of a CredentialProviderConfig file; any error stops
 /// the agent from starting, as the kubelet.
 pub fn load_plugins(config: &Path, bin_dir: &Path) -> Result<Vec<Plugin>, String> {

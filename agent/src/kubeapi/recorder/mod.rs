@@ -235,7 +235,4 @@ impl EventSink for KubeEventSink {
     }
 }
 
-/// The reference the kubelet uses for its node's events (UID = name).
-pub fn node_ref(node: &str) -> ObjectReference {
-    ObjectReference { kind: Some("Node".into()), name: Some(node.into()), uid: Some(node.into()), ..Default::default() }
-}
+pub use crate::events::node_ref;

@@ -404,3 +404,14 @@ impl PodView for PodManager {
         out
     }
 }
+
+/// The volume manager's orphan sweep asks the pod manager which pods exist.
+impl crate::volumes::PodsInUse for PodManager {
+    fn sources_ready(&self) -> bool {
+        crate::gc::ActivePods::all_sources_ready(self)
+    }
+
+    fn in_use(&self, uid: &str) -> bool {
+        self.knows(uid)
+    }
+}

@@ -49,11 +49,12 @@ pub use self::kinds::{
     token_needs_refresh,
 };
 
+use super::downward::DownwardContext;
 use super::{
     mount,
     objects::{ObjectSource, Token, TokenSpec},
 };
-use crate::{events::EventRecorder, pods::env::DownwardContext};
+use crate::events::EventRecorder;
 
 /// The event reason for volume set-up failures.
 pub const FAILED_MOUNT: &str = "FailedMount";
@@ -106,16 +107,6 @@ pub trait PodsInUse: Send + Sync {
     fn sources_ready(&self) -> bool;
     /// The pod is known (running, terminating, or kept after finishing).
     fn in_use(&self, uid: &str) -> bool;
-}
-
-impl PodsInUse for crate::pods::manager::PodManager {
-    fn sources_ready(&self) -> bool {
-        crate::gc::ActivePods::all_sources_ready(self)
-    }
-
-    fn in_use(&self, uid: &str) -> bool {
-        self.knows(uid)
-    }
 }
 
 /// Disk use of one volume, for local storage limits.
@@ -238,5 +229,14 @@ impl VolumeManager {
     /// The pods whose volumes are set up.
     pub fn pods(&self) -> Vec<String> {
         self.pods.lock().keys().cloned().collect()
+    }
+}
+
+/// Pull secrets for the image credentials come from the same object source
+/// the secret volumes read (the API server's, or none for static pods).
+#[async_trait::async_trait]
+impl crate::images::credentials::SecretSource for VolumeManager {
+    async fn secret(&self, namespace: &str, name: &str) -> Result<k8s_openapi::api::core::v1::Secret, String> {
+        self.objects().get_secret(namespace, name).await.map_err(|e| e.to_string())
     }
 }

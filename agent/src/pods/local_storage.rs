@@ -28,7 +28,7 @@ use tokio::io::unix::AsyncFd;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
-use super::manager::{VolumeKind, VolumeManager, VolumeUsage};
+use super::{source::PodView, spec};
 use crate::{
     cm::qos::{SYSTEM_CRITICAL_PRIORITY, priority},
     config::format_quantity,
@@ -37,8 +37,8 @@ use crate::{
         driver::{DiskUsageMeter, EvictionRequest, KillPath, PodDiskUsage, PodEvictor},
         signal::EvictionSignal,
     },
-    pods::{source::PodView, spec},
     quantity::Quantity,
+    volumes::manager::{VolumeKind, VolumeManager, VolumeUsage},
 };
 
 /// What one pod uses.

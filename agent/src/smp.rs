@@ -2,7 +2,9 @@
 //! `CreateTwoWayMergePatch` produces) for the fields of NodeStatus,
 //! PodStatus and node spec that the kubelet writes: lists with a merge key
 //! are patched element by element (`$setElementOrder`, `$patch: delete`),
-//! other lists are replaced, removed keys become `null`.
+//! other lists are replaced, removed keys become `null`. Pure, at the
+//! crate's top level so node status and pod status (`kubeapi`) share it
+//! without the node module reaching into the API plumbing that composes it.
 
 use serde_json::{Map, Value};
 

@@ -2,22 +2,18 @@
 //! for static pods (which never go through an API server). Sources this
 //! node cannot mount (persistentVolumeClaim, csi, ...) pass here and fail
 //! at set-up with a FailedMount event, as they would on a kubelet without
-//! the plugin.
+//! the plugin. Part of pod validation (the API server validates volumes
+//! as part of the pod spec), next to the rest of it.
 
 use std::collections::{BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{Container, DownwardAPIVolumeFile, KeyToPath, PodSpec, Volume};
 
-use super::payload::validate_path;
-use crate::pods::validation::{FieldError, invalid, is_dns_label};
+use super::validation::{FieldError, invalid, is_dns_label, unsupported};
+use crate::volumes::payload::validate_path;
 
 fn err(field: impl Into<String>, problem: impl Into<String>) -> FieldError {
     FieldError { field: field.into(), problem: problem.into() }
-}
-
-fn unsupported(field: impl Into<String>, value: &str, allowed: &[&str]) -> FieldError {
-    let allowed = allowed.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ");
-    err(field, format!("Unsupported value: \"{value}\": supported values: {allowed}"))
 }
 
 const HOST_PATH_TYPES: &[&str] =

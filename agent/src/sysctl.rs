@@ -4,7 +4,9 @@
 //! pattern ending in `*`) and they are known to be namespaced; net.*
 //! sysctls are refused for host-network pods and IPC ones for host-IPC
 //! pods. A refused pod fails admission with reason `SysctlForbidden`.
-//! Pure.
+//! Pure. It sits at the crate's top level, below both of its users: the
+//! configuration checks `allowedUnsafeSysctls` at load, pod admission
+//! checks each pod.
 
 use k8s_openapi::api::core::v1::Pod;
 
