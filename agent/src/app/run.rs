@@ -9,8 +9,8 @@ use tracing::{info, warn};
 use crate::{
     cri::{ImageService, RuntimeService},
     kubeapi::pod_watch::TeeSink,
-    pods::{file::FileSource, source::PodSink},
-    volumes::{PodsInUse, storage::LocalStorageMonitor},
+    pods::{file::FileSource, local_storage::LocalStorageMonitor, source::PodSink},
+    volumes::PodsInUse,
 };
 
 use super::{Agent, RELIST_PERIOD, StartError};
