@@ -164,7 +164,7 @@ impl InProcess {
         ));
         let events = DebugEvents::new(pods.clone());
         let client = match kubeconfig {
-            Some(k) => Some(server::agent::client_from_kubeconfig(k).await.expect("API client")),
+            Some(k) => Some(swiftlet::app::serve::client_from_kubeconfig(k).await.expect("API client")),
             None => None,
         };
         let client_ca = server::client_ca(&config).expect("client CA");

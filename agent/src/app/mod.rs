@@ -39,6 +39,7 @@ use crate::server::{ServerError, events::DebugEvents, health::HealthChecks};
 mod build;
 mod reload;
 mod run;
+pub mod serve;
 
 pub use build::eviction_config;
 

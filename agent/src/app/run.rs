@@ -146,7 +146,7 @@ impl Agent {
         // The forwarder ends only when the eviction manager's sender is
         // dropped, which this Agent outlives: it is aborted at shutdown.
         let debug_forwarder = self.debug_events.forward(self.eviction.events());
-        let servers = crate::server::agent::serve(&self, self.shutdown.clone()).await?;
+        let servers = super::serve::serve(&self, self.shutdown.clone()).await?;
         // ---- end server ----
         let shutdown = self.shutdown.clone();
         while !shutdown.is_cancelled() {

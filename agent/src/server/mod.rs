@@ -12,7 +12,6 @@
 //!   the node's own tools (`swiftlet events`): /debug/events and /healthz,
 //!   trusted by file permission as the eBPF programs are.
 
-pub mod agent;
 pub mod auth;
 pub mod cadvisor;
 mod cadvisor_psi;

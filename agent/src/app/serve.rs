@@ -1,19 +1,19 @@
-//! Starting the servers from the composition root (`app.rs`).
+//! Starting the :10250/:10255/healthz servers from the composition root.
 
 use std::{path::Path, sync::Arc};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    Server, ServerError, ServerParts, Servers, auth_from_config,
-    health::{RUNTIME_UNREACHABLE_BOUND, RuntimeCheck},
-    stats::{StatsConfig, StatsProvider, StatsRuntime},
-};
+use super::Agent;
 use crate::{
-    app::Agent,
     cri::RuntimeService,
     metrics::storage::{VolumeCount, VolumeStates},
     pods::{manager::PodManager, source::PodView},
+    server::{
+        Server, ServerError, ServerParts, Servers, auth_from_config,
+        health::{RUNTIME_UNREACHABLE_BOUND, RuntimeCheck},
+        stats::{StatsConfig, StatsProvider, StatsRuntime},
+    },
     volumes::{VolumeManager, manager::kind_of},
 };
 
@@ -65,7 +65,7 @@ pub async fn api_client(config: &crate::config::Config) -> Result<Option<kube::C
 }
 
 pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client, ServerError> {
-    super::tls::install_default_provider();
+    crate::server::tls::install_default_provider();
     let err = |e: &dyn std::fmt::Display| ServerError::ApiClient(format!("{}: {e}", path.display()));
     let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| err(&e))?;
     let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
@@ -88,7 +88,7 @@ pub async fn serve(agent: &Agent, shutdown: CancellationToken) -> Result<Servers
         Some(a) => Some(a.review_client()),
         None => api_client(&config).await?,
     };
-    let client_ca = super::client_ca(&config)?;
+    let client_ca = crate::server::client_ca(&config)?;
     let (authn, authz) = auth_from_config(&config, client, client_ca.clone())?;
     let certificates = crate::certs::CertificateMetrics {
         client: agent.api.as_ref().and_then(|a| a.client_certificate.clone()),
@@ -134,7 +134,7 @@ pub async fn serve(agent: &Agent, shutdown: CancellationToken) -> Result<Servers
         certificates,
     }));
     server.streaming.set_runtime(agent.cri.clone());
-    super::start(server, shutdown).await
+    crate::server::start(server, shutdown).await
 }
 
 #[cfg(test)]
