@@ -223,13 +223,8 @@ impl ContainerGc {
 
     /// [`ContainerGc::run`] with another period (tests).
     pub async fn run_every(self: Arc<Self>, period: Duration, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = shutdown.cancelled() => return,
-            }
+        let mut ticks = crate::flowcontrol::Periodic::new(period, shutdown);
+        while ticks.next().await {
             match self.garbage_collect().await {
                 Ok(r) if !r.containers_removed.is_empty() || !r.sandboxes_removed.is_empty() => info!(
                     containers = r.containers_removed.len(),

@@ -242,13 +242,8 @@ impl ImageGc {
             debug!("image detection failed (retried at the next collection): {e}");
         }
         let mut failed_before = false;
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = shutdown.cancelled() => return,
-            }
+        let mut ticks = crate::flowcontrol::Periodic::new(period, shutdown);
+        while ticks.next().await {
             match self.garbage_collect().await {
                 Ok(r) => {
                     failed_before = false;

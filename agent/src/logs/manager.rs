@@ -317,13 +317,8 @@ impl ContainerLogManager {
 
     /// [`ContainerLogManager::run`] with another period (tests).
     pub async fn run_every(self: Arc<Self>, period: Duration, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = shutdown.cancelled() => return,
-            }
+        let mut ticks = crate::flowcontrol::Periodic::new(period, shutdown);
+        while ticks.next().await {
             if let Err(e) = self.rotate_logs().await {
                 warn!("container log rotation: cannot list containers: {e}");
             }

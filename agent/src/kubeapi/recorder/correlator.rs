@@ -92,54 +92,36 @@ fn s(o: &Option<String>) -> &str {
     o.as_deref().unwrap_or("")
 }
 
-fn event_key(e: &Event) -> String {
-    let (src, o) = (e.source.clone().unwrap_or_default(), &e.involved_object);
-    join(&[
-        s(&src.component),
-        s(&src.host),
+/// A key of client-go's: the event's source and involved object (with its
+/// field path or not), type and reason, then `tail`.
+fn key(e: &Event, with_field_path: bool, tail: &[&Option<String>]) -> String {
+    let src = e.source.as_ref();
+    let o = &e.involved_object;
+    let mut parts = vec![
+        src.and_then(|s| s.component.as_deref()).unwrap_or(""),
+        src.and_then(|s| s.host.as_deref()).unwrap_or(""),
         s(&o.kind),
         s(&o.namespace),
         s(&o.name),
-        s(&o.field_path),
-        s(&o.uid),
-        s(&o.api_version),
-        s(&e.type_),
-        s(&e.reason),
-        s(&e.message),
-    ])
+    ];
+    if with_field_path {
+        parts.push(s(&o.field_path));
+    }
+    parts.extend([s(&o.uid), s(&o.api_version), s(&e.type_), s(&e.reason)]);
+    parts.extend(tail.iter().map(|t| s(t)));
+    join(&parts)
+}
+
+fn event_key(e: &Event) -> String {
+    key(e, true, &[&e.message])
 }
 
 fn spam_key(e: &Event) -> String {
-    let (src, o) = (e.source.clone().unwrap_or_default(), &e.involved_object);
-    join(&[
-        s(&src.component),
-        s(&src.host),
-        s(&o.kind),
-        s(&o.namespace),
-        s(&o.name),
-        s(&o.uid),
-        s(&o.api_version),
-        s(&e.type_),
-        s(&e.reason),
-        s(&e.message),
-    ])
+    key(e, false, &[&e.message])
 }
 
 fn aggregate_key(e: &Event) -> String {
-    let (src, o) = (e.source.clone().unwrap_or_default(), &e.involved_object);
-    join(&[
-        s(&src.component),
-        s(&src.host),
-        s(&o.kind),
-        s(&o.namespace),
-        s(&o.name),
-        s(&o.uid),
-        s(&o.api_version),
-        s(&e.type_),
-        s(&e.reason),
-        s(&e.reporting_component),
-        s(&e.reporting_instance),
-    ])
+    key(e, false, &[&e.reporting_component, &e.reporting_instance])
 }
 
 /// client-go's EventCorrelator: aggregation, deduplication, spam filter.
