@@ -11,6 +11,10 @@
 
 pub mod client;
 pub mod error;
+/// The in-memory runtime for tests: compiled into unit tests and, through
+/// the `test-util` feature, into the integration tests and benches, never
+/// into the product binary.
+#[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 pub mod labels;
 

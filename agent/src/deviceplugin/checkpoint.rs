@@ -13,12 +13,12 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     io::Read,
-    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
 use base64::Engine;
 use prost::Message;
+use rustix::fs::{Mode, OFlags};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -138,7 +138,8 @@ fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
 /// place is refused (ELOOP), not followed.
 pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     let read = || -> std::io::Result<Vec<u8>> {
-        let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
+        let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        let mut f = std::fs::File::from(rustix::fs::open(path, flags, Mode::empty())?);
         let mut b = vec![];
         f.read_to_end(&mut b)?;
         Ok(b)

@@ -75,6 +75,9 @@ pub struct RotationReport {
 }
 
 /// The kubelet's rotated-log timestamp (`20060102-150405`), local time.
+/// localtime_r stays libc's: local time is the C library's time zone
+/// rules (TZ, /etc/localtime), which rustix, a system-call layer, does not
+/// provide.
 pub fn local_stamp(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) as libc::time_t;
     // SAFETY: a zeroed tm is a valid out-parameter; localtime_r is the
@@ -137,10 +140,7 @@ fn compress(path: &Path) -> Result<(), LogError> {
     // opened with O_NOFOLLOW and must be root's, and the output is created
     // with O_EXCL (a leftover or planted name is removed first, and one
     // planted again in between makes the create fail, not write through).
-    let mut input = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
+    let mut input = super::open::open_nofollow(path)
         .and_then(|f| super::open::check_owner(&f, path).map(|()| f))
         .map_err(io_err(path))?;
     remove(&tmp)?;

@@ -12,22 +12,18 @@
 //! and then refused unless the file is a regular file owned by root or the
 //! agent (the runtime writes them as root).
 
-use std::{
-    ffi::CString,
-    fs::File,
-    io,
-    os::{
-        fd::{AsRawFd, FromRawFd},
-        unix::{ffi::OsStrExt, fs::MetadataExt, fs::OpenOptionsExt},
-    },
-    path::Path,
+use std::{fs::File, io, os::unix::fs::MetadataExt, path::Path};
+
+use rustix::{
+    fs::{Mode, OFlags, ResolveFlags},
+    io::Errno,
 };
 
 /// Opens the log file at `path` for reading; `logs_dir` is podLogsDir.
 pub fn open_log(path: &Path, logs_dir: &Path) -> io::Result<File> {
     let f = match path.strip_prefix(logs_dir) {
         Ok(rel) if !rel.as_os_str().is_empty() => match open_beneath(logs_dir, rel) {
-            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => open_nofollow(path)?,
+            Err(Errno::NOSYS) => open_nofollow(path)?,
             other => other?,
         },
         _ => open_nofollow(path)?,
@@ -36,33 +32,18 @@ pub fn open_log(path: &Path, logs_dir: &Path) -> io::Result<File> {
     Ok(f)
 }
 
-fn open_nofollow(path: &Path) -> io::Result<File> {
-    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY).open(path)
+/// How a log file is opened: read-only, never as the controlling
+/// terminal, not through a symlink as the file itself.
+const LOG_FLAGS: OFlags = OFlags::RDONLY.union(OFlags::CLOEXEC).union(OFlags::NOFOLLOW).union(OFlags::NOCTTY);
+
+pub(super) fn open_nofollow(path: &Path) -> io::Result<File> {
+    Ok(rustix::fs::open(path, LOG_FLAGS, Mode::empty())?.into())
 }
 
-fn open_beneath(dir: &Path, rel: &Path) -> io::Result<File> {
-    let root = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY).open(dir)?;
-    let name = CString::new(rel.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    // SAFETY: open_how is plain data; all zero is a valid value.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NOCTTY) as u64;
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: openat2 reads the path and the open_how it is given (with
-    // their sizes) and returns a new descriptor or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            root.as_raw_fd(),
-            name.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the descriptor was just returned to us and is owned by nobody else.
-    Ok(unsafe { File::from_raw_fd(fd as i32) })
+fn open_beneath(dir: &Path, rel: &Path) -> Result<File, Errno> {
+    let root = rustix::fs::open(dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    Ok(rustix::fs::openat2(&root, rel, LOG_FLAGS, Mode::empty(), resolve)?.into())
 }
 
 /// A regular file owned by root or by the agent.
@@ -71,8 +52,7 @@ pub fn check_owner(f: &File, path: &Path) -> io::Result<()> {
     if !m.file_type().is_file() {
         return Err(io::Error::other(format!("{} is not a regular file", path.display())));
     }
-    // SAFETY: geteuid cannot fail.
-    let me = unsafe { libc::geteuid() };
+    let me = rustix::process::geteuid().as_raw();
     if m.uid() != 0 && m.uid() != me {
         return Err(io::Error::other(format!(
             "{} is owned by uid {}, not by root: not read as a container log",
@@ -109,8 +89,7 @@ mod tests {
         // Not owned by root.
         let foreign = dir.join("2.log");
         std::fs::write(&foreign, "x\n").unwrap();
-        // SAFETY: geteuid cannot fail.
-        if unsafe { libc::geteuid() } == 0 {
+        if rustix::process::geteuid().is_root() {
             std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)).unwrap();
             let e = open_log(&foreign, logs.path()).unwrap_err();
             assert!(e.to_string().contains("owned by uid 65534"), "{e}");

@@ -259,8 +259,7 @@ fn read_cpu(fs: &CgroupFs, rel: &str, memory: &CgroupDir, s: &mut CgroupSample) 
                 acct.as_ref().and_then(|d| d.read("cpuacct.usage").ok()).and_then(|t| t.trim().parse().ok());
             if let Some(t) = acct.as_ref().and_then(|d| d.read("cpuacct.stat").ok()) {
                 // USER_HZ ticks.
-                // SAFETY: sysconf has no preconditions.
-                let tick_ns = 1_000_000_000 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+                let tick_ns = 1_000_000_000 / rustix::param::clock_ticks_per_second().max(1);
                 s.cpu_user_ns = keyed(&t, "user").map(|v| v * tick_ns);
                 s.cpu_system_ns = keyed(&t, "system").map(|v| v * tick_ns);
             }

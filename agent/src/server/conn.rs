@@ -40,6 +40,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use parking_lot::Mutex;
+use rustix::io::Errno;
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     sync::Notify,
@@ -83,12 +84,8 @@ pub fn effective_cap(configured: usize, nofile: u64) -> usize {
 
 /// The process's soft RLIMIT_NOFILE.
 pub fn open_file_limit() -> u64 {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes into the struct it is given.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return u64::MAX;
-    }
-    lim.rlim_cur
+    // None is RLIM_INFINITY.
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(u64::MAX)
 }
 
 /// What the cap decision sees of one open connection.
@@ -117,7 +114,7 @@ pub fn next_backoff(previous: Option<Duration>) -> Duration {
 /// Whether an accept error means the process (or the system) ran out of
 /// descriptors or buffers, which retrying at once cannot fix.
 pub fn is_exhaustion(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+    matches!(Errno::from_io_error(e), Some(Errno::MFILE | Errno::NFILE | Errno::NOBUFS | Errno::NOMEM))
 }
 
 /// One open connection's state, shared by its task, its I/O and its
@@ -456,8 +453,10 @@ mod tests {
             d = Some(n);
         }
         assert_eq!(seen, vec![5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
-        assert!(is_exhaustion(&io::Error::from_raw_os_error(libc::EMFILE)));
-        assert!(!is_exhaustion(&io::Error::from_raw_os_error(libc::ECONNABORTED)));
+        assert!(is_exhaustion(&Errno::MFILE.into()));
+        assert!(is_exhaustion(&Errno::NFILE.into()));
+        assert!(!is_exhaustion(&Errno::CONNABORTED.into()));
+        assert!(!is_exhaustion(&io::Error::other("not an OS error")));
     }
 
     #[tokio::test]

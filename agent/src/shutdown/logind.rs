@@ -47,7 +47,10 @@ async fn ensure_inhibit_delay(logind: &Logind, grace: Duration) -> Result<Durati
     crate::host::write_atomic(Path::new(LOGIND_DROP_IN), drop_in(grace).as_bytes(), 0o644)
         .map_err(|e| format!("{LOGIND_DROP_IN}: {e}"))?;
     let systemd = Systemd::connect().await.map_err(|e| e.to_string())?;
-    systemd.kill_unit("systemd-logind.service", "main", libc::SIGHUP).await.map_err(|e| e.to_string())?;
+    systemd
+        .kill_unit("systemd-logind.service", "main", rustix::process::Signal::HUP.as_raw())
+        .await
+        .map_err(|e| e.to_string())?;
     // logind re-reads its configuration as it handles the signal (seconds
     // on a slow machine).
     for _ in 0..200 {

@@ -7,8 +7,12 @@
 use std::{
     ffi::CString,
     io,
-    os::unix::ffi::OsStrExt,
     path::{Path, PathBuf},
+};
+
+use rustix::{
+    io::Errno,
+    mount::{MountFlags, MountPropagationFlags, UnmountFlags},
 };
 
 /// One line of mountinfo, the fields volumes care about.
@@ -112,14 +116,6 @@ pub fn is_mount_point(table: &[MountEntry], path: &Path) -> bool {
     table.iter().any(|m| m.mount_point == path)
 }
 
-fn cstr(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
-}
-
-fn check(rc: libc::c_int) -> io::Result<()> {
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
-}
-
 /// Mounts a tmpfs at `target` (nosuid, nodev), `size` bytes when given,
 /// mode 0777 for emptyDir (as the kubelet) or as asked.
 pub fn mount_tmpfs(target: &Path, size: Option<u64>, mode: u32) -> io::Result<()> {
@@ -127,42 +123,30 @@ pub fn mount_tmpfs(target: &Path, size: Option<u64>, mode: u32) -> io::Result<()
     if let Some(s) = size {
         data.push_str(&format!(",size={s}"));
     }
-    let (src, fstype, t, d) =
-        (cstr(Path::new("tmpfs"))?, cstr(Path::new("tmpfs"))?, cstr(target)?, CString::new(data)?);
-    // SAFETY: every pointer is a valid NUL-terminated string for the call.
-    check(unsafe {
-        libc::mount(src.as_ptr(), t.as_ptr(), fstype.as_ptr(), libc::MS_NOSUID | libc::MS_NODEV, d.as_ptr().cast())
-    })
+    let data = CString::new(data)?;
+    Ok(rustix::mount::mount("tmpfs", target, "tmpfs", MountFlags::NOSUID | MountFlags::NODEV, data.as_c_str())?)
 }
 
 /// Bind-mounts `source` (a path or `/proc/self/fd/N`) onto `target`.
 pub fn bind(source: &Path, target: &Path, recursive: bool) -> io::Result<()> {
-    let (s, t) = (cstr(source)?, cstr(target)?);
-    let flags = libc::MS_BIND | if recursive { libc::MS_REC } else { 0 };
-    // SAFETY: valid NUL-terminated paths; no filesystem type or data.
-    check(unsafe { libc::mount(s.as_ptr(), t.as_ptr(), std::ptr::null(), flags, std::ptr::null()) })
+    if recursive {
+        Ok(rustix::mount::mount_bind_recursive(source, target)?)
+    } else {
+        Ok(rustix::mount::mount_bind(source, target)?)
+    }
 }
 
 /// `mount --make-rshared target`.
 pub fn make_rshared(target: &Path) -> io::Result<()> {
-    let t = cstr(target)?;
-    // SAFETY: a propagation change takes only the target path.
-    check(unsafe {
-        libc::mount(std::ptr::null(), t.as_ptr(), std::ptr::null(), libc::MS_SHARED | libc::MS_REC, std::ptr::null())
-    })
+    Ok(rustix::mount::mount_change(target, MountPropagationFlags::SHARED | MountPropagationFlags::REC)?)
 }
 
 /// Unmounts `target`; a busy mount is detached lazily so it leaves the
 /// tree at once and goes when its last user does.
 pub fn unmount(target: &Path) -> io::Result<()> {
-    let t = cstr(target)?;
-    // SAFETY: valid NUL-terminated path.
-    match check(unsafe { libc::umount2(t.as_ptr(), libc::UMOUNT_NOFOLLOW) }) {
-        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-            // SAFETY: as above.
-            check(unsafe { libc::umount2(t.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) })
-        }
-        other => other,
+    match rustix::mount::unmount(target, UnmountFlags::NOFOLLOW) {
+        Err(Errno::BUSY) => Ok(rustix::mount::unmount(target, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW)?),
+        other => Ok(other?),
     }
 }
 
@@ -177,8 +161,7 @@ pub fn unmount_all_under(dir: &Path) -> io::Result<Vec<PathBuf>> {
         }
         for m in &left {
             if let Err(e) = unmount(m)
-                && e.raw_os_error() != Some(libc::EINVAL)
-                && e.raw_os_error() != Some(libc::ENOENT)
+                && !matches!(Errno::from_io_error(&e), Some(Errno::INVAL | Errno::NOENT))
             {
                 tracing::warn!("unmounting {}: {e}", m.display());
             }

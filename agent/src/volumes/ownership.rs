@@ -91,8 +91,7 @@ mod tests {
         std::os::unix::fs::symlink("sub/f", root.join("link")).unwrap();
         // The test runs as root (the integration suite needs it); as
         // another user only its own groups could be given.
-        // SAFETY: getegid takes nothing and cannot fail.
-        let gid = unsafe { libc::getegid() };
+        let gid = rustix::process::getegid().as_raw();
         assert!(set_ownership(root, gid, false, None).unwrap());
         let f = fs::metadata(root.join("sub/f")).unwrap();
         assert_eq!((f.gid(), f.mode() & 0o7777), (gid, 0o660));

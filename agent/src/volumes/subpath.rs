@@ -11,47 +11,43 @@
 //! started (as with the kubelet).
 
 use std::{
-    ffi::CString,
     fs, io,
     os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd},
-        unix::{ffi::OsStrExt, fs::PermissionsExt},
+        fd::{AsRawFd, OwnedFd},
+        unix::fs::PermissionsExt,
     },
     path::{Component, Path, PathBuf},
 };
 
+use rustix::{
+    fs::{CWD, FileType, Mode, OFlags},
+    io::Errno,
+};
+
 use super::mount;
 
-fn cstr(s: &std::ffi::OsStr) -> io::Result<CString> {
-    CString::new(s.as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
-}
-
-fn open_at(dir: Option<&OwnedFd>, name: &std::ffi::OsStr, flags: libc::c_int) -> io::Result<OwnedFd> {
-    let c = cstr(name)?;
-    let at = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
-    // SAFETY: `at` is a valid directory descriptor (or AT_FDCWD) and `c` a
-    // NUL-terminated name; the new descriptor is owned by the OwnedFd.
-    let fd = unsafe { libc::openat(at, c.as_ptr(), flags | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+/// Opens `name` relative to `dir` (or the working directory), close-on-exec.
+fn open_at(dir: Option<&OwnedFd>, name: &std::ffi::OsStr, flags: OFlags) -> io::Result<OwnedFd> {
+    let flags = flags | OFlags::CLOEXEC;
+    Ok(match dir {
+        Some(dir) => rustix::fs::openat(dir, name, flags, Mode::empty())?,
+        None => rustix::fs::openat(CWD, name, flags, Mode::empty())?,
+    })
 }
 
 /// Opens `path` (absolute, already resolved) one component at a time with
 /// O_NOFOLLOW: a link anywhere on the way fails (ELOOP / ENOTDIR).
 fn safe_open(path: &Path) -> io::Result<OwnedFd> {
-    let mut fd = open_at(None, std::ffi::OsStr::new("/"), libc::O_PATH | libc::O_DIRECTORY)?;
+    let mut fd = open_at(None, std::ffi::OsStr::new("/"), OFlags::PATH | OFlags::DIRECTORY)?;
     for c in path.components() {
         match c {
             Component::RootDir => {}
             Component::Normal(name) => {
-                fd = open_at(Some(&fd), name, libc::O_PATH | libc::O_NOFOLLOW)?;
+                fd = open_at(Some(&fd), name, OFlags::PATH | OFlags::NOFOLLOW)?;
                 // O_PATH|O_NOFOLLOW opens a final link itself rather than
                 // failing: refuse it here.
                 if is_symlink(&fd)? {
-                    return Err(io::Error::from_raw_os_error(libc::ELOOP));
+                    return Err(Errno::LOOP.into());
                 }
             }
             _ => {
@@ -62,14 +58,10 @@ fn safe_open(path: &Path) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Whether the open file is a symbolic link (O_PATH descriptors accept
+/// fstat).
 fn is_symlink(fd: &OwnedFd) -> io::Result<bool> {
-    // SAFETY: an all-zero stat is a valid value for fstat to fill.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fd is an open descriptor (O_PATH descriptors accept fstat).
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(st.st_mode & libc::S_IFMT == libc::S_IFLNK)
+    Ok(FileType::from_raw_mode(rustix::fs::fstat(fd)?.st_mode) == FileType::Symlink)
 }
 
 /// Creates the missing directories of `rel` under `base` (resolved) without
@@ -80,18 +72,15 @@ fn safe_mkdir(base: &Path, rel: &Path, mode: u32) -> io::Result<()> {
         let Component::Normal(name) = c else {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "subPath must be a relative path without '..'"));
         };
-        match open_at(Some(&fd), name, libc::O_PATH | libc::O_NOFOLLOW | libc::O_DIRECTORY) {
+        let dir_flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::DIRECTORY;
+        match open_at(Some(&fd), name, dir_flags) {
             Ok(next) => fd = next,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                let cname = cstr(name)?;
-                // SAFETY: fd is a directory descriptor and cname a valid name.
-                if unsafe { libc::mkdirat(fd.as_raw_fd(), cname.as_ptr(), mode as libc::mode_t) } != 0 {
-                    let e = io::Error::last_os_error();
-                    if e.raw_os_error() != Some(libc::EEXIST) {
-                        return Err(e);
-                    }
+            Err(e) if e.raw_os_error() == Some(Errno::NOENT.raw_os_error()) => {
+                match rustix::fs::mkdirat(&fd, name, Mode::from_raw_mode(mode)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(e.into()),
                 }
-                fd = open_at(Some(&fd), name, libc::O_PATH | libc::O_NOFOLLOW | libc::O_DIRECTORY)?;
+                fd = open_at(Some(&fd), name, dir_flags)?;
                 // mkdirat is subject to the umask; the kubelet sets the mode.
                 let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
                 let _ = fs::set_permissions(path, fs::Permissions::from_mode(mode));

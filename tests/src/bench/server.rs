@@ -1,9 +1,11 @@
-//! The kubelet API under load (issue 8): latency of /metrics,
+//! The kubelet API under load: latency of /metrics,
 //! /metrics/resource, /stats/summary and /metrics/cadvisor with 110 pods
 //! (the kubelet's maxPods), each with a container and a process, served
 //! over HTTPS with client-certificate authentication; the cost of one stats
 //! collection (the background housekeeping pass the endpoints read from);
 //! and requests per second under a loopback load from a second process.
+//! The runtime side is the agent's in-memory CRI runtime (`cri::fake`),
+//! so the figures are the agent's; the cgroups and processes are real.
 
 use std::{
     collections::HashMap,
@@ -13,13 +15,12 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use async_trait::async_trait;
 use k8s_openapi::{
     api::core::v1::{Container, ContainerState, ContainerStateRunning, ContainerStatus, Pod, PodSpec, PodStatus},
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
     jiff::Timestamp,
 };
-use swiftlet::cri::{self, CriError, ImageService, RuntimeService, api, labels};
+use swiftlet::cri::{RuntimeService, api, fake::FakeRuntime, labels};
 
 use super::{BenchResult, Ctx, Figure, Table};
 use crate::{
@@ -33,104 +34,35 @@ use crate::{
 
 const PODS: usize = 110;
 
-/// A runtime that lists the bench's pods (sandboxes, containers, stats).
-struct FakeRuntime {
-    sandboxes: Vec<api::PodSandbox>,
-    containers: Vec<api::Container>,
-    stats: Vec<api::ContainerStats>,
-}
+/// The image every bench container runs (present in the fake runtime).
+const IMAGE: &str = "swiftlet.local/busybox:1.35";
 
-fn unimplemented(call: &'static str) -> CriError {
-    CriError::Status { call, code: tonic::Code::Unimplemented, message: "not in the bench's runtime".into() }
-}
-
-#[async_trait]
-impl RuntimeService for FakeRuntime {
-    async fn version(&self) -> cri::Result<api::VersionResponse> {
-        Ok(api::VersionResponse { runtime_name: "bench".into(), ..Default::default() })
-    }
-    async fn status(&self) -> cri::Result<api::StatusResponse> {
-        Ok(Default::default())
-    }
-    async fn run_pod_sandbox(&self, _c: api::PodSandboxConfig, _h: &str) -> cri::Result<String> {
-        Err(unimplemented("RunPodSandbox"))
-    }
-    async fn stop_pod_sandbox(&self, _id: &str) -> cri::Result<()> {
-        Err(unimplemented("StopPodSandbox"))
-    }
-    async fn remove_pod_sandbox(&self, _id: &str) -> cri::Result<()> {
-        Err(unimplemented("RemovePodSandbox"))
-    }
-    async fn pod_sandbox_status(&self, _id: &str) -> cri::Result<api::PodSandboxStatus> {
-        Err(unimplemented("PodSandboxStatus"))
-    }
-    async fn list_pod_sandbox(&self, _f: Option<api::PodSandboxFilter>) -> cri::Result<Vec<api::PodSandbox>> {
-        Ok(self.sandboxes.clone())
-    }
-    async fn create_container(
-        &self,
-        _s: &str,
-        _c: api::ContainerConfig,
-        _p: api::PodSandboxConfig,
-    ) -> cri::Result<String> {
-        Err(unimplemented("CreateContainer"))
-    }
-    async fn start_container(&self, _id: &str) -> cri::Result<()> {
-        Err(unimplemented("StartContainer"))
-    }
-    async fn stop_container(&self, _id: &str, _t: Duration) -> cri::Result<()> {
-        Err(unimplemented("StopContainer"))
-    }
-    async fn remove_container(&self, _id: &str) -> cri::Result<()> {
-        Err(unimplemented("RemoveContainer"))
-    }
-    async fn list_containers(&self, _f: Option<api::ContainerFilter>) -> cri::Result<Vec<api::Container>> {
-        Ok(self.containers.clone())
-    }
-    async fn container_status(&self, _id: &str) -> cri::Result<api::ContainerStatus> {
-        Err(unimplemented("ContainerStatus"))
-    }
-    async fn exec_sync(&self, _id: &str, _c: Vec<String>, _t: Duration) -> cri::Result<api::ExecSyncResponse> {
-        Err(unimplemented("ExecSync"))
-    }
-    async fn reopen_container_log(&self, _id: &str) -> cri::Result<()> {
-        Err(unimplemented("ReopenContainerLog"))
-    }
-    async fn list_container_stats(
-        &self,
-        _f: Option<api::ContainerStatsFilter>,
-    ) -> cri::Result<Vec<api::ContainerStats>> {
-        Ok(self.stats.clone())
-    }
-}
-
-#[async_trait]
-impl ImageService for FakeRuntime {
-    async fn list_images(&self) -> cri::Result<Vec<api::Image>> {
-        Ok(vec![])
-    }
-    async fn image_status(&self, _i: &str) -> cri::Result<Option<api::Image>> {
-        Ok(None)
-    }
-    async fn pull_image(
-        &self,
-        _i: &str,
-        _a: Option<api::AuthConfig>,
-        _c: Option<api::PodSandboxConfig>,
-    ) -> cri::Result<String> {
-        Err(unimplemented("PullImage"))
-    }
-    async fn remove_image(&self, _i: &str) -> cri::Result<()> {
-        Err(unimplemented("RemoveImage"))
-    }
-    async fn image_fs_info(&self) -> cri::Result<Vec<api::FilesystemUsage>> {
-        Ok(vec![api::FilesystemUsage {
-            fs_id: Some(api::FilesystemIdentifier { mountpoint: "/".into() }),
-            used_bytes: Some(api::UInt64Value { value: 1 << 30 }),
-            inodes_used: Some(api::UInt64Value { value: 5000 }),
-            ..Default::default()
-        }])
-    }
+/// Creates and starts one pod's sandbox and container in the in-memory
+/// runtime, through CRI calls as the pod workers make them, with the
+/// writable layer containerd would report; returns the sandbox and
+/// container ids, which name their cgroups.
+async fn run_pod(fake: &FakeRuntime, id: &labels::PodIdentity) -> Result<(String, String)> {
+    let sandbox_config = api::PodSandboxConfig {
+        metadata: Some(api::PodSandboxMetadata {
+            name: id.name.clone(),
+            uid: id.uid.clone(),
+            namespace: id.namespace.clone(),
+            attempt: 0,
+        }),
+        labels: labels::sandbox_labels(id, &Default::default()),
+        ..Default::default()
+    };
+    let sandbox = fake.run_pod_sandbox(sandbox_config.clone(), "").await?;
+    let container_config = api::ContainerConfig {
+        metadata: Some(api::ContainerMetadata { name: "app".into(), attempt: 0 }),
+        image: Some(api::ImageSpec { image: IMAGE.into(), ..Default::default() }),
+        labels: labels::container_labels(id, "app"),
+        ..Default::default()
+    };
+    let container = fake.create_container(&sandbox, container_config, sandbox_config).await?;
+    fake.start_container(&container).await?;
+    fake.set_writable_layer(&container, 4096, 3);
+    Ok((sandbox, container))
 }
 
 /// One `sleep` per container cgroup, killed on drop.
@@ -200,67 +132,35 @@ pub fn kubelet_api(ctx: &Ctx) -> Result<BenchResult> {
     let tc = TestCgroup::new();
     let dir = tempfile::tempdir()?;
     let logs = dir.path().join("logs");
-    let mut sandboxes = vec![];
-    let mut containers = vec![];
-    let mut stats = vec![];
     let mut pods = vec![];
     let mut sleepers = Sleepers(vec![]);
-    let now_ns = Timestamp::now().as_nanosecond() as i64;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    // The runtime side: the in-memory CRI runtime, so the figures are the
+    // agent's own work.
+    let fake = Arc::new(FakeRuntime::new());
+    fake.add_image(IMAGE, 5 << 20);
+    fake.set_image_fs("/", Some(1 << 30), Some(5000));
     for i in 0..PODS {
         let uid = format!("bench-{i:03}-{}", std::process::id());
         let name = format!("bench-pod-{i:03}");
-        let cid = format!("{:064x}", i + 1);
         let id = labels::PodIdentity { uid: uid.clone(), namespace: "bench".into(), name: name.clone() };
-        let pod_cg = tc.child(&format!("kubepods/besteffort/pod{uid}"));
+        let (sandbox, cid) = rt.block_on(run_pod(&fake, &id))?;
+        tc.child(&format!("kubepods/besteffort/pod{uid}"));
         let ctr_cg = tc.child(&format!("kubepods/besteffort/pod{uid}/{cid}"));
         // The sandbox's cgroup and its process, whose network namespace
         // (the host's here) the pass reads for the pod's network counters.
-        let sandbox_cg = tc.child(&format!("kubepods/besteffort/pod{uid}/sandbox-{i}"));
+        let sandbox_cg = tc.child(&format!("kubepods/besteffort/pod{uid}/{sandbox}"));
         for cg in [&ctr_cg, &sandbox_cg] {
             let mut cmd = Command::new("sleep");
             cmd.arg("3600").stdout(Stdio::null());
             workload::in_cgroup(&mut cmd, &tc.fs, cg);
             sleepers.0.push(cmd.spawn().context("spawning a sleeper")?);
         }
-        let _ = pod_cg;
         let log_dir = logs.join(format!("bench_{name}_{uid}/app"));
         std::fs::create_dir_all(&log_dir)?;
         std::fs::write(log_dir.join("0.log"), "2024-01-01T00:00:00Z stdout F hello\n")?;
-        sandboxes.push(api::PodSandbox {
-            id: format!("sandbox-{i}"),
-            metadata: Some(api::PodSandboxMetadata {
-                name: name.clone(),
-                uid: uid.clone(),
-                namespace: "bench".into(),
-                attempt: 0,
-            }),
-            state: api::PodSandboxState::SandboxReady as i32,
-            created_at: now_ns,
-            labels: labels::sandbox_labels(&id, &Default::default()),
-            ..Default::default()
-        });
-        containers.push(api::Container {
-            id: cid.clone(),
-            pod_sandbox_id: format!("sandbox-{i}"),
-            metadata: Some(api::ContainerMetadata { name: "app".into(), attempt: 0 }),
-            image: Some(api::ImageSpec { image: "swiftlet.local/busybox:1.35".into(), ..Default::default() }),
-            state: api::ContainerState::ContainerRunning as i32,
-            created_at: now_ns,
-            labels: labels::container_labels(&id, "app"),
-            ..Default::default()
-        });
-        stats.push(api::ContainerStats {
-            attributes: Some(api::ContainerAttributes { id: cid.clone(), ..Default::default() }),
-            writable_layer: Some(api::FilesystemUsage {
-                used_bytes: Some(api::UInt64Value { value: 4096 }),
-                inodes_used: Some(api::UInt64Value { value: 3 }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
         pods.push(pod_object(&uid, &name, &cid));
     }
-    let fake = Arc::new(FakeRuntime { sandboxes, containers, stats });
     let view = Arc::new(StaticPods::default());
     view.set(pods);
     let ca = TestCa::new("bench-ca");
@@ -275,7 +175,6 @@ pub fn kubelet_api(ctx: &Ctx) -> Result<BenchResult> {
             logs.display()
         ),
     )?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let mut result = BenchResult {
         name: "kubelet-api".into(),
         title: "kubelet API latency and throughput with 110 pods (HTTPS, client certificates, AlwaysAllow)".into(),

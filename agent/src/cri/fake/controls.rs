@@ -151,7 +151,16 @@ impl FakeRuntime {
 
     /// ListContainerStats reports these for container `id`.
     pub fn set_stats(&self, id: &str, cpu_usage_core_ns: u64, memory_working_set_bytes: u64) {
-        self.state.lock().stats.insert(id.to_owned(), (cpu_usage_core_ns, memory_working_set_bytes));
+        let mut s = self.state.lock();
+        let stats = s.stats.entry(id.to_owned()).or_default();
+        stats.cpu_usage_core_ns = cpu_usage_core_ns;
+        stats.memory_working_set_bytes = memory_working_set_bytes;
+    }
+
+    /// ListContainerStats reports this writable layer (used bytes and
+    /// inodes) for container `id`, as containerd's snapshotter measures it.
+    pub fn set_writable_layer(&self, id: &str, used_bytes: u64, inodes_used: u64) {
+        self.state.lock().stats.entry(id.to_owned()).or_default().writable_layer = Some((used_bytes, inodes_used));
     }
 
     /// The runtime's RuntimeReady / NetworkReady conditions.

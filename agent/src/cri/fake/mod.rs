@@ -1,8 +1,9 @@
 //! The test runtime: an in-memory [`RuntimeService`] + [`ImageService`]
 //! for unit tests of everything that drives CRI (pod workers, the image
-//! manager, garbage collection, log rotation). It is a normal module, not
-//! test-only, so every crate's tests can use it; nothing in the agent
-//! constructs it.
+//! manager, garbage collection, log rotation) and for the benches, which
+//! measure the agent against it. It is compiled into the crate's own unit
+//! tests and, with the `test-util` feature (which the tests crate turns
+//! on), into other crates; the product binary never contains it.
 //!
 //! How to use it:
 //!
@@ -262,10 +263,20 @@ struct State {
     calls: Vec<Call>,
     /// Every PullImage's image and credentials, in order.
     pull_auths: Vec<(String, Option<api::AuthConfig>)>,
-    stats: HashMap<String, (u64, u64)>,
+    stats: HashMap<String, CannedStats>,
     image_fs: Option<(String, Option<u64>, Option<u64>)>,
     runtime_ready: bool,
     network_ready: bool,
+}
+
+/// What ListContainerStats reports for one container.
+#[derive(Clone, Copy, Debug, Default)]
+struct CannedStats {
+    cpu_usage_core_ns: u64,
+    memory_working_set_bytes: u64,
+    /// The writable layer's used bytes and inodes (None: left out, as a
+    /// runtime that does not measure it).
+    writable_layer: Option<(u64, u64)>,
 }
 
 /// The in-memory runtime. Cheap to share: wrap it in an `Arc` and hand it

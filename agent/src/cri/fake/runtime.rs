@@ -418,7 +418,7 @@ impl RuntimeService for FakeRuntime {
             .filter(|c| f.pod_sandbox_id.is_empty() || c.sandbox_id == f.pod_sandbox_id)
             .filter(|c| labels_match(&f.label_selector, &c.config.labels))
             .map(|c| {
-                let (cpu, mem) = s.stats.get(&c.id).copied().unwrap_or_default();
+                let canned = s.stats.get(&c.id).copied().unwrap_or_default();
                 api::ContainerStats {
                     attributes: Some(api::ContainerAttributes {
                         id: c.id.clone(),
@@ -428,12 +428,18 @@ impl RuntimeService for FakeRuntime {
                     }),
                     cpu: Some(api::CpuUsage {
                         timestamp: now,
-                        usage_core_nano_seconds: Some(api::UInt64Value { value: cpu }),
+                        usage_core_nano_seconds: Some(api::UInt64Value { value: canned.cpu_usage_core_ns }),
                         usage_nano_cores: None,
                     }),
                     memory: Some(api::MemoryUsage {
                         timestamp: now,
-                        working_set_bytes: Some(api::UInt64Value { value: mem }),
+                        working_set_bytes: Some(api::UInt64Value { value: canned.memory_working_set_bytes }),
+                        ..Default::default()
+                    }),
+                    writable_layer: canned.writable_layer.map(|(used, inodes)| api::FilesystemUsage {
+                        timestamp: now,
+                        used_bytes: Some(api::UInt64Value { value: used }),
+                        inodes_used: Some(api::UInt64Value { value: inodes }),
                         ..Default::default()
                     }),
                     ..Default::default()

@@ -155,3 +155,32 @@ async fn latency_and_concurrency_are_measured() {
     y.unwrap();
     assert_eq!(rt.max_in_flight(Method::PullImage), 2);
 }
+
+#[tokio::test]
+async fn container_stats_report_what_was_canned_and_only_for_running_containers() {
+    let rt = FakeRuntime::new();
+    rt.add_image("busybox:1.36", 100);
+    let sb = rt.run_pod_sandbox(sandbox_config("p", "u1"), "").await.unwrap();
+    let cfg = sandbox_config("p", "u1");
+    let measured = rt.create_container(&sb, container_config("measured", "busybox:1.36"), cfg.clone()).await.unwrap();
+    let bare = rt.create_container(&sb, container_config("bare", "busybox:1.36"), cfg.clone()).await.unwrap();
+    let created = rt.create_container(&sb, container_config("created", "busybox:1.36"), cfg).await.unwrap();
+    rt.start_container(&measured).await.unwrap();
+    rt.start_container(&bare).await.unwrap();
+    rt.set_writable_layer(&measured, 4096, 3);
+    rt.set_stats(&measured, 7, 8);
+    rt.set_writable_layer(&created, 1, 1);
+
+    let stats = rt.list_container_stats(None).await.unwrap();
+    let by_id = |id: &str| stats.iter().find(|s| s.attributes.as_ref().is_some_and(|a| a.id == id));
+    assert_eq!(stats.len(), 2, "only running containers have stats: {stats:?}");
+    assert!(by_id(&created).is_none());
+    let m = by_id(&measured).unwrap();
+    let layer = m.writable_layer.as_ref().expect("the canned writable layer");
+    assert_eq!(layer.used_bytes.as_ref().map(|v| v.value), Some(4096));
+    assert_eq!(layer.inodes_used.as_ref().map(|v| v.value), Some(3));
+    // Canning the layer and then CPU and memory keeps both.
+    assert_eq!(m.cpu.as_ref().and_then(|c| c.usage_core_nano_seconds.as_ref()).map(|v| v.value), Some(7));
+    assert_eq!(m.memory.as_ref().and_then(|c| c.working_set_bytes.as_ref()).map(|v| v.value), Some(8));
+    assert!(by_id(&bare).unwrap().writable_layer.is_none(), "no layer unless canned");
+}

@@ -15,6 +15,7 @@ use std::{
 };
 
 use parking_lot::Mutex;
+use rustix::process::{Pid, Signal};
 use tokio::sync::OwnedMutexGuard;
 
 /// How long a start waits for its process to appear.
@@ -136,9 +137,9 @@ impl ExecProcess {
             tree.extend(kids);
             i += 1;
         }
-        for pid in &tree {
-            // SAFETY: kill(2) on a pid of this session's process tree.
-            unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+        for pid in tree.iter().filter_map(|p| i32::try_from(*p).ok().and_then(Pid::from_raw)) {
+            // A process that has exited meanwhile is not an error.
+            let _ = rustix::process::kill_process(pid, Signal::KILL);
         }
         tree.len()
     }
@@ -208,6 +209,6 @@ mod tests {
         assert_eq!(p.kill(), 1);
         let status = child.wait().unwrap();
         use std::os::unix::process::ExitStatusExt;
-        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        assert_eq!(status.signal(), Some(Signal::KILL.as_raw()));
     }
 }
