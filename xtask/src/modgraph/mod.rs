@@ -24,11 +24,7 @@ pub use graph::{Graph, Location};
 /// under way elsewhere, each with the change that removes it. The check
 /// ignores them when it looks for cycles, and fails once one no longer
 /// exists, so the list can only shrink: delete the entry then.
-pub const KNOWN_CYCLE_EDGES: &[KnownEdge] = &[KnownEdge {
-    from: "cri",
-    to: "images",
-    why: "cri::fake normalizes image names with images::reference; the fake goes behind the test-util feature",
-}];
+pub const KNOWN_CYCLE_EDGES: &[KnownEdge] = &[];
 
 /// A dependency the check tolerates for now (see [`KNOWN_CYCLE_EDGES`]).
 pub struct KnownEdge {
