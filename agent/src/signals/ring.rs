@@ -46,7 +46,7 @@ pub(super) fn read_events(
             shared.events_received.fetch_add(1, Ordering::Relaxed);
             match decode(&item, &shared, page, received_ns) {
                 Some(ev) => {
-                    let sink = shared.sink.read().unwrap_or_else(|p| p.into_inner()).clone();
+                    let sink = shared.sink.read().clone();
                     if let Some(sink) = sink {
                         sink.on_event(ev);
                     }
@@ -79,7 +79,7 @@ fn decode(bytes: &[u8], shared: &Shared, page: u64, received_ns: u64) -> Option<
     // SAFETY: the length is checked above, the read is unaligned, and
     // `Event` is plain integers, valid for any bytes the kernel wrote.
     let ev: swiftlet_common::Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-    let reg = shared.registry.read().unwrap_or_else(|p| p.into_inner());
+    let reg = shared.registry.read();
     let path = reg.by_id.get(&ev.cgroup_id).cloned();
     // Kernel kills name the slot whose crossing triggered them.
     let trigger = if ev.kind != EventKind::KernelKill as u32 {

@@ -7,7 +7,7 @@ use std::{
     os::fd::OwnedFd,
     path::PathBuf,
     sync::{
-        Arc, Mutex, RwLock,
+        Arc,
         atomic::{AtomicI64, AtomicU64, Ordering},
     },
 };
@@ -16,6 +16,7 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, RingBuf},
 };
+use parking_lot::{Mutex, RwLock};
 use swiftlet_common::{
     CgroupSlot, Control, KernelLayout, MAX_PLANS, MAX_SLOTS, NODE_MEMORY_BATCH, NODE_SLOT, NodePending, ProcCpu,
     VictimPlan, slot_flags,

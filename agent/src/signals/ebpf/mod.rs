@@ -14,7 +14,7 @@ use std::{
     collections::HashMap,
     os::fd::OwnedFd,
     sync::{
-        Arc, Mutex, RwLock,
+        Arc,
         atomic::{AtomicU32, AtomicU64, Ordering},
     },
     thread::JoinHandle,
@@ -24,6 +24,7 @@ use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray},
 };
+use parking_lot::{Mutex, RwLock};
 use swiftlet_common::{CgroupSlot, Control, NODE_SLOT, NodePending, ProcCpu, VictimPlan, slot_flags};
 use tracing::debug;
 
@@ -103,7 +104,7 @@ impl EbpfSource {
     /// map; 0 if it fails, which leaves the count behind by less than
     /// `NODE_TASK_BATCH` per CPU.
     fn pending_node_tasks(&self) -> i64 {
-        let map = self.proc_cpu.lock().unwrap_or_else(|p| p.into_inner());
+        let map = self.proc_cpu.lock();
         match map.get(&0, 0) {
             Ok(values) => values.iter().map(|c| c.node_tasks).sum(),
             Err(e) => {
@@ -118,7 +119,7 @@ impl EbpfSource {
     /// figures are kept from deltas, these complete them, as
     /// [`Self::pending_node_tasks`] does for tasks.
     pub fn pending_node_memory(&self) -> NodePending {
-        let map = self.node_pending.lock().unwrap_or_else(|p| p.into_inner());
+        let map = self.node_pending.lock();
         match map.get(&0, 0) {
             Ok(values) => values.iter().fold(NodePending::default(), |sum, c| NodePending {
                 usage_pages: sum.usage_pages + c.usage_pages,
@@ -138,7 +139,7 @@ impl EbpfSource {
     /// (program name, run count, total run time in ns) for every attached
     /// program; counts are zero unless `kernel.bpf_stats_enabled` is 1.
     pub fn program_stats(&self) -> Vec<(String, u64, u64)> {
-        let ebpf = self.ebpf.lock().unwrap_or_else(|p| p.into_inner());
+        let ebpf = self.ebpf.lock();
         self.program_names
             .iter()
             .filter_map(|n| {
@@ -152,7 +153,7 @@ impl EbpfSource {
     /// attached program (kernel 5.16 and later report it): what loading
     /// costs, which matters on slow or emulated CPUs.
     pub fn verified_instructions(&self) -> Vec<(String, u32)> {
-        let ebpf = self.ebpf.lock().unwrap_or_else(|p| p.into_inner());
+        let ebpf = self.ebpf.lock();
         self.program_names
             .iter()
             .filter_map(|n| Some((n.clone(), ebpf.program(n)?.info().ok()?.verified_instruction_count()?)))
@@ -171,12 +172,7 @@ impl EbpfSource {
         // changes it atomically.
         let watches = unsafe { AtomicU64::from_ptr(&raw mut (*self.shared.control.at(0)).exit_watches) };
         watches.fetch_add(1, Ordering::SeqCst);
-        let inserted = self
-            .watch_exit
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(pid, 1, 0)
-            .map_err(|e| err("WATCH_EXIT", e));
+        let inserted = self.watch_exit.lock().insert(pid, 1, 0).map_err(|e| err("WATCH_EXIT", e));
         if inserted.is_err() {
             watches.fetch_sub(1, Ordering::SeqCst);
         }
@@ -185,12 +181,12 @@ impl EbpfSource {
 
     /// The slot index of a registered cgroup (for plans and tests).
     pub fn slot_of(&self, cgroup: &str) -> Option<u32> {
-        self.shared.registry.read().ok()?.by_path.get(cgroup).map(|e| e.index)
+        self.shared.registry.read().by_path.get(cgroup).map(|e| e.index)
     }
 
     /// The kernel's cgroup id for a registered cgroup.
     pub fn cgroup_id_of(&self, cgroup: &str) -> Option<u64> {
-        self.shared.registry.read().ok()?.by_path.get(cgroup).map(|e| e.cgroup_id)
+        self.shared.registry.read().by_path.get(cgroup).map(|e| e.cgroup_id)
     }
 
     /// Turns the in-kernel kill on or off (`--kernel-eviction`); plans stay.
@@ -291,7 +287,7 @@ impl SignalSource for EbpfSource {
         let inactive = self.cgroupfs.memory_stat(&cgroup)?.inactive_file;
         let processes = self.cgroupfs.procs_recursive(&cgroup)?.len();
         let index = {
-            let mut reg = self.shared.registry.write().unwrap_or_else(|p| p.into_inner());
+            let mut reg = self.shared.registry.write();
             let index = reg.free.pop().ok_or_else(|| SignalError::SlotsFull(cgroup.clone()))?;
             reg.by_path.insert(cgroup.clone(), SlotEntry { index, cgroup_id: id });
             reg.by_id.insert(id, cgroup.clone());
@@ -324,9 +320,9 @@ impl SignalSource for EbpfSource {
                 },
             );
         }
-        let inserted = self.cgroup_slot.lock().unwrap_or_else(|p| p.into_inner()).insert(id, index, 0);
+        let inserted = self.cgroup_slot.lock().insert(id, index, 0);
         if let Err(e) = inserted {
-            let mut reg = self.shared.registry.write().unwrap_or_else(|p| p.into_inner());
+            let mut reg = self.shared.registry.write();
             reg.by_path.remove(&cgroup);
             reg.by_id.remove(&id);
             reg.free.push(index);
@@ -345,12 +341,12 @@ impl SignalSource for EbpfSource {
     fn unregister(&self, cgroup: &str) {
         let cgroup = cgroup.trim_matches('/');
         let entry = {
-            let mut reg = self.shared.registry.write().unwrap_or_else(|p| p.into_inner());
+            let mut reg = self.shared.registry.write();
             let Some(entry) = reg.by_path.remove(cgroup) else { return };
             reg.by_id.remove(&entry.cgroup_id);
             entry
         };
-        let _ = self.cgroup_slot.lock().unwrap_or_else(|p| p.into_inner()).remove(&entry.cgroup_id);
+        let _ = self.cgroup_slot.lock().remove(&entry.cgroup_id);
         self.bump_generation();
         let s = self.shared.slots.at(entry.index);
         // SAFETY: `s` is in bounds of the slot mapping, which lives as long
@@ -361,7 +357,7 @@ impl SignalSource for EbpfSource {
             let epoch = std::ptr::read_volatile(&raw const (*s).epoch);
             std::ptr::write_volatile(s, CgroupSlot { epoch, ..CgroupSlot::EMPTY });
         }
-        self.shared.registry.write().unwrap_or_else(|p| p.into_inner()).free.push(entry.index);
+        self.shared.registry.write().free.push(entry.index);
         self.plans.drop_lines_of(cgroup);
     }
 
@@ -412,7 +408,7 @@ impl SignalSource for EbpfSource {
             node.inactive_file_pages += pending.inactive_file_pages;
         }
         let has_inodes = self.strategies.inodes != "none";
-        let reg = self.shared.registry.read().unwrap_or_else(|p| p.into_inner());
+        let reg = self.shared.registry.read();
         let cgroups = reg
             .by_path
             .iter()
@@ -431,7 +427,7 @@ impl SignalSource for EbpfSource {
     }
 
     fn subscribe(&self, sink: Arc<dyn EventSink>) {
-        *self.shared.sink.write().unwrap_or_else(|p| p.into_inner()) = Some(sink);
+        *self.shared.sink.write() = Some(sink);
     }
 
     fn set_kernel_victim(
@@ -443,7 +439,7 @@ impl SignalSource for EbpfSource {
         let trigger_slot = self.slot_index(target)?;
         let wanted = match victim {
             Some(v) => {
-                let reg = self.shared.registry.read().unwrap_or_else(|p| p.into_inner());
+                let reg = self.shared.registry.read();
                 let e = reg
                     .by_path
                     .get(v.cgroup.trim_matches('/'))
