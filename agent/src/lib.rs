@@ -34,6 +34,7 @@ pub mod sysctl;
 pub mod systemd;
 pub mod version;
 pub mod volumes;
+pub mod yaml_locate;
 pub mod yaml_read;
 // ---- device plugins ----
 pub mod deviceplugin;

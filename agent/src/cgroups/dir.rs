@@ -43,15 +43,13 @@ impl CgroupDir {
 
     /// The contents of the file `name` in this directory.
     pub fn read(&self, name: &str) -> Result<String> {
-        let mut text = String::new();
         match &self.fd {
             Some(fd) => open_at(fd.as_fd(), Path::new(name), OFlags::RDONLY),
             None => open_at(CWD, &self.path.join(name), OFlags::RDONLY),
         }
         .map(File::from)
-        .and_then(|mut f| f.read_to_string(&mut text))
-        .map_err(|e| CgroupError::io(&self.path.join(name), e))?;
-        Ok(text)
+        .and_then(read_whole)
+        .map_err(|e| CgroupError::io(&self.path.join(name), e))
     }
 
     /// A file holding one number, or `max` (read as u64::MAX).
@@ -63,6 +61,39 @@ impl CgroupDir {
         }
         t.parse().map_err(|_| CgroupError::Parse { path: self.path.join(name), value: t.to_owned() })
     }
+}
+
+/// The stack buffer a cgroup file is read into. kernfs formats the whole
+/// file at the first read, and the largest the stats pass reads (v2's
+/// memory.stat) is about 2 KiB, so one call takes it. Reading into an
+/// empty string would probe with 32 bytes and then double, a system call
+/// and a reallocation each time; reading into a page-sized heap buffer
+/// would be a large request each time, which makes glibc consolidate its
+/// free lists on every read. The text is then copied out at its size,
+/// mostly a few bytes.
+const READ_BUFFER: usize = 4096;
+
+/// The whole contents of an open cgroup file.
+pub(super) fn read_whole(mut file: File) -> io::Result<String> {
+    let mut buf = [0u8; READ_BUFFER];
+    let mut len = 0;
+    loop {
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => {
+                len += n;
+                if len == buf.len() {
+                    // Larger than the buffer: the rest on the heap.
+                    let mut bytes = buf.to_vec();
+                    file.read_to_end(&mut bytes)?;
+                    return String::from_utf8(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    String::from_utf8(buf[..len].to_vec()).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 fn open_at(dir: BorrowedFd<'_>, path: &Path, flags: OFlags) -> io::Result<OwnedFd> {
@@ -84,6 +115,12 @@ mod tests {
             assert_eq!(dir.read_u64("memory.current").unwrap(), 4096);
             let e = dir.read_u64("bad").unwrap_err().to_string();
             assert!(e.contains("bad") && e.contains("12k"), "{e}");
+            // Files as long as the read buffer, or longer, come whole.
+            for (name, len) in [("full", READ_BUFFER), ("big", READ_BUFFER * 2 + 7)] {
+                let text = "x".repeat(len);
+                std::fs::write(tmp.path().join(name), &text).unwrap();
+                assert_eq!(dir.read(name).unwrap(), text, "{name}");
+            }
             let e = dir.read("missing").unwrap_err();
             assert!(e.is_not_found() && e.to_string().contains("missing"), "{e}");
         }

@@ -144,7 +144,7 @@ impl CgroupFs {
     }
 
     fn read(&self, path: &Path) -> Result<String> {
-        fs::read_to_string(path).map_err(|e| CgroupError::io(path, e))
+        fs::File::open(path).and_then(dir::read_whole).map_err(|e| CgroupError::io(path, e))
     }
 
     fn write(&self, path: &Path, value: &str) -> Result<()> {
@@ -233,6 +233,9 @@ impl CgroupFs {
     /// first, in the memory tree.
     fn each_in_tree(&self, rel: &str, visit: &mut dyn FnMut(&str) -> Result<()>) -> Result<()> {
         visit(rel)?;
+        if !self.may_have_children(rel) {
+            return Ok(());
+        }
         for child in self.children(rel)? {
             match self.each_in_tree(&child, visit) {
                 // A child removed while we walk has no processes left.
@@ -241,6 +244,16 @@ impl CgroupFs {
             }
         }
         Ok(())
+    }
+
+    /// False when `rel` surely has no child cgroup. A cgroupfs directory's
+    /// link count is two plus its subdirectories (kernfs keeps it so, as
+    /// tmpfs and ext4 do), so one stat answers for a leaf, which most pod
+    /// cgroups' children are, what listing its twenty-odd control files
+    /// would. A filesystem that does not count links this way (btrfs
+    /// reports 1) or a failed stat says maybe.
+    fn may_have_children(&self, rel: &str) -> bool {
+        rustix::fs::stat(self.memory_dir(rel)).map_or(true, |st| st.st_nlink != 2)
     }
 
     /// Child cgroups of `rel` (relative paths), in the memory tree.
@@ -547,6 +560,21 @@ mod tests {
         procs.sort();
         assert_eq!(procs, [7, 8, 9, 10]);
         assert!(fs.process_tree("gone").unwrap_err().is_not_found());
+    }
+
+    #[test]
+    fn a_leaf_is_known_by_its_link_count() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fs = CgroupFs::with_layout(tmp.path(), Version::V1);
+        std::fs::create_dir_all(fs.memory_dir("pod/app/sub")).unwrap();
+        assert!(fs.may_have_children("pod"));
+        assert!(fs.may_have_children("pod/app"));
+        // A failed stat says maybe; the listing then reports it.
+        assert!(fs.may_have_children("pod/gone"));
+        // The leaf is told without a listing where the test's filesystem
+        // counts a directory's links as cgroupfs does (ext4, tmpfs).
+        let counts_links = rustix::fs::stat(fs.memory_dir("pod")).unwrap().st_nlink == 3;
+        assert_eq!(fs.may_have_children("pod/app/sub"), !counts_links);
     }
 
     #[test]

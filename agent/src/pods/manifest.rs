@@ -10,11 +10,15 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::{Pod, Toleration};
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::{defaults, validation};
-use crate::yaml_read::{self, YamlError};
+use serde_path_to_error::Segment;
+
+use crate::{
+    yaml_locate::{self, PathStep},
+    yaml_read::{self, YamlError},
+};
 
 pub const CONFIG_HASH: &str = "kubernetes.io/config.hash";
 pub const CONFIG_SOURCE: &str = "kubernetes.io/config.source";
@@ -52,34 +56,36 @@ pub fn read_pod(file: &Path, text: &str) -> Result<Pod, ManifestError> {
         }
         _ => {}
     }
-    let at_path = |path: String, problem: String| {
-        if path == "." { err(problem) } else { err(format!("{path}: {problem}")) }
-    };
     unquoted_env_values(&value).map_err(err)?;
-    if octal_modes(&mut value) {
-        return serde_path_to_error::deserialize::<_, Pod>(value)
-            .map_err(|e| at_path(e.path().to_string(), e.into_inner().to_string()));
-    }
-    // Typed decoding from the text, so the error gives the line, with the
-    // path of the field that does not fit. A file whose one object sits
-    // among empty documents is decoded from the value instead.
-    let mut track = serde_path_to_error::Track::new();
-    let typed = serde_saphyr::with_deserializer_from_str_with_options(text, yaml_read::options(), |de| {
-        Pod::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
-    });
-    match typed {
-        Ok(pod) => Ok(pod),
-        Err(e) if matches!(e.without_snippet(), serde_saphyr::Error::MultipleDocuments { .. }) => {
-            serde_path_to_error::deserialize::<_, Pod>(value)
-                .map_err(|e| at_path(e.path().to_string(), e.into_inner().to_string()))
-        }
-        Err(e) => Err(at_path(track.path().to_string(), YamlError::new(&e, text).to_string())),
-    }
+    octal_modes(&mut value);
+    // One typed decoding, of the value read above, for every manifest
+    // (YAML or JSON, one document or one among empty ones): the error
+    // gives the path of the field that does not fit, and its line in the
+    // text. (Decoding the text directly would give the line too, at the
+    // cost of a second copy of the whole Pod decoder, megabytes of code,
+    // and it would take unquoted numbers for strings, which the kubelet
+    // refuses.)
+    serde_path_to_error::deserialize::<_, Pod>(value).map_err(|e| {
+        let steps: Vec<PathStep<'_>> = e
+            .path()
+            .iter()
+            .map_while(|seg| match seg {
+                Segment::Map { key } => Some(PathStep::Key(key)),
+                Segment::Seq { index } => Some(PathStep::Index(*index)),
+                Segment::Enum { .. } | Segment::Unknown => None,
+            })
+            .collect();
+        let line = yaml_locate::locate(text, &steps).map(|l| format!(" at line {l}")).unwrap_or_default();
+        let path = e.path().to_string();
+        let problem = format!("{}{line}", e.inner());
+        if path == "." { err(problem) } else { err(format!("{path}: {problem}")) }
+    })
 }
 
 /// `env: [{name: N, value: 4}]`: YAML reads 4 as a number, and the
 /// kubelet (like the API server) refuses a number where EnvVar.value
-/// wants a string; serde would quietly take it, so it is checked here.
+/// wants a string. The decoder would refuse it too, but this says how to
+/// write it.
 fn unquoted_env_values(pod: &serde_json::Value) -> Result<(), String> {
     use serde_json::Value;
     let Some(spec) = pod.get("spec") else { return Ok(()) };
@@ -106,12 +112,11 @@ fn unquoted_env_values(pod: &serde_json::Value) -> Result<(), String> {
 
 /// File modes written the YAML 1.1 way (`defaultMode: 0640`), which the
 /// kubelet's YAML reader takes as octal and the YAML 1.2 rules here read
-/// as a string: turned into their number. Returns whether any was found.
-fn octal_modes(v: &mut serde_json::Value) -> bool {
+/// as a string: turned into their number.
+fn octal_modes(v: &mut serde_json::Value) {
     use serde_json::Value;
     match v {
         Value::Object(m) => {
-            let mut found = false;
             for (k, v) in m.iter_mut() {
                 let is_mode = matches!(k.as_str(), "defaultMode" | "mode");
                 if let (true, Value::String(s)) = (is_mode, &*v)
@@ -119,15 +124,13 @@ fn octal_modes(v: &mut serde_json::Value) -> bool {
                     && let Ok(n) = u32::from_str_radix(octal, 8)
                 {
                     *v = Value::Number(n.into());
-                    found = true;
                 } else {
-                    found |= octal_modes(v);
+                    octal_modes(v);
                 }
             }
-            found
         }
-        Value::Array(items) => items.iter_mut().fold(false, |found, i| octal_modes(i) | found),
-        _ => false,
+        Value::Array(items) => items.iter_mut().for_each(octal_modes),
+        _ => {}
     }
 }
 
@@ -259,7 +262,10 @@ spec:
             ("0o600", Ok((0o600, 0o600))),
             ("420", Ok((420, 420))),
             ("0", Ok((0, 0))),
-            ("0999", Err("spec.volumes[0].configMap.defaultMode: invalid i32: \"0999\" at line 10")),
+            (
+                "0999",
+                Err("spec.volumes[0].configMap.defaultMode: invalid type: string \"0999\", expected i32 at line 10"),
+            ),
         ];
         for (mode, want) in cases {
             match (modes(mode), want) {
@@ -280,7 +286,7 @@ spec:
             ("apiVersion: v1\nkind: Pod\nspec: [\n", "cannot parse"),
             (
                 "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec:\n  containers:\n  - name: c\n    image: b\n    ports: [{containerPort: eighty}]\n",
-                "spec.containers[0].ports[0].containerPort: invalid i32: \"eighty\" at line 8 column 29",
+                "spec.containers[0].ports[0].containerPort: invalid type: string \"eighty\", expected i32 at line 8",
             ),
             (
                 "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec:\n  containers:\n  - name: c\n    image: b\n    resources: {limits: {memory: 2Gx}}\n",
@@ -289,6 +295,16 @@ spec:
             (
                 "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec: {containers: []}\n",
                 "spec.containers: Required value",
+            ),
+            // An unquoted number where a string belongs, refused as the
+            // kubelet refuses it; a JSON manifest's line is found too.
+            (
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n  labels: {tier: 1}\nspec: {containers: [{name: c, image: b}]}\n",
+                "metadata.labels.tier: invalid type: integer `1`, expected a string at line 5",
+            ),
+            (
+                "{\"apiVersion\": \"v1\", \"kind\": \"Pod\",\n \"spec\": {\"containers\": [{\"name\": \"c\",\n  \"image\": [1]}]}}\n",
+                "spec.containers[0].image: invalid type: sequence, expected a string at line 3",
             ),
         ];
         let f = Path::new("web.yaml");

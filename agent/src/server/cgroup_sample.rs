@@ -2,7 +2,7 @@
 //! (usage, user/system, CFS throttling), memory (usage, working set, RSS,
 //! cache, mapped files, swap, page faults, limit), tasks (threads and
 //! their limit), block I/O per device, OOM kills, and the cgroup's spec
-//! (CFS quota and period, shares, memory reservation and swap limit).
+//! (CFS quota and period, shares, memory limit, reservation and swap limit).
 //! Also the network counters of a network namespace (/proc/<pid>/net/dev)
 //! and the devices' names.
 //!
@@ -55,6 +55,8 @@ pub struct CgroupSpec {
     /// cpu.shares (v1), or cpu.weight converted back to shares (v2).
     pub cpu_shares: Option<u64>,
     pub memory_reservation: Option<u64>,
+    /// memory.limit_in_bytes (v1) or memory.max (v2); None when unlimited.
+    pub memory_limit: Option<u64>,
     pub memory_swap_limit: Option<u64>,
     /// pids.max; None when unlimited.
     pub pids_max: Option<u64>,
@@ -197,6 +199,7 @@ fn limit(text: &str) -> Option<u64> {
 /// Reads the cgroup's spec.
 pub fn read_spec(fs: &CgroupFs, rel: &str, memory: &CgroupDir) -> CgroupSpec {
     let read = |dir: &CgroupDir, f: &str| dir.read(f).ok();
+    let memory_limit = fs.memory_limit_in(memory).ok().flatten();
     match fs.version() {
         Version::V1 => {
             let cpu = CgroupDir::open(&fs.controller_dir("cpu", rel)).ok();
@@ -207,6 +210,7 @@ pub fn read_spec(fs: &CgroupFs, rel: &str, memory: &CgroupDir) -> CgroupSpec {
                 cpu_quota_us: cpu_read("cpu.cfs_quota_us").and_then(|t| limit(&t)),
                 cpu_shares: cpu_read("cpu.shares").and_then(|t| t.trim().parse().ok()),
                 memory_reservation: read(memory, "memory.soft_limit_in_bytes").and_then(|t| limit(&t)),
+                memory_limit,
                 memory_swap_limit: read(memory, "memory.memsw.limit_in_bytes").and_then(|t| limit(&t)),
                 pids_max: read(&pids, "pids.max").and_then(|t| limit(&t)),
             }
@@ -218,6 +222,7 @@ pub fn read_spec(fs: &CgroupFs, rel: &str, memory: &CgroupDir) -> CgroupSpec {
                 cpu_quota_us: quota,
                 cpu_shares: read(memory, "cpu.weight").and_then(|t| t.trim().parse().ok()).map(weight_to_shares),
                 memory_reservation: read(memory, "memory.low").and_then(|t| limit(&t)),
+                memory_limit,
                 memory_swap_limit: read(memory, "memory.swap.max").and_then(|t| limit(&t)),
                 pids_max: read(memory, "pids.max").and_then(|t| limit(&t)),
             }
@@ -349,7 +354,8 @@ pub fn sample_cgroup(fs: &CgroupFs, rel: &str, specs: &mut SpecCache, reads: Rea
         }
     }
     if !rel.is_empty() {
-        s.memory_limit = fs.memory_limit_in(&memory).ok().flatten();
+        // With the spec: a limit changes only when the cgroup is updated.
+        s.memory_limit = s.spec.memory_limit;
         s.oom_kills = oom_kills(fs, &memory);
         if !v1 {
             s.swap = memory.read("memory.swap.current").ok().and_then(|t| t.trim().parse().ok()).or(Some(0));

@@ -200,7 +200,12 @@ impl StatsProvider {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = tick.tick() => { self.refresh().await; }
+                _ = tick.tick() => {
+                    self.refresh().await;
+                    // The pass and the one it replaced are freed now; hand
+                    // their pages back (see `heap::release_freed`).
+                    let _ = tokio::task::spawn_blocking(crate::heap::release_freed).await;
+                }
                 _ = shutdown.cancelled() => break,
             }
         }

@@ -17,11 +17,12 @@ use aya::{
     maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, RingBuf},
 };
 use parking_lot::{Mutex, RwLock};
+use rustix::mm::Advice;
 use swiftlet_common::{
     CgroupSlot, Control, KernelLayout, MAX_PLANS, MAX_SLOTS, NODE_MEMORY_BATCH, NODE_SLOT, NodePending, ProcCpu,
     VictimPlan, slot_flags,
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{
     EbpfSource, Registry, Shared, attach, err,
@@ -47,6 +48,28 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sw
 /// The embedded object.
 pub fn object() -> &'static [u8] {
     OBJECT
+}
+
+/// Hands back the pages of the binary that hold the embedded object, once
+/// it is copied for the loader: a megabyte the agent reads once at start
+/// and would otherwise keep mapped for its whole life. The pages stay in
+/// the page cache, and a later read of `OBJECT` maps them again.
+fn release_embedded_pages() {
+    let page = rustix::param::page_size();
+    let start = (OBJECT.as_ptr() as usize).next_multiple_of(page);
+    let end = (OBJECT.as_ptr() as usize + OBJECT.len()) / page * page;
+    if end <= start {
+        return;
+    }
+    // SAFETY: [start, end) is whole pages inside OBJECT, a read-only
+    // private mapping of the binary that nothing writes. MADV_DONTNEED on
+    // such a mapping only unmaps the pages: the next read of any byte in
+    // the range maps the same bytes again from the file, so every
+    // reference to OBJECT stays valid.
+    let released = unsafe { rustix::mm::madvise(start as *mut std::ffi::c_void, end - start, Advice::LinuxDontNeed) };
+    if let Err(e) = released {
+        debug!("cannot release the embedded object's pages: {e}");
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -177,7 +200,11 @@ impl EbpfSource {
         }
         let object = match &opts.object {
             Some(p) => std::fs::read(p).map_err(|e| err(&p.display().to_string(), e))?,
-            None => OBJECT.to_vec(),
+            None => {
+                let copy = OBJECT.to_vec();
+                release_embedded_pages();
+                copy
+            }
         };
         // aya's loader parses the kernel's BTF when it is made; that parse
         // goes before ours is made, so that one is in memory at a time.
