@@ -248,10 +248,10 @@ impl CgroupFs {
 
     /// False when `rel` surely has no child cgroup. A cgroupfs directory's
     /// link count is two plus its subdirectories (kernfs keeps it so, as
-    /// tmpfs and ext4 do), so one stat answers for a leaf, which most pod
-    /// cgroups' children are, what listing its twenty-odd control files
-    /// would. A filesystem that does not count links this way (btrfs
-    /// reports 1) or a failed stat says maybe.
+    /// tmpfs and ext4 do), so one stat tells a leaf (as most sandbox and
+    /// container cgroups are) without listing its twenty-odd control
+    /// files. A filesystem that does not count links this way (btrfs
+    /// reports 1), or a failed stat, says maybe.
     fn may_have_children(&self, rel: &str) -> bool {
         rustix::fs::stat(self.memory_dir(rel)).map_or(true, |st| st.st_nlink != 2)
     }

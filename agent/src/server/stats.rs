@@ -200,12 +200,7 @@ impl StatsProvider {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = tick.tick() => {
-                    self.refresh().await;
-                    // The pass and the one it replaced are freed now; hand
-                    // their pages back (see `heap::release_freed`).
-                    let _ = tokio::task::spawn_blocking(crate::heap::release_freed).await;
-                }
+                _ = tick.tick() => { self.refresh().await; }
                 _ = shutdown.cancelled() => break,
             }
         }
@@ -264,7 +259,14 @@ impl StatsProvider {
             let mut specs = specs.lock();
             specs.refresh = pass.is_multiple_of(SPEC_REFRESH_PASSES);
             let mut devices = devices.lock();
-            read_cgroups(&cgroupfs, &cfg, &pods, &runtime, &mut specs, &mut devices, machine)
+            let read = read_cgroups(&cgroupfs, &cfg, &pods, &runtime, &mut specs, &mut devices, machine);
+            // What the pass read (the pods' copies, the runtime's lists,
+            // every file's text) is garbage now: hand its pages back (see
+            // `heap::release_freed`), on this thread, so that the trim
+            // adds no thread to the blocking pool.
+            drop((pods, runtime));
+            crate::heap::release_freed();
+            read
         });
         let (mut node, mut pod_samples, mut errs) = match read.await {
             Ok(r) => r,
