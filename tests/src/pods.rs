@@ -1,7 +1,7 @@
 //! In-process stand-ins for the pod manager, for tests of the eviction
 //! manager that run "pods" as plain processes in pod cgroups.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use swiftlet::eviction::driver::{EvictionPod, EvictionRequest, PodEvictor, PodProvider};
 
@@ -23,9 +23,9 @@ impl FakePods {
 }
 
 impl PodProvider for FakePods {
-    fn eviction_pods(&self) -> Vec<EvictionPod> {
+    fn eviction_pods(&self) -> Vec<Arc<EvictionPod>> {
         let evicted: Vec<String> = self.evicted.lock().unwrap().iter().map(|e| e.uid.clone()).collect();
-        self.pods.lock().unwrap().iter().filter(|p| !evicted.contains(&p.uid)).cloned().collect()
+        self.pods.lock().unwrap().iter().filter(|p| !evicted.contains(&p.uid)).cloned().map(Arc::new).collect()
     }
 }
 

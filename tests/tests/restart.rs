@@ -34,8 +34,9 @@ fn all_up(s: &State) -> bool {
     s.0.len() == 1 && cri::sandbox_ready(s.0[0].1) && running("a") && running("b")
 }
 
-/// The relist's lean decoding (id, state and labels only) of containerd's
-/// real responses agrees with the full messages.
+/// The relist's lean decoding (id, state, and the pod named by the labels,
+/// read from their wire entries) of containerd's real responses agrees
+/// with the full messages.
 fn relist_matches_full_listing(agent: &AgentProcess, uid: &str) {
     use swiftlet::cri::{Listed, RuntimeService, labels};
     let (s, c) = agent.runtime_state(uid);
@@ -52,12 +53,12 @@ fn relist_matches_full_listing(agent: &AgentProcess, uid: &str) {
         v.sort_by(|a, b| a.id.cmp(&b.id));
         v
     };
-    let full_s = s.into_iter().map(|s| Listed { id: s.id, state: s.state, labels: s.labels }).collect();
-    let full_c = c.into_iter().map(|c| Listed { id: c.id, state: c.state, labels: c.labels }).collect();
+    let full_s = s.into_iter().map(|s| Listed { pod: labels::identity(&s.labels), id: s.id, state: s.state }).collect();
+    let full_c = c.into_iter().map(|c| Listed { pod: labels::identity(&c.labels), id: c.id, state: c.state }).collect();
     assert_eq!(sorted(ls), sorted(full_s));
     let lc = sorted(lc);
     assert_eq!(lc.len(), 3, "{lc:?}");
-    assert!(lc.iter().all(|c| c.labels.get(labels::POD_UID).map(String::as_str) == Some(uid)), "{lc:?}");
+    assert!(lc.iter().all(|c| c.pod.as_ref().map(|p| p.uid.as_str()) == Some(uid)), "{lc:?}");
     assert_eq!(lc, sorted(full_c));
 }
 

@@ -217,13 +217,14 @@ impl CgroupFs {
         Ok(out)
     }
 
-    /// Every cgroup of the subtree at `rel` (itself first) with the number
-    /// of processes directly in it: one walk that gives the count of the
-    /// whole subtree and of each part ([`subtree_processes`]).
-    pub fn process_tree(&self, rel: &str) -> Result<Vec<(String, u64)>> {
+    /// Every cgroup of the subtree at `rel` (itself first) with the
+    /// processes directly in it: one walk that gives the count of the whole
+    /// subtree and of each part ([`subtree_processes`]), and each part's
+    /// first process.
+    pub fn process_tree(&self, rel: &str) -> Result<Vec<(String, Vec<u32>)>> {
         let mut out = vec![];
         self.each_in_tree(rel, &mut |cgroup| {
-            out.push((cgroup.trim_matches('/').to_owned(), self.procs(cgroup)?.len() as u64));
+            out.push((cgroup.trim_matches('/').to_owned(), self.procs(cgroup)?));
             Ok(())
         })?;
         Ok(out)
@@ -531,11 +532,11 @@ pub fn shares_to_weight(shares: u64) -> u64 {
 
 /// Processes in the part of a [`CgroupFs::process_tree`] walk at `rel` and
 /// below it.
-pub fn subtree_processes(tree: &[(String, u64)], rel: &str) -> u64 {
+pub fn subtree_processes(tree: &[(String, Vec<u32>)], rel: &str) -> u64 {
     let rel = rel.trim_matches('/');
     tree.iter()
         .filter(|(path, _)| path.strip_prefix(rel).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')))
-        .map(|(_, n)| n)
+        .map(|(_, procs)| procs.len() as u64)
         .sum()
 }
 
@@ -554,8 +555,9 @@ mod tests {
         }
         let mut tree = fs.process_tree("/pod").unwrap();
         tree.sort();
-        let want = [("pod", 0), ("pod/app", 2), ("pod/app/sub", 1), ("pod/pause", 1)];
-        assert_eq!(tree, want.map(|(p, n)| (p.to_owned(), n)));
+        let want: [(&str, &[u32]); 4] =
+            [("pod", &[]), ("pod/app", &[8, 9]), ("pod/app/sub", &[10]), ("pod/pause", &[7])];
+        assert_eq!(tree, want.map(|(p, procs)| (p.to_owned(), procs.to_vec())));
         let mut procs = fs.procs_recursive("pod").unwrap();
         procs.sort();
         assert_eq!(procs, [7, 8, 9, 10]);
@@ -579,10 +581,10 @@ mod tests {
 
     #[test]
     fn subtree_processes_counts_a_cgroup_and_its_descendants_only() {
-        let tree: Vec<(String, u64)> =
+        let tree: Vec<(String, Vec<u32>)> =
             [("pod", 0), ("pod/pause", 1), ("pod/app", 2), ("pod/app/sub", 3), ("pod/apps", 5)]
                 .into_iter()
-                .map(|(p, n)| (p.to_owned(), n))
+                .map(|(p, n)| (p.to_owned(), (0..n).collect()))
                 .collect();
         for (rel, want) in
             [("pod", 11), ("/pod/", 11), ("pod/app", 5), ("pod/pause", 1), ("pod/apps", 5), ("pod/none", 0)]

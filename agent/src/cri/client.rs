@@ -188,7 +188,30 @@ impl CriClient {
 /// these messages leave out (annotations, metadata, image) without
 /// allocating; the tags are the CRI's (runtime.v1 api.proto).
 mod lean {
-    use std::collections::HashMap;
+    use bytes::Bytes;
+
+    use crate::cri::labels::{self, PodIdentity};
+
+    /// One entry of a proto3 `map<string, string>`: on the wire a map is a
+    /// repeated message with the key at tag 1 and the value at tag 2. Read
+    /// as such, the relist's labels go into no hash map, and as `Bytes`
+    /// they are slices of the response, not copies.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Label {
+        #[prost(bytes = "bytes", tag = "1")]
+        pub key: Bytes,
+        #[prost(bytes = "bytes", tag = "2")]
+        pub value: Bytes,
+    }
+
+    /// The pod identity the labels carry, if it is ours. A value that is
+    /// not UTF-8 (which proto3 strings never are) counts as absent.
+    pub fn identity(labels: &[Label]) -> Option<PodIdentity> {
+        labels::identity_by(|key| {
+            let l = labels.iter().find(|l| l.key == key.as_bytes())?;
+            std::str::from_utf8(&l.value).ok()
+        })
+    }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct PodSandbox {
@@ -196,8 +219,8 @@ mod lean {
         pub id: String,
         #[prost(int32, tag = "3")]
         pub state: i32,
-        #[prost(map = "string, string", tag = "5")]
-        pub labels: HashMap<String, String>,
+        #[prost(message, repeated, tag = "5")]
+        pub labels: Vec<Label>,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -212,8 +235,8 @@ mod lean {
         pub id: String,
         #[prost(int32, tag = "6")]
         pub state: i32,
-        #[prost(map = "string, string", tag = "8")]
-        pub labels: HashMap<String, String>,
+        #[prost(message, repeated, tag = "8")]
+        pub labels: Vec<Label>,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -354,8 +377,11 @@ impl RuntimeService for CriClient {
         let c: lean::ListContainersResponse =
             self.lean_call("ListContainers", api::ListContainersRequest { filter: containers }).await?;
         Ok((
-            s.items.into_iter().map(|s| Listed { id: s.id, state: s.state, labels: s.labels }).collect(),
-            c.containers.into_iter().map(|c| Listed { id: c.id, state: c.state, labels: c.labels }).collect(),
+            s.items.into_iter().map(|s| Listed { pod: lean::identity(&s.labels), id: s.id, state: s.state }).collect(),
+            c.containers
+                .into_iter()
+                .map(|c| Listed { pod: lean::identity(&c.labels), id: c.id, state: c.state })
+                .collect(),
         ))
     }
 

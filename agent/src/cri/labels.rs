@@ -67,13 +67,18 @@ pub fn managed_selector() -> HashMap<String, String> {
 
 /// The pod identity a sandbox or container carries, if it is ours.
 pub fn identity(labels: &HashMap<String, String>) -> Option<PodIdentity> {
-    if labels.get(MANAGED_BY).map(String::as_str) != Some("true") {
+    identity_by(|key| labels.get(key).map(String::as_str))
+}
+
+/// The pod identity from labels looked up by `label`, if it is ours.
+pub fn identity_by<'a>(label: impl Fn(&str) -> Option<&'a str>) -> Option<PodIdentity> {
+    if label(MANAGED_BY) != Some("true") {
         return None;
     }
     Some(PodIdentity {
-        uid: labels.get(POD_UID)?.clone(),
-        namespace: labels.get(POD_NAMESPACE)?.clone(),
-        name: labels.get(POD_NAME)?.clone(),
+        uid: label(POD_UID)?.to_owned(),
+        namespace: label(POD_NAMESPACE)?.to_owned(),
+        name: label(POD_NAME)?.to_owned(),
     })
 }
 

@@ -33,7 +33,9 @@ pub struct Listed {
     pub id: String,
     /// `PodSandboxState` or `ContainerState`.
     pub state: i32,
-    pub labels: std::collections::HashMap<String, String>,
+    /// The pod it belongs to, from its labels; None when swiftlet did not
+    /// make it.
+    pub pod: Option<labels::PodIdentity>,
 }
 
 /// The RuntimeService calls the kubelet makes.
@@ -63,7 +65,7 @@ pub trait RuntimeService: Send + Sync {
     async fn stop_container(&self, container_id: &str, timeout: Duration) -> Result<()>;
     async fn remove_container(&self, container_id: &str) -> Result<()>;
     async fn list_containers(&self, filter: Option<api::ContainerFilter>) -> Result<Vec<api::Container>>;
-    /// The id, state and labels of the sandboxes and of the containers the
+    /// The id, state and pod of the sandboxes and of the containers the
     /// filters select: all a relist needs. The default lists them in full;
     /// the gRPC client decodes only these fields, since the relist runs
     /// every second and annotations are most of a listing.
@@ -75,8 +77,8 @@ pub trait RuntimeService: Send + Sync {
         let s = self.list_pod_sandbox(sandboxes).await?;
         let c = self.list_containers(containers).await?;
         Ok((
-            s.into_iter().map(|s| Listed { id: s.id, state: s.state, labels: s.labels }).collect(),
-            c.into_iter().map(|c| Listed { id: c.id, state: c.state, labels: c.labels }).collect(),
+            s.into_iter().map(|s| Listed { pod: labels::identity(&s.labels), id: s.id, state: s.state }).collect(),
+            c.into_iter().map(|c| Listed { pod: labels::identity(&c.labels), id: c.id, state: c.state }).collect(),
         ))
     }
     async fn container_status(&self, container_id: &str) -> Result<api::ContainerStatus>;

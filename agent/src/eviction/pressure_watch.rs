@@ -128,7 +128,7 @@ pub struct PressureWatcher<F: PressureFiles> {
     sink: Arc<dyn PressureSink>,
     node: PressureState,
     /// By pod uid: the pod, its file and its state.
-    pod_states: HashMap<String, (EvictionPod, PathBuf, PressureState)>,
+    pod_states: HashMap<String, (Arc<EvictionPod>, PathBuf, PressureState)>,
     armed: Vec<PathBuf>,
 }
 
@@ -346,8 +346,8 @@ mod tests {
 
     struct Pods(Mutex<Vec<EvictionPod>>);
     impl PodProvider for Pods {
-        fn eviction_pods(&self) -> Vec<EvictionPod> {
-            self.0.lock().clone()
+        fn eviction_pods(&self) -> Vec<Arc<EvictionPod>> {
+            self.0.lock().iter().cloned().map(Arc::new).collect()
         }
     }
 

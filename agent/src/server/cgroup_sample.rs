@@ -259,14 +259,13 @@ fn read_cpu(fs: &CgroupFs, rel: &str, memory: &CgroupDir, s: &mut CgroupSample) 
     let quota = s.spec.cpu_quota_us.is_some();
     match fs.version() {
         Version::V1 => {
-            let acct = CgroupDir::open(&fs.controller_dir("cpuacct", rel)).ok();
-            s.cpu_usage_ns =
-                acct.as_ref().and_then(|d| d.read("cpuacct.usage").ok()).and_then(|t| t.trim().parse().ok());
-            if let Some(t) = acct.as_ref().and_then(|d| d.read("cpuacct.stat").ok()) {
-                // USER_HZ ticks.
-                let tick_ns = 1_000_000_000 / rustix::param::clock_ticks_per_second().max(1);
-                s.cpu_user_ns = keyed(&t, "user").map(|v| v * tick_ns);
-                s.cpu_system_ns = keyed(&t, "system").map(|v| v * tick_ns);
+            // One file for the usage and its split (cpuacct.usage and
+            // cpuacct.stat would be a directory and two files more).
+            let all = CgroupDir::at(fs.controller_dir("cpuacct", rel)).read("cpuacct.usage_all");
+            if let Some((user, system)) = all.ok().as_deref().and_then(parse_usage_all) {
+                s.cpu_usage_ns = Some(user + system);
+                s.cpu_user_ns = Some(user);
+                s.cpu_system_ns = Some(system);
             }
             if quota {
                 s.cfs = CgroupDir::at(fs.controller_dir("cpu", rel)).read("cpu.stat").ok().and_then(|t| parse_cfs(&t));
@@ -281,6 +280,23 @@ fn read_cpu(fs: &CgroupFs, rel: &str, memory: &CgroupDir, s: &mut CgroupSample) 
             }
         }
     }
+}
+
+/// The user and system nanoseconds of a v1 `cpuacct.usage_all`, summed
+/// over its CPUs (one line each under a `cpu user system` header). Their
+/// sum is `cpuacct.usage`.
+fn parse_usage_all(text: &str) -> Option<(u64, u64)> {
+    let mut lines = text.lines();
+    if lines.next()?.split_whitespace().collect::<Vec<_>>() != ["cpu", "user", "system"] {
+        return None;
+    }
+    lines.try_fold((0u64, 0u64), |(user, system), line| {
+        let mut f = line.split_whitespace().skip(1).map(str::parse::<u64>);
+        match (f.next(), f.next()) {
+            (Some(Ok(u)), Some(Ok(s))) => Some((user.saturating_add(u), system.saturating_add(s))),
+            _ => None,
+        }
+    })
 }
 
 /// What a pass reads beyond the basics.
@@ -471,6 +487,18 @@ mod tests {
         assert_eq!(keyed("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n", "oom_kill"), Some(3));
         assert_eq!(keyed("low 0\nhigh 0\nmax 2\noom 1\noom_kill 1\noom_group_kill 0\n", "oom_kill"), Some(1));
         assert_eq!(keyed("x 1\n", "oom_kill"), None);
+    }
+
+    #[test]
+    fn v1_cpu_time_split_over_every_cpu() {
+        let two = "cpu user system\n0 3000 1000\n1 500 250\n";
+        assert_eq!(parse_usage_all(two), Some((3500, 1250)));
+        // A cgroup on no CPU yet: zero, not unknown.
+        assert_eq!(parse_usage_all("cpu user system\n0 0 0\n"), Some((0, 0)));
+        // Any other shape is not guessed at.
+        for bad in ["", "cpu user\n0 1\n", "cpu user system\n0 1\n", "cpu user system\n0 x 2\n"] {
+            assert_eq!(parse_usage_all(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

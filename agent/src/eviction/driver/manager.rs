@@ -297,7 +297,7 @@ impl Manager {
             }
             for v in ev.victims {
                 let Some(p) = pods.iter().find(|p| p.uid == v.uid) else { continue };
-                let planned = planned(p);
+                let planned = PlannedVictim::new(p);
                 if !self.shared.claim(&planned, ev.threshold.signal) {
                     continue;
                 }
@@ -320,7 +320,7 @@ impl Manager {
     fn evict_for_pressure(
         &self,
         cfg: &DriverConfig,
-        pods: &[EvictionPod],
+        pods: &[Arc<EvictionPod>],
         candidates: &[Candidate],
         meter: &dyn core::ContainerMemory,
     ) {
@@ -335,7 +335,7 @@ impl Manager {
             return;
         };
         let Some(p) = pods.iter().find(|p| p.uid == v.uid) else { return };
-        let planned = planned(p);
+        let planned = PlannedVictim::new(p);
         if !self.shared.claim(&planned, EvictionSignal::MemoryAvailable) {
             return;
         }
@@ -358,17 +358,20 @@ impl Manager {
         }
     }
 
-    fn rank_from(&self, pods: &[EvictionPod], snapshot: &Snapshot) {
+    fn rank_from(&self, pods: &[Arc<EvictionPod>], snapshot: &Snapshot) {
         let cfg = self.cfg();
         // Only pods under kubepods are ever planned: the kernel kills what
         // the plan names, so nothing else may get there.
         let kubepods = format!("{}/", cfg.node.kubepods_cgroup);
-        let pods: Vec<&EvictionPod> = pods.iter().filter(|p| p.cgroup.starts_with(&kubepods)).collect();
         let lines = self.lines.lock().clone();
         let tasks = lines.iter().any(|l| l.eviction_signal == EvictionSignal::PidAvailable);
         let reader = tasks.then_some(&*self.edges.cgroups);
-        let candidates: Vec<(Candidate, &EvictionPod)> =
-            pods.iter().map(|p| (candidate(p, snapshot, reader, false), *p)).filter(|(c, _)| c.evictable).collect();
+        // The ranking reads no names: the pods are copied nowhere.
+        let candidates: Vec<(Candidate, &Arc<EvictionPod>)> = pods
+            .iter()
+            .filter(|p| p.cgroup.starts_with(&kubepods) && !p.critical)
+            .map(|p| (ranking_candidate(p, snapshot, reader), p))
+            .collect();
         let ranked_ns = monotonic_ns();
         let mut victims = HashMap::new();
         for line in &lines {
@@ -377,9 +380,9 @@ impl Manager {
                 EvictionSignal::PidAvailable => (ranking::by_tasks, Some(PID_PLAN_MAX_AGE)),
                 _ => (ranking::by_memory, None),
             };
-            let mut ranked: Vec<&(Candidate, &EvictionPod)> = candidates.iter().collect();
+            let mut ranked: Vec<&(Candidate, &Arc<EvictionPod>)> = candidates.iter().collect();
             ranked.sort_by(|a, b| order(&a.0, &b.0));
-            let list: Vec<PlannedVictim> = ranked.iter().map(|(_, p)| planned(p)).collect();
+            let list: Vec<PlannedVictim> = ranked.iter().map(|(_, p)| PlannedVictim::new(p)).collect();
             // The kernel gets the first victim, unless one evicted for this
             // signal is still dying (see `Shared::dying_for`).
             let dying = self.shared.dying_for(signal);
@@ -409,7 +412,7 @@ impl Manager {
     /// no longer lists, whose memory is still on its way out.
     fn candidates(
         &self,
-        pods: &[EvictionPod],
+        pods: &[Arc<EvictionPod>],
         snapshot: &Snapshot,
         tasks: Option<&dyn super::CgroupReader>,
     ) -> Vec<Candidate> {
@@ -439,7 +442,7 @@ impl Manager {
     /// Registers new pod cgroups with the signal source and drops gone
     /// ones; forgets in-flight victims whose processes are all gone;
     /// returns the pods.
-    fn sync_registrations(&self) -> Vec<EvictionPod> {
+    fn sync_registrations(&self) -> Vec<Arc<EvictionPod>> {
         let pods = self.edges.pods.eviction_pods();
         let kubepods = self.cfg.lock().node.kubepods_cgroup.clone();
         self.shared.in_flight.lock().retain(|uid, f| {
@@ -593,8 +596,17 @@ fn line_capacity(cfg: &DriverConfig, signal: EvictionSignal) -> u64 {
     }
 }
 
-fn planned(p: &EvictionPod) -> PlannedVictim {
-    PlannedVictim { uid: p.uid.clone(), namespace: p.namespace.clone(), name: p.name.clone(), cgroup: p.cgroup.clone() }
+/// What the memory and PID rankings compare: the pod's priority, memory
+/// and tasks, without its names.
+fn ranking_candidate(p: &EvictionPod, snapshot: &Snapshot, tasks: Option<&dyn super::CgroupReader>) -> Candidate {
+    let usage = snapshot.cgroups.get(&p.cgroup).copied().unwrap_or_default();
+    Candidate {
+        priority: p.priority,
+        evictable: !p.critical,
+        memory: Usage { request: p.memory_request, usage: usage.working_set_bytes },
+        tasks: tasks.and_then(|r| r.tasks(&p.cgroup)).unwrap_or(usage.processes),
+        ..Default::default()
+    }
 }
 
 /// A pod as the decision sees it, from a snapshot; its tasks from `tasks`

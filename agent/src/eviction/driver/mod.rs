@@ -91,9 +91,10 @@ pub struct EvictionPod {
     pub inodes_used: Option<u64>,
 }
 
-/// Lists the pods that may be evicted.
+/// Lists the pods that may be evicted. The plan asks every second, so each
+/// pod is shared, not copied.
 pub trait PodProvider: Send + Sync {
-    fn eviction_pods(&self) -> Vec<EvictionPod>;
+    fn eviction_pods(&self) -> Vec<Arc<EvictionPod>>;
 }
 
 /// How the victim's processes were ended before the runtime was told.
@@ -189,13 +190,24 @@ pub struct DriverConfig {
     pub reclaim_before_eviction: bool,
 }
 
-/// One planned victim: enough to kill it without asking anyone.
+/// One planned victim: enough to kill it without asking anyone. It shares
+/// the pod manager's description of the pod, so the plan made every second
+/// copies no pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlannedVictim {
-    pub uid: String,
-    pub namespace: String,
-    pub name: String,
-    pub cgroup: String,
+pub struct PlannedVictim(Arc<EvictionPod>);
+
+impl PlannedVictim {
+    pub fn new(pod: &Arc<EvictionPod>) -> PlannedVictim {
+        PlannedVictim(Arc::clone(pod))
+    }
+}
+
+impl std::ops::Deref for PlannedVictim {
+    type Target = EvictionPod;
+
+    fn deref(&self) -> &EvictionPod {
+        &self.0
+    }
 }
 
 /// The ranked victims of every kernel line, as the manager last made them.

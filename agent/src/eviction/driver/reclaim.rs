@@ -97,7 +97,7 @@ impl CacheReclaim {
     /// line plus the minimum reclaim. False when there was nothing to
     /// write, or the pods' active cache cannot cover it (the eviction
     /// should not wait): the manager then evicts on what it observed.
-    pub(super) fn reclaim(&self, t: &EvictionThreshold, obs: &Observation, pods: &[EvictionPod]) -> bool {
+    pub(super) fn reclaim(&self, t: &EvictionThreshold, obs: &Observation, pods: &[Arc<EvictionPod>]) -> bool {
         let excess = reclaim::working_set_excess(t, obs);
         let cache: Vec<(String, MemoryKinds)> =
             pods.iter().filter_map(|p| Some((p.cgroup.clone(), self.reclaimer.memory_kinds(&p.cgroup)?))).collect();

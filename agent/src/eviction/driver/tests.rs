@@ -39,9 +39,9 @@ pub(super) struct Pods {
 }
 
 impl PodProvider for Pods {
-    fn eviction_pods(&self) -> Vec<EvictionPod> {
+    fn eviction_pods(&self) -> Vec<Arc<EvictionPod>> {
         let gone: Vec<String> = self.requests.lock().iter().map(|r| r.uid.clone()).collect();
-        self.pods.lock().iter().filter(|p| !gone.contains(&p.uid)).cloned().collect()
+        self.pods.lock().iter().filter(|p| !gone.contains(&p.uid)).cloned().map(Arc::new).collect()
     }
 }
 

@@ -3,7 +3,7 @@
 //! containers), the kill it asks for (`PodEvictor`), and which pods count as
 //! active for garbage collection (`ActivePods`).
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use tracing::warn;
 
@@ -21,19 +21,18 @@ use crate::{
 };
 
 impl PodProvider for PodManager {
-    fn eviction_pods(&self) -> Vec<EvictionPod> {
+    fn eviction_pods(&self) -> Vec<Arc<EvictionPod>> {
         let mut pods = self.inner.pods.lock();
         let cgroups = &self.inner.deps.cgroups;
         let evict_static = self.inner.evict_static.load(std::sync::atomic::Ordering::Relaxed);
-        pods.iter_mut()
-            .filter(|(_, e)| e.active && !e.orphan && e.handle.is_some())
-            .filter_map(|(id, e)| {
-                if e.eviction.is_none() {
-                    e.eviction = eviction_pod(id, e, cgroups, evict_static);
-                }
-                e.eviction.clone()
-            })
-            .collect()
+        let mut out = Vec::with_capacity(pods.len());
+        for (id, e) in pods.iter_mut().filter(|(_, e)| e.active && !e.orphan && e.handle.is_some()) {
+            if e.eviction.is_none() {
+                e.eviction = eviction_pod(id, e, cgroups, evict_static).map(Arc::new);
+            }
+            out.extend(e.eviction.clone());
+        }
+        out
     }
 }
 

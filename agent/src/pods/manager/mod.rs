@@ -58,7 +58,7 @@ struct Entry {
     /// when first asked after either changed: the plan is refreshed every
     /// second, and the requests, priority and QoS behind it parse
     /// quantities.
-    eviction: Option<EvictionPod>,
+    eviction: Option<Arc<EvictionPod>>,
 }
 
 struct Inner {

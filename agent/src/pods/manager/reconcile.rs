@@ -152,50 +152,50 @@ impl Inner {
                 Some(api::ContainerFilter { label_selector: sel, ..Default::default() }),
             )
             .await?;
-        let mut now: HashMap<String, Vec<(String, i32)>> = HashMap::new();
-        let mut identity: HashMap<String, labels::PodIdentity> = HashMap::new();
-        for s in &sandboxes {
-            if let Some(id) = labels::identity(&s.labels) {
-                now.entry(id.uid.clone()).or_default().push((s.id.clone(), s.state));
-                identity.insert(id.uid.clone(), id);
-            }
-        }
-        for c in &containers {
-            if let Some(id) = labels::identity(&c.labels) {
-                now.entry(id.uid.clone()).or_default().push((c.id.clone(), c.state));
-                identity.entry(id.uid.clone()).or_insert(id);
-            }
-        }
-        for v in now.values_mut() {
-            v.sort();
-        }
         let ready = self.sources_ready();
         let mut tombstones = self.tombstones.lock();
         tombstones.retain(|_, at| at.elapsed() < TOMBSTONE_TTL);
         let mut pods = self.pods.lock();
-        for (uid, fp) in &now {
+        // What runs, per pod, moved out of the listing: the relist runs
+        // every second and copies nothing of the common case.
+        let mut now: HashMap<String, Vec<(String, i32)>> = HashMap::with_capacity(previous.len());
+        let mut orphans: Vec<labels::PodIdentity> = vec![];
+        for item in sandboxes.into_iter().chain(containers) {
+            let Some(pod) = item.pod else { continue };
+            if ready
+                && !pods.contains_key(&pod.uid)
+                && !tombstones.contains_key(&pod.uid)
+                && !orphans.iter().any(|o| o.uid == pod.uid)
+            {
+                orphans.push(pod.clone());
+            }
+            now.entry(pod.uid).or_default().push((item.id, item.state));
+        }
+        for (uid, fp) in now.iter_mut() {
+            fp.sort();
             if previous.get(uid) != Some(fp)
                 && let Some(h) = pods.get(uid).and_then(|e| e.handle.as_ref())
             {
                 h.wake.notify_one();
             }
-            if ready && !pods.contains_key(uid) && !tombstones.contains_key(uid) {
-                let id = &identity[uid];
-                info!(
-                    pod = format!("{}/{}", id.namespace, id.name),
-                    uid, "stopping what runs for a pod no source wants"
-                );
-                let mut pod = Pod::default();
-                pod.metadata.uid = Some(id.uid.clone());
-                pod.metadata.name = Some(id.name.clone());
-                pod.metadata.namespace = Some(id.namespace.clone());
-                let handle = Worker::spawn(self.deps.clone(), self.sink(), pod.clone(), self.shutdown.clone());
-                let _ = handle.tx.send(Msg::Remove);
-                let mut e = Entry::new(pod, Some(handle));
-                e.orphan = true;
-                e.active = false;
-                pods.insert(uid.clone(), e);
-            }
+        }
+        for id in orphans {
+            info!(
+                pod = format!("{}/{}", id.namespace, id.name),
+                uid = id.uid,
+                "stopping what runs for a pod no source wants"
+            );
+            let uid = id.uid.clone();
+            let mut pod = Pod::default();
+            pod.metadata.uid = Some(id.uid);
+            pod.metadata.name = Some(id.name);
+            pod.metadata.namespace = Some(id.namespace);
+            let handle = Worker::spawn(self.deps.clone(), self.sink(), pod.clone(), self.shutdown.clone());
+            let _ = handle.tx.send(Msg::Remove);
+            let mut e = Entry::new(pod, Some(handle));
+            e.orphan = true;
+            e.active = false;
+            pods.insert(uid, e);
         }
         *previous = now;
         Ok(())
