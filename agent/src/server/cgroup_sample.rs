@@ -263,7 +263,7 @@ fn read_cpu(fs: &CgroupFs, rel: &str, memory: &CgroupDir, s: &mut CgroupSample) 
             // cpuacct.stat would be a directory and two files more).
             let all = CgroupDir::at(fs.controller_dir("cpuacct", rel)).read("cpuacct.usage_all");
             if let Some((user, system)) = all.ok().as_deref().and_then(parse_usage_all) {
-                s.cpu_usage_ns = Some(user + system);
+                s.cpu_usage_ns = Some(user.saturating_add(system));
                 s.cpu_user_ns = Some(user);
                 s.cpu_system_ns = Some(system);
             }
