@@ -97,7 +97,8 @@ pub fn termination_message_file(settings: &NodeSettings, uid: &str, container: &
     settings.pods_dir.join(uid).join("containers").join(container).join(format!("termination-{attempt}"))
 }
 
-fn host_network(pod: &Pod) -> bool {
+/// Whether the pod runs in the node's network namespace.
+pub fn host_network(pod: &Pod) -> bool {
     pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false)
 }
 

@@ -274,9 +274,9 @@ pub(super) fn read_cgroups(
         let sandbox = rt.sandboxes.get(&uid).and_then(|l| l.first()).and_then(|sb| {
             let rel = container_cgroup(cfg.naming.driver, &pod_cgroup_path, &sb.id, exists)?;
             let cgroup = sample(&rel)?;
-            let interfaces = if host_network(pod) {
-                // The node's namespace, whose counters the node's figures
-                // read already.
+            let interfaces = if crate::pods::spec::host_network(pod) {
+                // The node's namespace (the agent, as the kubelet, runs in
+                // it), whose counters the node's figures read already.
                 node.interfaces.clone()
             } else {
                 let walked = tree.as_deref().map(|t| first_walked(t, &rel));
@@ -349,12 +349,6 @@ pub(super) fn read_cgroups(
         out.push(PodSample { namespace, name, uid, start_time, cgroup: pod_cgroup, sandbox, containers, ephemeral });
     }
     (node, out, errors)
-}
-
-/// Whether the pod runs in the node's network namespace (whose counters
-/// are the node's: the agent, as the kubelet, runs in it).
-fn host_network(pod: &Pod) -> bool {
-    pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false)
 }
 
 /// The first process the walk found directly in `rel`, if any.

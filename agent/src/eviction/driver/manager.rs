@@ -175,7 +175,7 @@ impl Manager {
         let capacity = line_capacity(&cfg, signal);
         let observed = Observation { available: capacity as i64 - used as i64, capacity };
         let candidate = match self.edges.pods.eviction_pods().into_iter().find(|p| p.uid == v.uid) {
-            Some(p) => candidate(&p, &Snapshot::empty(), None, true),
+            Some(p) => candidate(&p, &Snapshot::empty(), None),
             None => Candidate {
                 uid: v.uid.clone(),
                 namespace: v.namespace.clone(),
@@ -418,7 +418,7 @@ impl Manager {
     ) -> Vec<Candidate> {
         let mut out: Vec<Candidate> = pods
             .iter()
-            .map(|p| Candidate { in_flight: self.shared.is_in_flight(&p.uid), ..candidate(p, snapshot, tasks, true) })
+            .map(|p| Candidate { in_flight: self.shared.is_in_flight(&p.uid), ..candidate(p, snapshot, tasks) })
             .collect();
         for (uid, f) in self.shared.in_flight.lock().iter() {
             if pods.iter().any(|p| &p.uid == uid) {
@@ -597,7 +597,8 @@ fn line_capacity(cfg: &DriverConfig, signal: EvictionSignal) -> u64 {
 }
 
 /// What the memory and PID rankings compare: the pod's priority, memory
-/// and tasks, without its names.
+/// and tasks (threads from `tasks` when given, else its processes),
+/// without its names.
 fn ranking_candidate(p: &EvictionPod, snapshot: &Snapshot, tasks: Option<&dyn super::CgroupReader>) -> Candidate {
     let usage = snapshot.cgroups.get(&p.cgroup).copied().unwrap_or_default();
     Candidate {
@@ -609,39 +610,24 @@ fn ranking_candidate(p: &EvictionPod, snapshot: &Snapshot, tasks: Option<&dyn su
     }
 }
 
-/// A pod as the decision sees it, from a snapshot; its tasks from `tasks`
-/// (threads counted) when given, else its processes; its containers (for
-/// messages) when asked.
-fn candidate(
-    p: &EvictionPod,
-    snapshot: &Snapshot,
-    tasks: Option<&dyn super::CgroupReader>,
-    with_containers: bool,
-) -> Candidate {
-    let usage = snapshot.cgroups.get(&p.cgroup).copied().unwrap_or_default();
+/// A pod as the decision sees it, from a snapshot: what the rankings
+/// compare (`ranking_candidate`) plus its names, disk use and containers
+/// (for messages).
+fn candidate(p: &EvictionPod, snapshot: &Snapshot, tasks: Option<&dyn super::CgroupReader>) -> Candidate {
+    let inodes = snapshot.cgroups.get(&p.cgroup).and_then(|u| u.inodes);
     Candidate {
         uid: p.uid.clone(),
         namespace: p.namespace.clone(),
         name: p.name.clone(),
-        priority: p.priority,
-        evictable: !p.critical,
         termination_grace_secs: p.termination_grace_secs,
-        memory: Usage { request: p.memory_request, usage: usage.working_set_bytes },
-        tasks: tasks.and_then(|r| r.tasks(&p.cgroup)).unwrap_or(usage.processes),
         disk: Usage { request: p.ephemeral_storage_request, usage: p.disk_usage.unwrap_or(0) },
-        inodes: p.inodes_used.or(usage.inodes.map(|i| i.max(0) as u64)).unwrap_or(0),
-        containers: if with_containers {
-            p.containers
-                .iter()
-                .map(|c| ContainerRef {
-                    name: c.name.clone(),
-                    memory_request: c.memory_request,
-                    cgroup: c.cgroup.clone(),
-                })
-                .collect()
-        } else {
-            vec![]
-        },
+        inodes: p.inodes_used.or(inodes.map(|i| i.max(0) as u64)).unwrap_or(0),
+        containers: p
+            .containers
+            .iter()
+            .map(|c| ContainerRef { name: c.name.clone(), memory_request: c.memory_request, cgroup: c.cgroup.clone() })
+            .collect(),
         in_flight: false,
+        ..ranking_candidate(p, snapshot, tasks)
     }
 }

@@ -29,7 +29,7 @@ const MOUNT_RETRY_MAX: Duration = Duration::from_secs(60);
 
 impl Worker {
     pub(super) fn pod_ip(&self, observed: &ObservedPod) -> Option<String> {
-        if self.pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false) {
+        if spec::host_network(&self.pod) {
             return self.deps.settings.node_ip.clone();
         }
         observed.ready_sandbox().and_then(|s| s.ip.clone())
@@ -134,11 +134,8 @@ impl Worker {
                 observed.sandboxes.first().map_or(0, |s| s.attempt),
                 &self.deps.settings,
             );
-            let pod_ip = if self.pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false) {
-                self.deps.settings.node_ip.clone()
-            } else {
-                sandbox_ip.clone()
-            };
+            let pod_ip =
+                if spec::host_network(&self.pod) { self.deps.settings.node_ip.clone() } else { sandbox_ip.clone() };
             let mut names: Vec<String> =
                 actions.next_init.iter().chain(&actions.init_start).chain(&actions.start).cloned().collect();
             names.extend(crate::pods::ephemeral::to_start(&self.pod, &observed));
