@@ -122,8 +122,9 @@ pub static NODE_PENDING: PerCpuArray<NodePending> = PerCpuArray::with_max_entrie
 pub static NODE_MEMORY_BATCH: Global<u32> = Global::new(swiftlet_common::NODE_MEMORY_BATCH);
 
 /// How close to the node's memory line (in pages) every page is added to the
-/// node at once: the agent sets a batch on every possible CPU, the most the
-/// node's figure can lag behind.
+/// node at once: the agent sets, for every possible CPU, a batch plus six
+/// of the kernel's own stat thresholds, the most the node's figure as one
+/// CPU sees it can lag behind the kernel's as read at every page.
 #[unsafe(no_mangle)]
 pub static NODE_LINE_SLACK: Global<u64> = Global::new(0);
 

@@ -76,7 +76,14 @@ fn node_delta(memcg: u64, inactive_file: bool, delta: i64, kind: u32) {
         }
         let (u, i) = ((*pending).usage_pages, (*pending).inactive_file_pages);
         let batch = NODE_MEMORY_BATCH.load() as u64;
-        if u.unsigned_abs() < batch && i.unsigned_abs() < batch && !near_line(node, u - i) {
+        // The working set's own pending (u − i) counts too: page cache
+        // reclaimed on this CPU while anonymous memory grows keeps each
+        // count short of a batch while the working set moves by both.
+        if u.unsigned_abs() < batch
+            && i.unsigned_abs() < batch
+            && (u - i).unsigned_abs() < batch
+            && !near_line(node, u - i)
+        {
             return;
         }
         (*pending).usage_pages = 0;
@@ -101,10 +108,10 @@ fn node_delta(memcg: u64, inactive_file: bool, delta: i64, kind: u32) {
 }
 
 /// True when the node has a memory line and its working set, with `pending`
-/// pages of this CPU, is within `NODE_LINE_SLACK` (a batch on every CPU) of
-/// the trigger or past it. Far from the line this is two loads of lines no
-/// CPU writes often: the slot's counters (once per batch) and its
-/// thresholds (when the agent moves the line).
+/// pages of this CPU, is within `NODE_LINE_SLACK` (a batch and the kernel's
+/// own counter lag on every CPU) of the trigger or past it. Far from the
+/// line this is two loads of lines no CPU writes often: the slot's counters
+/// (once per batch) and its thresholds (when the agent moves the line).
 #[inline(always)]
 fn near_line(node: *mut swiftlet_common::CgroupSlot, pending: i64) -> bool {
     let signal = Signal::MemoryWorkingSet;

@@ -7,7 +7,7 @@
 //!   pods' cgroup root inside a test cgroup.
 
 use std::{
-    net::{SocketAddr, TcpListener},
+    net::SocketAddr,
     path::PathBuf,
     process::{Child, Command, Stdio},
     sync::Arc,
@@ -34,10 +34,7 @@ use crate::{
     https::{Https, Identity},
 };
 
-/// A port nobody listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
-}
+pub use crate::node_process::free_port;
 
 /// target/<profile>/swiftlet, built beside the test binaries, or the build
 /// `SWIFTLET_BINARY` names (to measure another build with the same test).

@@ -12,9 +12,35 @@ use std::{
 
 use crate::cgroup::TestCgroup;
 
-/// A free TCP port on loopback (bound then released).
+/// Where test ports are taken from: below the kernel's ephemeral range
+/// (`ip_local_port_range` starts at 32768 by default). A port the kernel
+/// handed out with `bind(0)` and that was then released can be handed out
+/// again at once, to another listener or as the local port of any outgoing
+/// connection, before the process the test gives it to binds it.
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A TCP port free on every address, for a process the test starts to
+/// bind later. Each call in a process gives a different port; the first
+/// is placed by the process id, so test binaries run one after another
+/// do not start on the same one.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let span = u32::from(TEST_PORTS.end - TEST_PORTS.start);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7919) % span,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..span {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % span;
+        let port = TEST_PORTS.start + offset as u16;
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free TCP port in {TEST_PORTS:?}")
 }
 
 pub struct NodeProcess {

@@ -55,10 +55,9 @@ pub struct TestImage {
     pub size: u64,
 }
 
-/// A port nothing listens on (bound, then closed).
+/// A port nothing listens on.
 pub fn closed_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").port()
+    crate::node_process::free_port()
 }
 
 impl Registry {

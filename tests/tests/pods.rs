@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ContainerStatus, PodStatus};
-use swiftlet_tests::agent::TestAgent;
+use swiftlet_tests::{agent::TestAgent, node_process::free_port};
 
 const BUSYBOX: &str = "swiftlet.local/busybox:1.35";
 
@@ -324,10 +324,6 @@ fn a_bad_manifest_is_reported_and_the_others_run() {
     assert_eq!(a.agent.pod_metrics.manifest_errors.get(), 1);
     let metrics = a.agent.metrics.encode();
     assert!(metrics.contains("swiftlet_static_pod_manifest_errors_total 1"), "{metrics}");
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port()
 }
 
 #[test]

@@ -8,6 +8,7 @@
 //! the eviction manager.
 
 mod dir;
+mod kill;
 mod stat;
 
 use std::{
@@ -19,10 +20,7 @@ use std::{
 };
 
 pub use dir::CgroupDir;
-use rustix::{
-    io::Errno,
-    process::{Pid, Signal},
-};
+use rustix::io::Errno;
 pub use stat::MemoryStat;
 use thiserror::Error;
 
@@ -389,78 +387,6 @@ impl CgroupFs {
         }
     }
 
-    /// Kills every process in `rel` and its descendants with SIGKILL, as
-    /// fast as the kernel allows: `cgroup.kill` on v2. On v1, the freezer
-    /// first: once the cgroup reads FROZEN no task of it can fork or exit,
-    /// so the pids read from `tasks` are still the tasks they name when the
-    /// signal goes out (no pid reuse); then SIGKILL each task and thaw, so
-    /// the signals are delivered. Returns how many tasks were signalled on
-    /// v1 (v2 does not say).
-    pub fn kill_all(&self, rel: &str) -> Result<usize> {
-        match self.version {
-            Version::V2 => {
-                let path = self.memory_dir(rel).join("cgroup.kill");
-                self.write(&path, "1")?;
-                Ok(0)
-            }
-            Version::V1 => {
-                let state = self.controller_dir("freezer", rel).join("freezer.state");
-                let frozen = state.exists() && self.write(&state, "FROZEN").is_ok();
-                if frozen && !self.wait_frozen(&state) {
-                    // A task stuck in the kernel (uninterruptible sleep) keeps
-                    // the cgroup FREEZING; signal anyway rather than wait on it.
-                    tracing::debug!(cgroup = rel, "not FROZEN within {FREEZE_WAIT:?}; signalling what is there");
-                }
-                let result = self.signal_tree(rel, Signal::KILL);
-                if frozen {
-                    // Thaw even when signalling failed, or the tasks stay
-                    // frozen forever.
-                    let _ = self.write(&state, "THAWED");
-                }
-                result
-            }
-        }
-    }
-
-    /// Polls a v1 `freezer.state` (each read advances the freeze) until it
-    /// says FROZEN; false after [`FREEZE_WAIT`]. It sleeps between reads
-    /// rather than yields: the tasks must run to freeze, and a caller under
-    /// SCHED_FIFO (the eviction fast path) that only yielded would keep its
-    /// core from them.
-    fn wait_frozen(&self, state: &Path) -> bool {
-        let deadline = Instant::now() + FREEZE_WAIT;
-        loop {
-            if self.read(state).is_ok_and(|s| s.trim() == "FROZEN") {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_micros(20));
-        }
-    }
-
-    fn signal_tree(&self, rel: &str, sig: Signal) -> Result<usize> {
-        // Each cgroup's own tasks (threads included: a thread's id is a pid
-        // kill(2) takes, and it signals the whole process).
-        let mut n = 0;
-        let dir = self.memory_dir(rel);
-        let tasks = self.read(&dir.join("tasks")).or_else(|_| self.read(&dir.join("cgroup.procs")))?;
-        // A pid that has exited meanwhile yields ESRCH, which is fine. `Pid`
-        // is positive: a stray 0 or -1 in the file never becomes kill(2)'s
-        // "this process group" or "every process".
-        let pids = tasks.lines().filter_map(|l| Pid::from_raw(l.trim().parse::<i32>().ok()?));
-        for pid in pids {
-            if rustix::process::kill_process(pid, sig).is_ok() {
-                n += 1;
-            }
-        }
-        for child in self.children(rel)? {
-            n += self.signal_tree(&child, sig).unwrap_or(0);
-        }
-        Ok(n)
-    }
-
     /// Removes `rel` and its descendants from every tree, waiting up to
     /// `timeout` for exiting processes to leave. A missing cgroup is fine.
     pub fn remove(&self, rel: &str, timeout: Duration) -> Result<()> {
@@ -487,11 +413,6 @@ impl CgroupFs {
         Ok(())
     }
 }
-
-/// How long a v1 kill waits for its cgroup to read FROZEN: freezing stops
-/// each task at its next return to user space, microseconds for running
-/// or sleeping tasks.
-const FREEZE_WAIT: Duration = Duration::from_millis(100);
 
 /// rmdir bottom-up; a cgroup with exiting tasks returns EBUSY for a moment.
 fn remove_tree(dir: &Path, deadline: Instant) -> Result<()> {

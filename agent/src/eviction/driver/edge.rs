@@ -26,6 +26,10 @@ pub trait Killer: Send + Sync {
     /// SIGKILL to everything in `cgroup` and below, as fast as the kernel
     /// allows. An error when the cgroup is gone or cannot be written.
     fn kill_all(&self, cgroup: &str) -> Result<(), String>;
+    /// [`Killer::kill_all`] for a victim the kernel has already begun to
+    /// kill at a crossing: what is left is signalled without waiting on the
+    /// tasks that are already dying.
+    fn kill_survivors(&self, cgroup: &str) -> Result<(), String>;
 }
 
 /// How a `memory.reclaim` write ended.
@@ -113,6 +117,10 @@ impl Killer for CgroupFs {
     fn kill_all(&self, cgroup: &str) -> Result<(), String> {
         CgroupFs::kill_all(self, cgroup).map(|_| ()).map_err(|e| e.to_string())
     }
+
+    fn kill_survivors(&self, cgroup: &str) -> Result<(), String> {
+        CgroupFs::kill_survivors(self, cgroup).map(|_| ()).map_err(|e| e.to_string())
+    }
 }
 
 #[cfg(test)]
@@ -135,11 +143,18 @@ pub mod fake {
         pub tasks: Mutex<HashMap<String, u64>>,
         pub populated: Mutex<HashSet<String>>,
         pub kills: Mutex<Vec<String>>,
+        pub survivor_kills: Mutex<Vec<String>>,
     }
 
     impl FakeCgroups {
+        /// The cgroups killed whole, in order.
         pub fn kills(&self) -> Vec<String> {
             self.kills.lock().clone()
+        }
+
+        /// The cgroups whose survivors were killed after a kernel kill.
+        pub fn survivor_kills(&self) -> Vec<String> {
+            self.survivor_kills.lock().clone()
         }
 
         /// The last process of `cgroup` has exited.
@@ -230,6 +245,11 @@ pub mod fake {
     impl Killer for FakeCgroups {
         fn kill_all(&self, cgroup: &str) -> Result<(), String> {
             self.kills.lock().push(cgroup.to_owned());
+            if self.populated.lock().contains(cgroup) { Ok(()) } else { Err(format!("{cgroup}: gone")) }
+        }
+
+        fn kill_survivors(&self, cgroup: &str) -> Result<(), String> {
+            self.survivor_kills.lock().push(cgroup.to_owned());
             if self.populated.lock().contains(cgroup) { Ok(()) } else { Err(format!("{cgroup}: gone")) }
         }
     }

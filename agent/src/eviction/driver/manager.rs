@@ -135,7 +135,7 @@ impl Manager {
                             cgroup,
                             "the kernel killed a victim the agent no longer plans for; killing through the cgroup"
                         );
-                        let _ = self.shared.killer.kill_all(&cgroup);
+                        let _ = self.shared.killer.kill_survivors(&cgroup);
                         self.edges.source.kernel_kill_finished(cgroup_id);
                     }
                 }

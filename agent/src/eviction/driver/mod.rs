@@ -305,7 +305,13 @@ impl Shared {
     /// has claimed `v`. For the kernel's kill this ends the survivors: the
     /// tasks it could not reach from the crossing's context.
     fn kill(&self, v: &PlannedVictim, path: KillPath, crossing_ns: Option<u64>, killed_ns: Option<u64>) -> bool {
-        let ok = match self.killer.kill_all(&v.cgroup) {
+        // After a kernel kill the victim is already dying: its survivors are
+        // signalled without waiting for the cgroup to freeze.
+        let killed = match path {
+            KillPath::Kernel => self.killer.kill_survivors(&v.cgroup),
+            _ => self.killer.kill_all(&v.cgroup),
+        };
+        let ok = match killed {
             Ok(()) => true,
             Err(e) => {
                 tracing::debug!(pod = v.name, path = path.as_str(), "kill through the cgroup failed: {e}");

@@ -283,7 +283,8 @@ async fn a_kernel_kill_is_finished_by_the_agent_and_recorded_once() {
     assert!(h.cgroups.kills().is_empty(), "the fast path stands down when the kernel killed");
     settle().await;
     tokio::time::sleep(Duration::from_secs(25)).await;
-    assert_eq!(h.cgroups.kills(), ["kubepods/podhog"], "survivors killed through the cgroup, once");
+    assert_eq!(h.cgroups.survivor_kills(), ["kubepods/podhog"], "survivors killed through the cgroup, once");
+    assert!(h.cgroups.kills().is_empty(), "no freeze-and-kill of a victim that is already dying");
     assert_eq!(h.source.kills_finished(), [77], "the doomed mark released");
     let requests = h.requests();
     assert_eq!(requests.len(), 1, "{requests:?}");

@@ -86,9 +86,9 @@ pub struct EbpfOptions {
     /// kernel supports (tests and benchmarks compare them).
     pub memory_strategy: Option<MemoryStrategy>,
     /// Pages each CPU gathers before adding them to the node's memory
-    /// figures and line; `None` is the kernel's charge batch
-    /// ([`NODE_MEMORY_BATCH`]). An observer that must see the node's line
-    /// crossed at the very page (the eviction race) uses 1.
+    /// figures and line, far from the line; `None` is the kernel's charge
+    /// batch ([`NODE_MEMORY_BATCH`]). An observer that must see the node's
+    /// line crossed at the very page (the eviction race) uses 1.
     pub node_memory_batch: Option<u32>,
     /// Run the ring buffer's reader thread under SCHED_FIFO at this
     /// priority (1..=99): the eviction fast path kills on that thread, and
@@ -132,7 +132,7 @@ impl Globals {
             pidns_ino,
             refresh_tag: next_refresh_tag(),
             node_memory_batch,
-            node_line_slack: u64::from(node_memory_batch) * possible_cpus(),
+            node_line_slack: node_line_slack(node_memory_batch, kernel_stat_threshold(), possible_cpus()),
         })
     }
 
@@ -376,9 +376,45 @@ fn possible_cpus() -> u64 {
     aya::util::nr_cpus().map_or(1, |n| n as u64)
 }
 
+/// How close to the node's memory line (in pages) the programs add every
+/// page at once: the most by which the node's figure, as one CPU sees it,
+/// can be behind the figure an observer reading the kernel at every page
+/// crosses the line with. On each CPU that is this agent's own `batch`
+/// plus the swing of the kernel's own lag: each of the three per-node
+/// counters the working set is made of (anon, file, inactive file) is
+/// behind by up to a stat `threshold` per CPU either way, and a fold moves
+/// it by a whole threshold at one page, so between two of the agent's
+/// reads the working set's lag can swing by six thresholds per CPU.
+fn node_line_slack(batch: u32, threshold: u64, cpus: u64) -> u64 {
+    (u64::from(batch) + 6 * threshold) * cpus
+}
+
+/// The kernel's largest per-CPU vm statistics threshold (`vm stats
+/// threshold` in /proc/zoneinfo), the pages a CPU holds back from the
+/// per-node counters; the kernel's ceiling (125) when it cannot be read.
+fn kernel_stat_threshold() -> u64 {
+    std::fs::read_to_string("/proc/zoneinfo").ok().and_then(|z| largest_stat_threshold(&z)).unwrap_or(125)
+}
+
+fn largest_stat_threshold(zoneinfo: &str) -> Option<u64> {
+    zoneinfo.lines().filter_map(|l| l.trim().strip_prefix("vm stats threshold:")?.trim().parse().ok()).max()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_node_line_slack_covers_the_agents_batch_and_the_kernels_lag() {
+        let zoneinfo = "Node 0, zone      DMA\n  pages free     3840\n  pagesets\n    cpu: 0\n              count: 0\n  \
+                        vm stats threshold: 4\nNode 0, zone   Normal\n    cpu: 1\n  vm stats threshold: 36\n";
+        assert_eq!(largest_stat_threshold(zoneinfo), Some(36));
+        assert_eq!(largest_stat_threshold("Node 0, zone DMA\n"), None);
+        // 64 pages of this agent's batch and 6 × 36 of the kernel's, per CPU.
+        assert_eq!(node_line_slack(64, 36, 2), 560);
+        // A batch of one (the race's observer) still covers the kernel's lag.
+        assert_eq!(node_line_slack(1, 36, 2), 434);
+    }
 
     #[test]
     fn the_process_table_covers_every_pid_within_the_kernel_limit() {

@@ -1,0 +1,143 @@
+//! Killing everything in a cgroup tree: `cgroup.kill` on v2; on v1, the
+//! freezer and a signal to each task, or pidfds where the freezer would
+//! wait on tasks already dying.
+
+use std::{
+    collections::HashSet,
+    os::fd::OwnedFd,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+
+use super::{CgroupFs, Result, Version};
+
+/// How long a v1 kill waits for its cgroup to read FROZEN: freezing stops
+/// each task at its next return to user space, microseconds for running
+/// or sleeping tasks.
+const FREEZE_WAIT: Duration = Duration::from_millis(100);
+
+/// The most passes a survivor kill makes over a v1 tree.
+const SURVIVOR_PASSES: usize = 16;
+
+impl CgroupFs {
+    /// Kills every process in `rel` and its descendants with SIGKILL, as
+    /// fast as the kernel allows: `cgroup.kill` on v2. On v1, the freezer
+    /// first: once the cgroup reads FROZEN no task of it can fork or exit,
+    /// so the pids read from `tasks` are still the tasks they name when the
+    /// signal goes out (no pid reuse); then SIGKILL each task and thaw, so
+    /// the signals are delivered. Returns how many tasks were signalled on
+    /// v1 (v2 does not say).
+    pub fn kill_all(&self, rel: &str) -> Result<usize> {
+        match self.version {
+            Version::V2 => {
+                let path = self.memory_dir(rel).join("cgroup.kill");
+                self.write(&path, "1")?;
+                Ok(0)
+            }
+            Version::V1 => {
+                let state = self.controller_dir("freezer", rel).join("freezer.state");
+                let frozen = state.exists() && self.write(&state, "FROZEN").is_ok();
+                if frozen && !self.wait_frozen(&state) {
+                    // A task stuck in the kernel (uninterruptible sleep) keeps
+                    // the cgroup FREEZING; signal anyway rather than wait on it.
+                    tracing::debug!(cgroup = rel, "not FROZEN within {FREEZE_WAIT:?}; signalling what is there");
+                }
+                let result = self.signal_tree(rel, Signal::KILL);
+                if frozen {
+                    // Thaw even when signalling failed, or the tasks stay
+                    // frozen forever.
+                    let _ = self.write(&state, "THAWED");
+                }
+                result
+            }
+        }
+    }
+
+    /// Polls a v1 `freezer.state` (each read advances the freeze) until it
+    /// says FROZEN; false after [`FREEZE_WAIT`]. It sleeps between reads
+    /// rather than yields: the tasks must run to freeze, and a caller under
+    /// SCHED_FIFO (the eviction fast path) that only yielded would keep its
+    /// core from them.
+    fn wait_frozen(&self, state: &Path) -> bool {
+        let deadline = Instant::now() + FREEZE_WAIT;
+        loop {
+            if self.read(state).is_ok_and(|s| s.trim() == "FROZEN") {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    fn signal_tree(&self, rel: &str, sig: Signal) -> Result<usize> {
+        // Threads included: a thread's id is a pid kill(2) takes, and it
+        // signals the whole process. A pid that has exited meanwhile yields
+        // ESRCH, which is fine.
+        let mut n = 0;
+        for pid in self.tree_ids(rel, "tasks")? {
+            if rustix::process::kill_process(pid, sig).is_ok() {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Kills what is left of a victim the kernel has already begun to kill
+    /// at a crossing, without the freezer: on v1 a cgroup does not read
+    /// FROZEN while one of its tasks is exiting (the victim, freeing its
+    /// memory), so [`CgroupFs::kill_all`] would wait out [`FREEZE_WAIT`] after
+    /// every kernel kill. The kernel also kills any task of a doomed victim
+    /// that charges memory, so a survivor that runs is stopped either way.
+    ///
+    /// On v2 this is `cgroup.kill`. On v1 each pass lists the tree's
+    /// processes, opens a pidfd for each one not yet signalled, lists them
+    /// again and signals through the pidfd only those still listed: a pidfd
+    /// names one process, so when a pid was reused between the two lists
+    /// the new process is a member (and is meant to die) or the pidfd's
+    /// process is dead (ESRCH). Passes go on while they find processes not
+    /// yet signalled (one forked during a pass is listed by the next, and a
+    /// process with SIGKILL pending cannot fork), at most
+    /// [`SURVIVOR_PASSES`]. Returns how many processes were signalled on v1.
+    pub fn kill_survivors(&self, rel: &str) -> Result<usize> {
+        if self.version == Version::V2 {
+            return self.kill_all(rel);
+        }
+        let mut signalled = HashSet::new();
+        for _ in 0..SURVIVOR_PASSES {
+            let fresh: Vec<(Pid, OwnedFd)> = self
+                .tree_ids(rel, "cgroup.procs")?
+                .into_iter()
+                .filter(|pid| !signalled.contains(pid))
+                .filter_map(|pid| Some((pid, pidfd_open(pid, PidfdFlags::empty()).ok()?)))
+                .collect();
+            if fresh.is_empty() {
+                break;
+            }
+            let still: HashSet<Pid> = self.tree_ids(rel, "cgroup.procs")?.into_iter().collect();
+            for (pid, fd) in fresh {
+                if still.contains(&pid) && pidfd_send_signal(&fd, Signal::KILL).is_ok() {
+                    signalled.insert(pid);
+                }
+            }
+        }
+        Ok(signalled.len())
+    }
+
+    /// The ids `file` (`tasks` or `cgroup.procs`) lists in `rel`'s memory
+    /// tree and below. `Pid` is positive: a stray 0 or -1 in a file never
+    /// becomes kill(2)'s "this process group" or "every process". A child
+    /// removed during the walk is skipped.
+    fn tree_ids(&self, rel: &str, file: &str) -> Result<Vec<Pid>> {
+        let dir = self.memory_dir(rel);
+        let listed = self.read(&dir.join(file)).or_else(|_| self.read(&dir.join("cgroup.procs")))?;
+        let mut ids: Vec<Pid> = listed.lines().filter_map(|l| Pid::from_raw(l.trim().parse::<i32>().ok()?)).collect();
+        for child in self.children(rel)? {
+            ids.extend(self.tree_ids(&child, file).unwrap_or_default());
+        }
+        Ok(ids)
+    }
+}
