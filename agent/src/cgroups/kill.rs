@@ -74,14 +74,22 @@ impl CgroupFs {
     }
 
     fn signal_tree(&self, rel: &str, sig: Signal) -> Result<usize> {
-        // Threads included: a thread's id is a pid kill(2) takes, and it
-        // signals the whole process. A pid that has exited meanwhile yields
-        // ESRCH, which is fine.
+        // Each cgroup's own tasks (threads included: a thread's id is a pid
+        // kill(2) takes, and it signals the whole process).
         let mut n = 0;
-        for pid in self.tree_ids(rel, "tasks")? {
+        let dir = self.memory_dir(rel);
+        let tasks = self.read(&dir.join("tasks")).or_else(|_| self.read(&dir.join("cgroup.procs")))?;
+        // A pid that has exited meanwhile yields ESRCH, which is fine. `Pid`
+        // is positive: a stray 0 or -1 in the file never becomes kill(2)'s
+        // "this process group" or "every process".
+        let pids = tasks.lines().filter_map(|l| Pid::from_raw(l.trim().parse::<i32>().ok()?));
+        for pid in pids {
             if rustix::process::kill_process(pid, sig).is_ok() {
                 n += 1;
             }
+        }
+        for child in self.children(rel)? {
+            n += self.signal_tree(&child, sig).unwrap_or(0);
         }
         Ok(n)
     }
@@ -109,7 +117,7 @@ impl CgroupFs {
         let mut signalled = HashSet::new();
         for _ in 0..SURVIVOR_PASSES {
             let fresh: Vec<(Pid, OwnedFd)> = self
-                .tree_ids(rel, "cgroup.procs")?
+                .tree_pids(rel)?
                 .into_iter()
                 .filter(|pid| !signalled.contains(pid))
                 .filter_map(|pid| Some((pid, pidfd_open(pid, PidfdFlags::empty()).ok()?)))
@@ -117,7 +125,7 @@ impl CgroupFs {
             if fresh.is_empty() {
                 break;
             }
-            let still: HashSet<Pid> = self.tree_ids(rel, "cgroup.procs")?.into_iter().collect();
+            let still: HashSet<Pid> = self.tree_pids(rel)?.into_iter().collect();
             for (pid, fd) in fresh {
                 if still.contains(&pid) && pidfd_send_signal(&fd, Signal::KILL).is_ok() {
                     signalled.insert(pid);
@@ -127,17 +135,11 @@ impl CgroupFs {
         Ok(signalled.len())
     }
 
-    /// The ids `file` (`tasks` or `cgroup.procs`) lists in `rel`'s memory
-    /// tree and below. `Pid` is positive: a stray 0 or -1 in a file never
-    /// becomes kill(2)'s "this process group" or "every process". A child
-    /// removed during the walk is skipped.
-    fn tree_ids(&self, rel: &str, file: &str) -> Result<Vec<Pid>> {
-        let dir = self.memory_dir(rel);
-        let listed = self.read(&dir.join(file)).or_else(|_| self.read(&dir.join("cgroup.procs")))?;
-        let mut ids: Vec<Pid> = listed.lines().filter_map(|l| Pid::from_raw(l.trim().parse::<i32>().ok()?)).collect();
-        for child in self.children(rel)? {
-            ids.extend(self.tree_ids(&child, file).unwrap_or_default());
-        }
-        Ok(ids)
+    /// The processes of `rel`'s tree ([`CgroupFs::procs_recursive`]) as
+    /// pids. `Pid` is positive: a stray 0 never becomes "this process
+    /// group".
+    fn tree_pids(&self, rel: &str) -> Result<Vec<Pid>> {
+        let procs = self.procs_recursive(rel)?;
+        Ok(procs.into_iter().filter_map(|p| Pid::from_raw(i32::try_from(p).ok()?)).collect())
     }
 }
