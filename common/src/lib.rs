@@ -298,7 +298,18 @@ pub struct Control {
     /// was not anonymous ([`growth`]) is then left to the agent
     /// ([`KillOutcome::DeferredFileGrowth`], [`KillOutcome::DeferredUnknownGrowth`]).
     pub reclaim_first: u32,
-    pub _reserved: u32,
+    /// The process the kernel just killed as the task that crossed a line,
+    /// while `wake_held_until_ns` is set (see there).
+    pub wake_held_tgid: u32,
+    /// CLOCK_MONOTONIC ns until which records are committed without waking
+    /// the agent's reader ([`WAKE_HOLD_NS`] after an in-kernel kill of the
+    /// current task), 0 when they wake it. Woken at once, the reader (under
+    /// SCHED_FIFO) preempted the victim on its own CPU on its way out of the
+    /// page fault, and the victim met its SIGKILL only after the reader had
+    /// handled the records: 0.1 ms more to every kill. The victim's exit
+    /// (`wake_held_tgid`'s) ends the hold and wakes the reader; so does the
+    /// first program to run after the deadline.
+    pub wake_held_until_ns: u64,
 }
 
 /// What moved when a memory line was crossed, as the program that saw the
@@ -321,6 +332,13 @@ pub mod growth {
 /// milliseconds of the kill; this only bounds a mark the agent never
 /// cleared (it was stopped, or the event was lost).
 pub const DOOMED_FOR_NS: u64 = 5_000_000_000;
+
+/// How long the agent's reader is left asleep after an in-kernel kill of
+/// the task that crossed the line, at most (`Control::wake_held_until_ns`):
+/// the victim exits within about 50 µs on an idle CPU, and its exit wakes the
+/// reader before this; on a busy CPU, where the victim waits its turn, the
+/// agent's own kill of the pod is not held back longer than this.
+pub const WAKE_HOLD_NS: u64 = 1_000_000;
 
 /// The refresh program's trigger is getpgid(2) with `(tag << REFRESH_TAG_SHIFT)
 /// | first_slot`: each loaded instance has its own tag (a load-time
@@ -628,7 +646,7 @@ pub const MAX_NUMA_NODES: u32 = 8;
 const _: () = assert!(core::mem::size_of::<CgroupSlot>() == 128);
 const _: () = assert!(core::mem::offset_of!(ProcCpu, slots) == 36);
 const _: () = assert!(core::mem::size_of::<Resolution>() == 208);
-const _: () = assert!(core::mem::size_of::<Control>() == 96);
+const _: () = assert!(core::mem::size_of::<Control>() == 104);
 const _: () = assert!(core::mem::size_of::<VictimPlan>() == 64);
 const _: () = assert!(core::mem::size_of::<Event>() == 64);
 const _: () = assert!(core::mem::size_of::<KernelLayout>() == 108);

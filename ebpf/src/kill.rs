@@ -12,7 +12,10 @@
 //!    line). Any doomed task that charges memory afterwards is signalled as
 //!    the current task.
 //! 3. Reports a KernelKill record ahead of the crossing's own, which says
-//!    what happened ([`KillOutcome`]) whether the plan ran or not.
+//!    what happened ([`KillOutcome`]) whether the plan ran or not. When it
+//!    signalled the current task, both records wake the agent's reader only
+//!    once that task has exited (`wakeup.rs`), so the reader does not take
+//!    the victim's CPU before the victim meets its signal.
 //!
 //! The victim's other processes are the agent's: it kills the whole cgroup
 //! (`cgroup.kill`, or freeze and signal on cgroup v1) as soon as it reads
@@ -200,6 +203,11 @@ fn kill_victim(
         bump(&mut (*ctl).kernel_kills);
     }
     let pid = kill_current_if_member(memcg);
+    if pid != 0 {
+        // The agent's reader would preempt the victim on this CPU before it
+        // meets the signal; it is woken when the victim has exited.
+        crate::wakeup::hold_until_exit_of(pid, now);
+    }
     emit(
         EventKind::KernelKill,
         signal as u32,
@@ -230,6 +238,9 @@ pub fn doomed() -> u64 {
         if memcg == 0 {
             return 0;
         }
+        // A kill's wake-up hold, should its victim not have exited in time,
+        // ends at the memory events that follow it.
+        crate::wakeup::release_if_expired();
         let id = core::ptr::read_volatile(&(*ctl).doomed_cgroup_id);
         let until = core::ptr::read_volatile(&(*ctl).doomed_until_ns);
         if bpf_ktime_get_ns() <= until && kernel::css_cgroup_id(memcg) == Some(id) {

@@ -41,6 +41,8 @@ mod processes;
 mod refresh;
 #[cfg(target_arch = "bpf")]
 mod threshold;
+#[cfg(target_arch = "bpf")]
+mod wakeup;
 
 /// kfuncs and several helpers are only for GPL-compatible programs.
 #[cfg(target_arch = "bpf")]

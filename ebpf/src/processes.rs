@@ -21,7 +21,9 @@
 //! forking in the same cgroup), the control generation, an atomic add on
 //! each registered slot with no call unless the slot has a process line
 //! (`CgroupSlot::lines`), and one store or load in the process table. The
-//! exit-watch table is looked up only while the agent watches something.
+//! exit-watch table is looked up only while the agent watches something,
+//! and an in-kernel kill's wake-up hold (`wakeup.rs`) costs a process's exit
+//! one load while nothing is held.
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use swiftlet_common::{EventKind, NODE_SLOT, NODE_TASK_BATCH, ProcCpu, Signal};
@@ -148,6 +150,7 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
     if !process_ends {
         return 0;
     }
+    crate::wakeup::release_on_exit(tgid);
     report_watched_exit(tgid);
     // Counted at fork or migration: where it was counted. Otherwise (it was
     // there before the programs, and the agent's registration counted it)

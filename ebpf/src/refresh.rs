@@ -52,6 +52,7 @@ pub fn refresh(ctx: TracePointContext) -> u32 {
     let Some(ctl) = control() else { return 0 };
     // SAFETY: ctl points at the control map's single element.
     unsafe { bump(&mut (*ctl).refresh_runs) };
+    crate::wakeup::release_if_expired();
     let start = arg & ((1 << REFRESH_TAG_SHIFT) - 1);
     // SAFETY: as above.
     let high = unsafe { core::ptr::read_volatile(&(*ctl).slot_high_water) };

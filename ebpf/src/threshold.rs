@@ -3,7 +3,7 @@
 
 use core::intrinsics::{AtomicOrdering::Relaxed, atomic_cxchg, atomic_xadd};
 
-use aya_ebpf::{bindings::BPF_RB_FORCE_WAKEUP, helpers::bpf_ktime_get_ns};
+use aya_ebpf::helpers::bpf_ktime_get_ns;
 use swiftlet_common::{DIRECTION_DOWN, DIRECTION_UP, Event, EventKind, MAX_WALK, Resolution, Signal, growth};
 
 use crate::{
@@ -159,7 +159,7 @@ pub fn emit(
                 (*e).outcome = outcome;
                 (*e)._pad = 0;
             }
-            entry.submit(BPF_RB_FORCE_WAKEUP as u64);
+            entry.submit(crate::wakeup::commit_flags());
         }
         None => {
             if let Some(ctl) = control() {

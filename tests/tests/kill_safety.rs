@@ -5,6 +5,7 @@
 //! - A doomed mark whose cgroup is removed goes with it: a later cgroup
 //!   (which may reuse the kernel's `struct mem_cgroup`) keeps its processes.
 //! - The allocating task is killed however deep below the pod it runs.
+//! - The reader is woken for a kernel kill only once the victim has exited.
 //! - The refresh program knows the agent inside a pid namespace.
 //! - One kill ends a fork storm: on cgroup v1 the cgroup is frozen, and
 //!   its tasks read, only once it reads FROZEN; the kill of a kernel
@@ -183,6 +184,62 @@ fn the_allocating_task_is_killed_at_any_depth_below_the_pod() {
         })
     });
     assert_eq!(outcome, KillOutcome::Executed);
+}
+
+/// The reader is woken for a kernel kill only once the killed task has
+/// exited: woken at the kill, on the victim's CPU, it would run before the
+/// victim met its signal (under SCHED_FIFO, always). Three rounds, each
+/// with a pod of its own.
+#[test]
+fn the_reader_is_woken_for_a_kernel_kill_once_the_victim_has_exited() {
+    let tc = TestCgroup::new();
+    prereq::require_root();
+    prereq::require_btf();
+    // As the agent runs it (`--eviction-realtime-priority`'s default).
+    let opts = EbpfOptions { kernel_eviction: true, reader_priority: Some(10), ..Default::default() };
+    let src = Arc::new(EbpfSource::load(tc.fs.clone(), &opts).expect("the kernel programs load"));
+    let events = collect(&*src);
+    let kubepods = tc.child("kubepods");
+    src.register(&kubepods, CgroupKind::Kubepods).unwrap();
+    for round in 0..3 {
+        let pod = tc.child(&format!("kubepods/podwake{round}"));
+        src.register(&pod, CgroupKind::Pod).unwrap();
+        let mut warm = workload::Steps::spawn(&tc.fs, &pod);
+        warm.run("anon 1");
+        arm(&src, &kubepods, &pod);
+        let from = events.lock().unwrap().len();
+        // Slow enough (4 MiB to the line at 64 MiB/s) for the exit watch to
+        // be in place before the crossing.
+        let mut c = Command::new(workload::binary());
+        c.args(["hog", "64", "16"]).stdout(Stdio::null());
+        workload::in_cgroup(&mut c, &tc.fs, &pod);
+        let mut hog = c.spawn().unwrap();
+        src.watch_exit(hog.id()).unwrap();
+        let status = hog.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "round {round}: killed by the kernel");
+        let (kill_pid, kill_received) = wait_for("the kernel's kill record", Duration::from_secs(5), || {
+            events.lock().unwrap()[from..].iter().find_map(|e| match e {
+                SignalEvent::KernelKill { pid, received_ns, .. } => Some((*pid, *received_ns)),
+                _ => None,
+            })
+        });
+        let exited = wait_for("the victim's exit record", Duration::from_secs(5), || {
+            events.lock().unwrap()[from..].iter().find_map(|e| match e {
+                SignalEvent::ProcessExit { pid, at_ns, .. } if *pid == hog.id() => Some(*at_ns),
+                _ => None,
+            })
+        });
+        assert_eq!(kill_pid, hog.id(), "round {round}: signalled as the allocating task");
+        assert!(
+            kill_received >= exited,
+            "round {round}: the reader took the kill record {} µs before the victim exited",
+            (exited - kill_received) / 1000
+        );
+        drop(warm);
+        src.unregister(&pod);
+        src.set_kernel_victim(&Target::Cgroup(kubepods.clone()), Signal::MemoryWorkingSet, None).unwrap();
+        tc.fs.remove(&pod, Duration::from_secs(10)).unwrap();
+    }
 }
 
 /// The outcome of the first upward crossing recorded after `from` events.

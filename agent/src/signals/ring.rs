@@ -8,7 +8,7 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use rustix::event::{PollFd, PollFlags};
+use rustix::event::{PollFd, PollFlags, Timespec};
 use swiftlet_common::{EventKind, NODE_SLOT};
 use tracing::{debug, warn};
 
@@ -24,16 +24,22 @@ pub(super) fn read_events(
     stop: OwnedFd,
     shared: Arc<Shared>,
     page: u64,
-    priority: Option<u8>,
+    scheduling: ReaderScheduling,
 ) {
-    if let Some(p) = priority {
-        match set_realtime(p) {
+    match scheduling {
+        ReaderScheduling::Normal => {}
+        ReaderScheduling::Realtime(p) => match set_realtime(p) {
             Ok(()) => debug!(priority = p, "ring buffer reader runs under SCHED_FIFO"),
             Err(e) => warn!(priority = p, "ring buffer reader stays in the normal scheduler: SCHED_FIFO: {e}"),
+        },
+        ReaderScheduling::Idle => {
+            if let Err(e) = set_idle() {
+                warn!("ring buffer reader stays in the normal scheduler: SCHED_IDLE: {e}");
+            }
         }
     }
     loop {
-        match wait_readable(ring.as_fd(), &stop) {
+        match wait_readable(ring.as_fd(), &stop, Some(&HELD_WAKEUP_BACKSTOP)) {
             Ok((_, true)) => return,
             Ok(_) => {}
             Err(e) => {
@@ -56,6 +62,27 @@ pub(super) fn read_events(
                 }
             }
         }
+    }
+}
+
+/// The scheduling policy of the reader thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ReaderScheduling {
+    Normal,
+    /// SCHED_FIFO at this priority: the agent's fast path on a busy node.
+    Realtime(u8),
+    /// SCHED_IDLE: its wake-ups never preempt a running task.
+    Idle,
+}
+
+/// Puts the calling thread under SCHED_IDLE.
+fn set_idle() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: as in `set_realtime`.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -143,11 +170,19 @@ fn decode(bytes: &[u8], shared: &Shared, page: u64, received_ns: u64) -> Option<
     }
 }
 
-/// Blocks until either fd is readable; true when `stop` fired.
-fn wait_readable(fd: BorrowedFd<'_>, stop: &OwnedFd) -> std::io::Result<(bool, bool)> {
+/// How long the event reader sleeps at most without a wake-up. The kernel
+/// commits records without waking it for a moment after an in-kernel kill
+/// (see the kernel side's `wakeup.rs`), and ends that hold with a wake-up
+/// record, which it could not reserve in a full ring: this bounds how long
+/// records could then wait.
+const HELD_WAKEUP_BACKSTOP: Timespec = Timespec { tv_sec: 0, tv_nsec: 100_000_000 };
+
+/// Blocks until either fd is readable, or `timeout` passes; true when
+/// `stop` fired.
+fn wait_readable(fd: BorrowedFd<'_>, stop: &OwnedFd, timeout: Option<&Timespec>) -> std::io::Result<(bool, bool)> {
     let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN), PollFd::new(stop, PollFlags::IN)];
     loop {
-        match rustix::event::poll(&mut fds, None) {
+        match rustix::event::poll(&mut fds, timeout) {
             Ok(_) => return Ok((!fds[0].revents().is_empty(), !fds[1].revents().is_empty())),
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
@@ -158,7 +193,7 @@ fn wait_readable(fd: BorrowedFd<'_>, stop: &OwnedFd) -> std::io::Result<(bool, b
 /// Drains aya-log records from the kernel into the agent's log.
 pub(super) fn forward_kernel_log(mut logger: aya_log::EbpfLogger<&'static dyn log::Log>, stop: OwnedFd) {
     loop {
-        match wait_readable(logger.as_fd(), &stop) {
+        match wait_readable(logger.as_fd(), &stop, None) {
             Ok((_, true)) | Err(_) => return,
             Ok((true, false)) => logger.flush(),
             Ok((false, false)) => {}

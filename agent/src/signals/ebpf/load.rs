@@ -38,7 +38,7 @@ use crate::{
         node, page_size,
         plans::PlanTable,
         probe::{self, KernelFeatures, MarkVictim, MemoryStrategy},
-        ring,
+        ring::{self, ReaderScheduling},
     },
 };
 
@@ -94,6 +94,11 @@ pub struct EbpfOptions {
     /// priority (1..=99): the eviction fast path kills on that thread, and
     /// on a node whose cores are busy it would otherwise wait its turn.
     pub reader_priority: Option<u8>,
+    /// Run the reader thread under SCHED_IDLE instead, so that its
+    /// wake-ups never preempt a running task: for an observer whose records
+    /// may wait (the eviction race's), which must not delay the very
+    /// process whose death it times.
+    pub reader_idle: bool,
 }
 
 /// The object's load-time constants (its `static` globals), each named as
@@ -276,11 +281,15 @@ impl EbpfSource {
             rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).map_err(|e| SignalError::Io(e.into()))?;
         let reader_stop = stop.try_clone()?;
         let reader_shared = shared.clone();
-        let priority = opts.reader_priority;
+        let scheduling = match (opts.reader_idle, opts.reader_priority) {
+            (true, _) => ReaderScheduling::Idle,
+            (false, Some(p)) => ReaderScheduling::Realtime(p),
+            (false, None) => ReaderScheduling::Normal,
+        };
         let ring = maps.ring;
         let reader = std::thread::Builder::new()
             .name("swiftlet-ringbuf".into())
-            .spawn(move || ring::read_events(ring, reader_stop, reader_shared, page, priority))?;
+            .spawn(move || ring::read_events(ring, reader_stop, reader_shared, page, scheduling))?;
         let kernel_log = match logger {
             Some(logger) => {
                 let log_stop = stop.try_clone()?;
