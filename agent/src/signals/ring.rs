@@ -16,9 +16,11 @@ use super::{Direction, KillOutcome, Signal, SignalEvent, Target, ebpf::Shared, m
 
 /// The reader thread: blocks in poll(2) on the ring buffer and the stop
 /// eventfd, drains the ring, decodes records and hands them to the sink.
-/// With `priority`, it runs under SCHED_FIFO at that priority, so a crossing
-/// reaches the sink (and the eviction fast path, which kills on this
-/// thread) ahead of every ordinary thread on a busy node.
+/// Under [`ReaderScheduling::Realtime`] (the agent's) it runs under
+/// SCHED_FIFO, so a crossing reaches the sink (and the eviction fast path,
+/// which kills on this thread) ahead of every ordinary thread on a busy
+/// node; under [`ReaderScheduling::Idle`] (an observer's) it never
+/// preempts anything.
 pub(super) fn read_events(
     mut ring: RingBuf<MapData>,
     stop: OwnedFd,
