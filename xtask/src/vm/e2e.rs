@@ -21,7 +21,7 @@ use super::{
     Args,
     initramfs::stripped,
     kernel::{KERNELS, KernelImage, KernelSpec, fetch_kernel},
-    matrix::{Outcome, sections},
+    matrix::{Outcome, note_check_end, sections},
     node,
     qemu::{self, Boot, Drive},
 };
@@ -392,13 +392,7 @@ fn boot_node(
             if line.starts_with("@@VM system=") {
                 boot_seconds = Some(t);
             }
-            if let Some(rest) = line.strip_prefix("@@END ") {
-                let id: Option<usize> = rest.split_whitespace().next().and_then(|i| i.parse().ok());
-                if let Some(c) = id.and_then(|i| checks.get(i)) {
-                    let ok = rest.split_whitespace().nth(1) == Some("rc=0");
-                    note(format!("{:<4} {} ({t:.0}s so far)", if ok { "ok" } else { "FAIL" }, c.row));
-                }
-            }
+            note_check_end(line, t, |i| checks.get(i).map(|c| c.row));
         })?;
         // A kernel that dies before userspace (TCG has panicked in early
         // boot, once in tens of boots) says nothing about swiftlet: boot it

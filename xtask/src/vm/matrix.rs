@@ -372,6 +372,17 @@ pub(super) fn boot_matrix_vm(
     qemu::boot(&boot, on_line)
 }
 
+/// Notes a check's end as the VM's console reports it (`@@END <id>
+/// rc=<code>`), by the row `row_of` gives for its index.
+pub fn note_check_end(line: &str, t: f64, row_of: impl Fn(usize) -> Option<&'static str>) {
+    let Some(rest) = line.strip_prefix("@@END ") else { return };
+    let mut words = rest.split_whitespace();
+    if let Some(row) = words.next().and_then(|i| i.parse().ok()).and_then(row_of) {
+        let ok = words.next() == Some("rc=0");
+        note(format!("{:<4} {row} ({t:.0}s so far)", if ok { "ok" } else { "FAIL" }));
+    }
+}
+
 fn run_checks_in_vm(
     k: &KernelSpec,
     image: &KernelImage,
@@ -383,13 +394,7 @@ fn run_checks_in_vm(
     let run = loop {
         attempt += 1;
         let run = boot_matrix_vm(k, image, initramfs, dir, MATRIX_TIMEOUT, vec![], |line, t| {
-            if let Some(rest) = line.strip_prefix("@@END ") {
-                let id: Option<usize> = rest.split_whitespace().next().and_then(|i| i.parse().ok());
-                if let Some(c) = id.and_then(|i| checks.get(i)) {
-                    let ok = rest.split_whitespace().nth(1) == Some("rc=0");
-                    note(format!("{:<4} {} ({t:.0}s so far)", if ok { "ok" } else { "FAIL" }, c.row));
-                }
-            }
+            note_check_end(line, t, |i| checks.get(i).map(|c| c.row));
         })?;
         // TCG can run a stale translation of kernel text the kernel has
         // just patched (a static key flipped through int3), and the guest
