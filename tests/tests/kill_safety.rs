@@ -8,8 +8,8 @@
 //! - The reader is woken for a kernel kill only once the victim has exited.
 //! - The refresh program knows the agent inside a pid namespace.
 //! - One kill ends a fork storm: on cgroup v1 the cgroup is frozen, and
-//!   its tasks read, only once it reads FROZEN; the kill of a kernel
-//!   kill's survivors, which does not freeze, ends one too.
+//!   its tasks read, only once it reads FROZEN; eviction's kill, which
+//!   signals through pidfds without the freezer, ends one too.
 //! - With reclaim-first on, a crossing by page-cache growth is left to the
 //!   agent; anonymous growth is still killed in the kernel (where the
 //!   memcg statistics tracepoint tells them apart).
@@ -377,9 +377,9 @@ fn one_kill_ends_a_fork_storm() {
 }
 
 #[test]
-fn one_survivor_kill_ends_a_fork_storm_without_the_freezer() {
+fn one_eviction_kill_ends_a_fork_storm_without_the_freezer() {
     fork_storms_end_at_one_kill(|fs, cg| {
-        let signalled = fs.kill_survivors(cg).unwrap();
+        let signalled = fs.kill_listed(cg).unwrap();
         // On v1 the count is the processes the pidfds signalled: at least
         // the 200 the storm had when the kill began.
         assert!(fs.version() == Version::V2 || signalled >= 200, "{cg}: {signalled} signalled");

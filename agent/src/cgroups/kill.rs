@@ -1,6 +1,6 @@
 //! Killing everything in a cgroup tree: `cgroup.kill` on v2; on v1, the
-//! freezer and a signal to each task, or pidfds where the freezer would
-//! wait on tasks already dying.
+//! freezer and a signal to each task, or, where the freezer would make
+//! eviction wait, pidfds.
 
 use std::{
     collections::HashSet,
@@ -18,8 +18,9 @@ use super::{CgroupFs, Result, Version};
 /// or sleeping tasks.
 const FREEZE_WAIT: Duration = Duration::from_millis(100);
 
-/// The most passes a survivor kill makes over a v1 tree.
-const SURVIVOR_PASSES: usize = 16;
+/// The most passes [`CgroupFs::kill_listed`] makes over a v1 tree before it
+/// falls back to the freezer.
+const SIGNAL_PASSES: usize = 16;
 
 impl CgroupFs {
     /// Kills every process in `rel` and its descendants with SIGKILL, as
@@ -94,12 +95,15 @@ impl CgroupFs {
         Ok(n)
     }
 
-    /// Kills what is left of a victim the kernel has already begun to kill
-    /// at a crossing, without the freezer: on v1 a cgroup does not read
-    /// FROZEN while one of its tasks is exiting (the victim, freeing its
-    /// memory), so [`CgroupFs::kill_all`] would wait out [`FREEZE_WAIT`] after
-    /// every kernel kill. The kernel also kills any task of a doomed victim
-    /// that charges memory, so a survivor that runs is stopped either way.
+    /// Kills every process of `rel`'s tree at once, without waiting for the
+    /// freezer: eviction's kill. On v1 the freezer is slow exactly when
+    /// eviction has to be fast: a task freezes only when it next runs (with
+    /// every core busy, after its turn on one), and a cgroup whose task is
+    /// already exiting (a victim the kernel has begun to kill, freeing its
+    /// memory) never reads FROZEN, so [`CgroupFs::kill_all`] would wait out
+    /// [`FREEZE_WAIT`]. A process signalled here stops at its next return to
+    /// user space, and the kernel kills any task of a doomed victim that
+    /// charges memory meanwhile.
     ///
     /// On v2 this is `cgroup.kill`. On v1 each pass lists the tree's
     /// processes, opens a pidfd for each one not yet signalled, lists them
@@ -108,14 +112,20 @@ impl CgroupFs {
     /// the new process is a member (and is meant to die) or the pidfd's
     /// process is dead (ESRCH). Passes go on while they find processes not
     /// yet signalled (one forked during a pass is listed by the next, and a
-    /// process with SIGKILL pending cannot fork), at most
-    /// [`SURVIVOR_PASSES`]. Returns how many processes were signalled on v1.
-    pub fn kill_survivors(&self, rel: &str) -> Result<usize> {
+    /// process with SIGKILL pending cannot fork). A tree still forking after
+    /// [`SIGNAL_PASSES`] passes (a fork bomb outrunning them) is stopped
+    /// with the freezer. A child whose fork was past its parent's signal
+    /// check but not yet in the cgroup's list when the last pass ran is
+    /// left: eviction sweeps the tree again once the reader thread has
+    /// handed the kill to the manager, and the pod's stop through the
+    /// runtime ends what is left. Returns how many processes were signalled
+    /// on v1.
+    pub fn kill_listed(&self, rel: &str) -> Result<usize> {
         if self.version == Version::V2 {
             return self.kill_all(rel);
         }
         let mut signalled = HashSet::new();
-        for _ in 0..SURVIVOR_PASSES {
+        for _ in 0..SIGNAL_PASSES {
             let fresh: Vec<(Pid, OwnedFd)> = self
                 .tree_pids(rel)?
                 .into_iter()
@@ -123,7 +133,7 @@ impl CgroupFs {
                 .filter_map(|pid| Some((pid, pidfd_open(pid, PidfdFlags::empty()).ok()?)))
                 .collect();
             if fresh.is_empty() {
-                break;
+                return Ok(signalled.len());
             }
             let still: HashSet<Pid> = self.tree_pids(rel)?.into_iter().collect();
             for (pid, fd) in fresh {
@@ -132,7 +142,8 @@ impl CgroupFs {
                 }
             }
         }
-        Ok(signalled.len())
+        tracing::debug!(cgroup = rel, "still forking after {SIGNAL_PASSES} passes; freezing it to end the rest");
+        Ok(signalled.len() + self.kill_all(rel)?)
     }
 
     /// The processes of `rel`'s tree ([`CgroupFs::procs_recursive`]) as

@@ -24,11 +24,13 @@ pub trait CgroupReader: Send + Sync {
 /// Ends every process of a cgroup and its descendants.
 pub trait Killer: Send + Sync {
     /// SIGKILL to everything in `cgroup` and below, as fast as the kernel
-    /// allows. An error when the cgroup is gone or cannot be written.
+    /// allows, without waiting for the tasks to stop. An error when the
+    /// cgroup is gone or cannot be written.
     fn kill_all(&self, cgroup: &str) -> Result<(), String>;
-    /// [`Killer::kill_all`] for a victim the kernel has already begun to
-    /// kill at a crossing: what is left is signalled without waiting on the
-    /// tasks that are already dying.
+    /// [`Killer::kill_all`] again for a victim whose kill has begun (the
+    /// kernel's at a crossing, or the agent's fast path): what is left, a
+    /// task the kernel could not reach or one forked while the first kill
+    /// ran, is signalled without waiting on the tasks already dying.
     fn kill_survivors(&self, cgroup: &str) -> Result<(), String>;
 }
 
@@ -115,11 +117,11 @@ impl CgroupReader for CgroupFs {
 
 impl Killer for CgroupFs {
     fn kill_all(&self, cgroup: &str) -> Result<(), String> {
-        CgroupFs::kill_all(self, cgroup).map(|_| ()).map_err(|e| e.to_string())
+        CgroupFs::kill_listed(self, cgroup).map(|_| ()).map_err(|e| e.to_string())
     }
 
     fn kill_survivors(&self, cgroup: &str) -> Result<(), String> {
-        CgroupFs::kill_survivors(self, cgroup).map(|_| ()).map_err(|e| e.to_string())
+        CgroupFs::kill_listed(self, cgroup).map(|_| ()).map_err(|e| e.to_string())
     }
 }
 

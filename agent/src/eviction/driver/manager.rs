@@ -110,6 +110,9 @@ impl Manager {
                     self.cache.anonymous_crossing();
                 }
                 if let Some(v) = killed {
+                    // The reader thread's kill did not wait for the tasks to
+                    // stop: one forked while it ran is signalled now.
+                    let _ = self.shared.killer.kill_survivors(&v.cgroup);
                     self.record_kill(&v, signal, KillPath::Agent, value, decided_ns.saturating_sub(at_ns));
                 }
                 Some(at_ns)

@@ -305,8 +305,8 @@ impl Shared {
     /// has claimed `v`. For the kernel's kill this ends the survivors: the
     /// tasks it could not reach from the crossing's context.
     fn kill(&self, v: &PlannedVictim, path: KillPath, crossing_ns: Option<u64>, killed_ns: Option<u64>) -> bool {
-        // After a kernel kill the victim is already dying: its survivors are
-        // signalled without waiting for the cgroup to freeze.
+        // After a kernel kill the victim is already dying: what is left is
+        // its survivors.
         let killed = match path {
             KillPath::Kernel => self.killer.kill_survivors(&v.cgroup),
             _ => self.killer.kill_all(&v.cgroup),

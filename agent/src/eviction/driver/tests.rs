@@ -219,8 +219,12 @@ async fn a_crossing_with_a_plan_kills_once_and_records_once() {
     h.crossing(Target::Cgroup(KUBEPODS.into()), Signal::MemoryWorkingSet, 800 * MI, monotonic_ns());
     // The fast path killed on the injecting (reader) thread, before any await.
     assert_eq!(h.cgroups.kills(), ["kubepods/podhog"]);
+    assert!(h.cgroups.survivor_kills().is_empty(), "the reader thread kills once");
     settle().await;
     assert!(h.conditions().contains(&NodeCondition::MemoryPressure));
+    // The manager swept the tree for a process forked while the fast kill
+    // ran.
+    assert_eq!(h.cgroups.survivor_kills(), ["kubepods/podhog"]);
     // The line crossed again while the hog dies (the signal wavering at
     // it): the evaluation judges, counting what the hog gives back.
     h.crossing(Target::Cgroup(KUBEPODS.into()), Signal::MemoryWorkingSet, 790 * MI, monotonic_ns());
