@@ -121,6 +121,14 @@ pub static NODE_PENDING: PerCpuArray<NodePending> = PerCpuArray::with_max_entrie
 #[unsafe(no_mangle)]
 pub static NODE_MEMORY_BATCH: Global<u32> = Global::new(swiftlet_common::NODE_MEMORY_BATCH);
 
+/// 0 for an observer whose records must not wake its reader: every record
+/// is then committed without a wake-up, and the reader drains the ring on
+/// a timer. A wake-up is an irq_work raised by a self-IPI on the CPU of the
+/// event, which in a VM is an exit to the host, right where the observer
+/// times the task that crossed the line.
+#[unsafe(no_mangle)]
+pub static RECORDS_WAKE_READER: Global<u32> = Global::new(1);
+
 /// How close to the node's memory line (in pages) every page is added to the
 /// node at once: the agent sets, for every possible CPU, a batch plus six
 /// of the kernel's own stat thresholds, the most the node's figure as one

@@ -12,6 +12,8 @@
 //!
 //! The hold is ended by compare-and-swap on the deadline, so exactly one
 //! program wakes the reader for it.
+//!
+//! An observer's records never wake its reader (`RECORDS_WAKE_READER`).
 
 use aya_ebpf::{
     bindings::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
@@ -20,7 +22,7 @@ use aya_ebpf::{
 use swiftlet_common::WAKE_HOLD_NS;
 
 use crate::{
-    maps::{EVENTS, control},
+    maps::{EVENTS, RECORDS_WAKE_READER, control},
     threshold::atomic_cas_u64,
 };
 
@@ -40,6 +42,9 @@ pub fn hold_until_exit_of(tgid: u32, now: u64) {
 /// deadline has passed, the record that ends it forces one.
 #[inline(always)]
 pub fn commit_flags() -> u64 {
+    if RECORDS_WAKE_READER.load() == 0 {
+        return BPF_RB_NO_WAKEUP as u64;
+    }
     let Some(ctl) = control() else { return BPF_RB_FORCE_WAKEUP as u64 };
     // SAFETY: ctl points at the control map's single element.
     let until = unsafe { core::ptr::read_volatile(&(*ctl).wake_held_until_ns) };

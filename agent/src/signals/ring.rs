@@ -20,14 +20,18 @@ use super::{Direction, KillOutcome, Signal, SignalEvent, Target, ebpf::Shared, m
 /// SCHED_FIFO, so a crossing reaches the sink (and the eviction fast path,
 /// which kills on this thread) ahead of every ordinary thread on a busy
 /// node; under [`ReaderScheduling::Idle`] (an observer's) it never
-/// preempts anything.
+/// preempts anything. When the kernel commits records without waking it
+/// (`records_wait`, an observer's), it drains the ring every
+/// [`UNWOKEN_READER_POLL`].
 pub(super) fn read_events(
     mut ring: RingBuf<MapData>,
     stop: OwnedFd,
     shared: Arc<Shared>,
     page: u64,
     scheduling: ReaderScheduling,
+    records_wait: bool,
 ) {
+    let backstop = if records_wait { UNWOKEN_READER_POLL } else { HELD_WAKEUP_BACKSTOP };
     match scheduling {
         ReaderScheduling::Normal => {}
         ReaderScheduling::Realtime(p) => match set_realtime(p) {
@@ -41,7 +45,7 @@ pub(super) fn read_events(
         }
     }
     loop {
-        match wait_readable(ring.as_fd(), &stop, Some(&HELD_WAKEUP_BACKSTOP)) {
+        match wait_readable(ring.as_fd(), &stop, Some(&backstop)) {
             Ok((_, true)) => return,
             Ok(_) => {}
             Err(e) => {
@@ -178,6 +182,9 @@ fn decode(bytes: &[u8], shared: &Shared, page: u64, received_ns: u64) -> Option<
 /// record, which it could not reserve in a full ring: this bounds how long
 /// records could then wait.
 const HELD_WAKEUP_BACKSTOP: Timespec = Timespec { tv_sec: 0, tv_nsec: 100_000_000 };
+
+/// How often a reader whose records never wake it drains the ring.
+const UNWOKEN_READER_POLL: Timespec = Timespec { tv_sec: 0, tv_nsec: 5_000_000 };
 
 /// Blocks until either fd is readable, or `timeout` passes; true when
 /// `stop` fired.

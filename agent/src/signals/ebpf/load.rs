@@ -99,6 +99,12 @@ pub struct EbpfOptions {
     /// may wait (the eviction race's), which must not delay the very
     /// process whose death it times.
     pub reader_idle: bool,
+    /// Commit records without waking the reader, which drains the ring
+    /// every few milliseconds instead: for an observer that needs its
+    /// records only after the fact (the eviction race's). A wake-up is an
+    /// irq_work raised by a self-IPI on the CPU of the event, which in a VM
+    /// is an exit to the host, inside the very path the observer times.
+    pub records_wait: bool,
 }
 
 /// The object's load-time constants (its `static` globals), each named as
@@ -114,6 +120,7 @@ struct Globals {
     refresh_tag: u32,
     node_memory_batch: u32,
     node_line_slack: u64,
+    records_wake_reader: u32,
 }
 
 impl Globals {
@@ -138,6 +145,7 @@ impl Globals {
             refresh_tag: next_refresh_tag(),
             node_memory_batch,
             node_line_slack: node_line_slack(node_memory_batch, kernel_stat_threshold(), possible_cpus()),
+            records_wake_reader: u32::from(!opts.records_wait),
         })
     }
 
@@ -154,7 +162,8 @@ impl Globals {
             .override_global("AGENT_PIDNS_INO", &self.pidns_ino, true)
             .override_global("REFRESH_TAG", &self.refresh_tag, true)
             .override_global("NODE_MEMORY_BATCH", &self.node_memory_batch, true)
-            .override_global("NODE_LINE_SLACK", &self.node_line_slack, true);
+            .override_global("NODE_LINE_SLACK", &self.node_line_slack, true)
+            .override_global("RECORDS_WAKE_READER", &self.records_wake_reader, true);
     }
 }
 
@@ -287,9 +296,10 @@ impl EbpfSource {
             (false, None) => ReaderScheduling::Normal,
         };
         let ring = maps.ring;
+        let records_wait = opts.records_wait;
         let reader = std::thread::Builder::new()
             .name("swiftlet-ringbuf".into())
-            .spawn(move || ring::read_events(ring, reader_stop, reader_shared, page, scheduling))?;
+            .spawn(move || ring::read_events(ring, reader_stop, reader_shared, page, scheduling, records_wait))?;
         let kernel_log = match logger {
             Some(logger) => {
                 let log_stop = stop.try_clone()?;

@@ -152,8 +152,12 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
 
     // The observer adds every page to the node at once: with the agent's
     // per-CPU batching it would see the node's line crossed up to a batch
-    // per CPU late, or after the agent had already killed.
-    let observer_opts = EbpfOptions { node_memory_batch: Some(1), reader_idle: true, ..Default::default() };
+    // per CPU late, or after the agent had already killed. Its records
+    // never wake its reader (which drains them every few ms, under
+    // SCHED_IDLE): a wake-up is a self-IPI on the hog's CPU at the very
+    // crossing it times, in a VM an exit to the host.
+    let observer_opts =
+        EbpfOptions { node_memory_batch: Some(1), reader_idle: true, records_wait: true, ..Default::default() };
     let observer = Arc::new(EbpfSource::load(tc.fs.clone(), &observer_opts).context("observer")?);
     observer.register(&kubepods, CgroupKind::Kubepods)?;
     // The line, as "used" bytes of the observed target, and the threshold.
