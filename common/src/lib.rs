@@ -310,6 +310,11 @@ pub struct Control {
     /// (`wake_held_tgid`'s) ends the hold and wakes the reader; so does the
     /// first program to run after the deadline.
     pub wake_held_until_ns: u64,
+    /// The planned process of a victim just doomed from outside its context
+    /// (`VictimPlan::victim_tgid`), until a program that may call
+    /// `bpf_send_signal_task` takes it (compare-and-swap to 0) and signals
+    /// it; 0 when there is none.
+    pub signal_tgid: u64,
 }
 
 /// What moved when a memory line was crossed, as the program that saw the
@@ -389,7 +394,12 @@ pub struct VictimPlan {
     pub signal: u32,
     /// The victim pod's slot.
     pub victim_slot: u32,
-    pub _pad: u32,
+    /// The victim's process with the most resident memory when the agent
+    /// ranked the pods, 0 if none: where the kernel has
+    /// `bpf_send_signal_task`, it signals this process when the crossing is
+    /// seen outside the victim's own context (a victim asleep while the
+    /// kernel folds its statistics, or another pod's allocation).
+    pub victim_tgid: u32,
     /// The victim pod's cgroup id; the kernel checks the slot still holds it.
     pub victim_cgroup_id: u64,
     /// CLOCK_MONOTONIC ns when the agent ranked the pods for this plan.
@@ -646,7 +656,7 @@ pub const MAX_NUMA_NODES: u32 = 8;
 const _: () = assert!(core::mem::size_of::<CgroupSlot>() == 128);
 const _: () = assert!(core::mem::offset_of!(ProcCpu, slots) == 36);
 const _: () = assert!(core::mem::size_of::<Resolution>() == 208);
-const _: () = assert!(core::mem::size_of::<Control>() == 104);
+const _: () = assert!(core::mem::size_of::<Control>() == 112);
 const _: () = assert!(core::mem::size_of::<VictimPlan>() == 64);
 const _: () = assert!(core::mem::size_of::<Event>() == 64);
 const _: () = assert!(core::mem::size_of::<KernelLayout>() == 108);

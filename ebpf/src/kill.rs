@@ -10,7 +10,12 @@
 //!    deadline), then sends SIGKILL to the current task if it belongs to
 //!    the victim (the usual case: the task whose allocation crossed the
 //!    line). Any doomed task that charges memory afterwards is signalled as
-//!    the current task.
+//!    the current task. When the current task is not the victim's (the
+//!    crossing was seen where the kernel folded its statistics, on the way
+//!    to idle, or at another pod's allocation) and the kernel has
+//!    `bpf_send_signal_task`, the plan's process is left for the calling
+//!    program to signal ([`signal_pending_victim`]): only BTF-typed
+//!    programs may call that kfunc, and the plan runs in others too.
 //! 3. Reports a KernelKill record ahead of the crossing's own, which says
 //!    what happened ([`KillOutcome`]) whether the plan ran or not. When it
 //!    signalled the current task, both records wake the agent's reader only
@@ -25,16 +30,32 @@
 //! the css task iterator, which would reach exactly the victim's tasks, is
 //! refused by the verifier outside LSM, iterator and sleepable programs.
 
+use core::ffi::c_void;
+
 use aya_ebpf::helpers::{bpf_ktime_get_ns, bpf_send_signal};
 use swiftlet_common::{DOOMED_FOR_NS, EventKind, KillOutcome, MAX_PLANS, Signal, growth, slot_flags};
 
 use crate::{
     kernel,
-    maps::{PLANS, control, slot},
+    maps::{PLANS, SIGNAL_TASK, control, slot},
     threshold::{atomic_cas_u64, bump, emit},
 };
 
+type Task = c_void;
+
+// Kernel functions (kfuncs): the agent rewrites these call sites into
+// kfunc calls, or into `r0 = 0` on kernels without them, before it loads
+// the object; `SIGNAL_TASK` is 1 only where all three exist.
+unsafe extern "C" {
+    fn bpf_task_from_pid(pid: i32) -> *mut Task;
+    fn bpf_send_signal_task(task: *mut Task, sig: i32, pid_type: u32, value: u64) -> i32;
+    fn bpf_task_release(task: *mut Task);
+}
+
 const SIGKILL: u32 = 9;
+/// `enum pid_type`'s PIDTYPE_TGID: the signal goes to the whole process.
+const PIDTYPE_TGID: u32 = 1;
+const EBUSY: i32 = 16;
 
 /// True when `memcg` is `victim` or anywhere below it.
 #[inline(always)]
@@ -124,6 +145,7 @@ pub extern "C" fn swiftlet_execute_plan(
                 let generation = core::ptr::read_volatile(&(*plan).generation);
                 let done = core::ptr::read_volatile(&(*plan).executed_generation);
                 let victim_slot = core::ptr::read_volatile(&(*plan).victim_slot);
+                let victim_tgid = core::ptr::read_volatile(&(*plan).victim_tgid);
                 let victim_id = core::ptr::read_volatile(&(*plan).victim_cgroup_id);
                 let planned_ns = core::ptr::read_volatile(&(*plan).planned_ns);
                 let max_age_ns = core::ptr::read_volatile(&(*plan).max_age_ns);
@@ -143,6 +165,7 @@ pub extern "C" fn swiftlet_execute_plan(
                     return kill_victim(
                         trigger,
                         victim_slot,
+                        victim_tgid,
                         victim_id,
                         generation as u32,
                         signal,
@@ -158,9 +181,11 @@ pub extern "C" fn swiftlet_execute_plan(
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn kill_victim(
     trigger: u32,
     victim_slot: u32,
+    victim_tgid: u32,
     victim_id: u64,
     generation: u32,
     signal: Signal,
@@ -207,6 +232,14 @@ fn kill_victim(
         // The agent's reader would preempt the victim on this CPU before it
         // meets the signal; it is woken when the victim has exited.
         crate::wakeup::hold_until_exit_of(pid, now);
+    } else if victim_tgid != 0 && SIGNAL_TASK.load() != 0 {
+        // SAFETY: a plain store into the control block.
+        unsafe { core::ptr::write_volatile(&mut (*ctl).signal_tgid, u64::from(victim_tgid)) };
+        // No wake-up hold here, unlike the current task's kill: the signal
+        // goes out as irq_work on a CPU that is often entering idle, and
+        // holding the reader's wake-up was measured to delay the victim's
+        // death several times over (the wake-up is what brings that CPU
+        // back, as far as is known).
     }
     emit(
         EventKind::KernelKill,
@@ -261,5 +294,50 @@ pub fn forget_doomed(id: u64) {
         if memcg != 0 && core::ptr::read_volatile(&(*ctl).doomed_cgroup_id) == id {
             atomic_cas_u64(&raw mut (*ctl).doomed_memcg, memcg, 0);
         }
+    }
+}
+
+/// Signals the process a plan executed from outside the victim's context
+/// left pending (`Control::signal_tgid`), once: taken with compare-and-swap,
+/// and only if that process still belongs to the doomed victim (its pid may
+/// have been reused since the agent ranked the pods); put back if the
+/// kernel can queue no signal on this CPU just now. For BTF-typed
+/// programs only, which may call the kfuncs; elsewhere the process dies at
+/// its next charge or by the agent's hand. One load when nothing is
+/// pending.
+#[inline(always)]
+pub fn signal_pending_victim() {
+    if SIGNAL_TASK.load() == 0 {
+        return;
+    }
+    let Some(ctl) = control() else { return };
+    // SAFETY: ctl points at the control block; the field is an aligned u64
+    // taken atomically.
+    let tgid = unsafe {
+        let tgid = core::ptr::read_volatile(&(*ctl).signal_tgid);
+        if tgid == 0 || !atomic_cas_u64(&raw mut (*ctl).signal_tgid, tgid, 0) {
+            return;
+        }
+        tgid
+    };
+    let victim = doomed();
+    if victim == 0 {
+        return;
+    }
+    // SAFETY: the task is acquired by bpf_task_from_pid (or null), used
+    // while held, and released; the kfuncs take it as a trusted pointer.
+    unsafe {
+        let task = bpf_task_from_pid(tgid as i32);
+        if task.is_null() {
+            return;
+        }
+        if in_subtree(kernel::task_memcg(task as u64).unwrap_or(0), victim)
+            && bpf_send_signal_task(task, SIGKILL as i32, PIDTYPE_TGID, 0) == -EBUSY
+        {
+            // This CPU's one signal queued for later (interrupts are off)
+            // is taken: left for the next program to try.
+            atomic_cas_u64(&raw mut (*ctl).signal_tgid, 0, tgid);
+        }
+        bpf_task_release(task);
     }
 }

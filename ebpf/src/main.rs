@@ -9,6 +9,9 @@
 //! - `memcg_try_charge`, `memcg_charge`, `memcg_uncharge` (fexit on the page
 //!   counter) with `lru_size` or `lruvec_state` (fentry): memory, on kernels
 //!   without them (see `charge.rs`).
+//! - `node_fold` (tp_btf power/cpu_idle): the node's memory near its line,
+//!   re-read where the kernel folds its per-CPU statistics (with the
+//!   kernel's per-node statistics only).
 //! - `process_fork`, `process_exit`, `cgroup_attach` (tp_btf): processes.
 //! - `inode_alloc`, `inode_free` (ext4 tracepoints): inodes.
 //! - `cgroup_mkdir`, `cgroup_rmdir` (tracepoints): cgroup lifecycle.

@@ -69,6 +69,13 @@ pub static EXIT_HAS_GROUP_DEAD: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 pub static MARK_VICTIM_PID_ONLY: Global<u32> = Global::new(0);
 
+/// 1 when the kernel has the kfuncs that signal a task other than the
+/// current one (`bpf_task_from_pid`, `bpf_send_signal_task`,
+/// `bpf_task_release`: 6.13 and later); the agent patches their calls in
+/// (or out, as `r0 = 0`) before loading the object.
+#[unsafe(no_mangle)]
+pub static SIGNAL_TASK: Global<u32> = Global::new(0);
+
 /// The agent's tgid as its own pid namespace numbers it, and that
 /// namespace (the device and inode of its nsfs file): only the agent's own
 /// trigger syscalls run the refresh, wherever its pid namespace is.

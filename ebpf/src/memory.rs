@@ -8,7 +8,9 @@
 //! which is exactly what `memory.usage_in_bytes`/`memory.current` report,
 //! kernel memory included; inactive_file is kept from the deltas. The node
 //! is read from the kernel's per-node statistics once a CPU has seen a batch
-//! of pages (from its own deltas only where their layout is unknown).
+//! of pages (from its own deltas only where their layout is unknown), and
+//! near its line at every page and at every CPU's idle entry, where the
+//! kernel folds its per-CPU statistics without a memory event.
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use swiftlet_common::{NODE_SLOT, Resolution, Signal, growth};
@@ -39,8 +41,12 @@ pub fn memcg_lruvec_state(ctx: BtfTracePointContext) -> i32 {
     // (file pages, or inactive file pages made active) to the agent.
     let kind = if item == layout!(nr_anon_mapped) { growth::ANON } else { growth::FILE };
     node_delta(memcg, inactive_file, delta, kind);
-    let Some(r) = resolve(memcg) else { return 0 };
-    update_chain(r, if inactive_file { delta } else { 0 }, PID_CURRENT, kind);
+    if let Some(r) = resolve(memcg) {
+        update_chain(r, if inactive_file { delta } else { 0 }, PID_CURRENT, kind);
+    }
+    // A crossing above may have doomed a pod other than the current task's
+    // (another pod allocated while the victim slept).
+    kill::signal_pending_victim();
     0
 }
 
@@ -105,6 +111,40 @@ fn node_delta(memcg: u64, inactive_file: bool, delta: i64, kind: u32) {
         (*node).working_set_pages()
     };
     swiftlet_evaluate(NODE_SLOT, Signal::MemoryWorkingSet as u32, ws, PID_CURRENT, kind);
+}
+
+/// `power/cpu_idle`'s state when a CPU leaves idle.
+const PWR_EVENT_EXIT: u32 = u32::MAX;
+
+/// The node's line crossed by a fold of the kernel's own statistics. Each
+/// CPU holds back up to a stat threshold of every per-node counter, and the
+/// kernel folds what it holds into the node's counters when the CPU goes
+/// idle with its tick stopped (`quiet_vmstat`) and from its periodic vmstat
+/// work, with no memory event at all. A task that allocated up to the line
+/// and went to sleep (a ramp between bursts) then crosses it in the
+/// kernel's figure at that fold, which the other programs would see only
+/// at the node's next memory event, after any reader of the node in
+/// between (the refresh). The idle entry right after the fold reads the
+/// node again, near the line only (far from it, a few loads and no
+/// write). The victim is asleep then, so its planned process is signalled
+/// here where the kernel allows it (`kill::signal_pending_victim`);
+/// elsewhere it dies at its next charge or by the agent's hand.
+#[btf_tracepoint(function = "cpu_idle")]
+pub fn node_fold(ctx: BtfTracePointContext) -> i32 {
+    // The tracepoint passes (unsigned int state, unsigned int cpu_id).
+    if ctx.arg::<u64>(0) as u32 == PWR_EVENT_EXIT || layout!(valid) == 0 || layout!(nr_node_ids) == 0 {
+        return 0;
+    }
+    let Some(node) = slot(NODE_SLOT) else { return 0 };
+    if !near_line(node, 0) {
+        return 0;
+    }
+    // The idle task's memory cgroup (the root) leads to the pgdats; they
+    // are cached already, since the slot was brought near the line.
+    let memcg = kernel::task_memcg(kernel::current_task()).unwrap_or(0);
+    node_from_kernel(memcg, 0, growth::UNKNOWN);
+    crate::kill::signal_pending_victim();
+    0
 }
 
 /// True when the node has a memory line and its working set, with `pending`

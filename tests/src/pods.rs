@@ -33,4 +33,10 @@ impl PodEvictor for FakePods {
     fn evict(&self, request: EvictionRequest) {
         self.evicted.lock().unwrap().push(request);
     }
+
+    /// No pod worker here: an evicted pod has ended once evicted.
+    fn termination_reported(&self, uid: &str) -> bool {
+        self.evicted.lock().unwrap().iter().any(|e| e.uid == uid)
+            || !self.pods.lock().unwrap().iter().any(|p| p.uid == uid)
+    }
 }

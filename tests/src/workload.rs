@@ -91,6 +91,11 @@ impl Steps {
         self.child.id()
     }
 
+    /// How the process ended, if it has.
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("wait for the workload")
+    }
+
     /// Sends one command and waits for its `ok`.
     pub fn run(&mut self, command: &str) {
         writeln!(self.stdin, "{command}").expect("write to workload");

@@ -83,7 +83,20 @@ fn strategy_probe_picks_the_most_exact_hooks() {
         None => panic!("this kernel has no BTF tracepoint mark_victim"),
     };
     assert_eq!(s.oom, oom);
-    assert_eq!(s.kill, probe::KILL_HELPER);
+    // A victim doomed outside its context is signalled by the kernel where
+    // it has the kfunc that can (6.13 and later).
+    let kill = if btf.has_func("bpf_send_signal_task") { probe::KILL_SIGNAL_TASK } else { probe::KILL_HELPER };
+    assert_eq!(s.kill, kill, "passed over: {:?}", s.passed_over);
+    // Where the node comes from the kernel's per-node statistics, it is read
+    // again where the kernel folds its per-CPU statistics (idle entry).
+    let programs: Vec<String> = src.program_stats().into_iter().map(|(name, ..)| name).collect();
+    assert_eq!(
+        programs.iter().any(|p| p == "node_fold"),
+        layout.nr_node_ids != 0,
+        "node_fold attached exactly where the node's statistics are the kernel's ({} NUMA nodes); attached: {programs:?}; passed over: {:?}",
+        layout.nr_node_ids,
+        s.passed_over
+    );
 
     let metrics = Metrics::new();
     metrics.set_signal_strategies(&s.pairs());

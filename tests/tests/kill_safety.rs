@@ -5,6 +5,8 @@
 //! - A doomed mark whose cgroup is removed goes with it: a later cgroup
 //!   (which may reuse the kernel's `struct mem_cgroup`) keeps its processes.
 //! - The allocating task is killed however deep below the pod it runs.
+//! - A victim asleep when another pod crosses the line is signalled by the
+//!   kernel where it has `bpf_send_signal_task`, and left alone elsewhere.
 //! - The reader is woken for a kernel kill only once the victim has exited.
 //! - The refresh program knows the agent inside a pid namespace.
 //! - One kill ends a fork storm: on cgroup v1 the cgroup is frozen, and
@@ -61,10 +63,15 @@ fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) 
 /// A kubepods line 4 MiB above what kubepods uses now, with `victim` as
 /// its plan.
 fn arm(src: &EbpfSource, kubepods: &str, victim: &str) {
+    arm_with_process(src, kubepods, victim, 0);
+}
+
+/// [`arm`], the plan naming `tgid` as the victim's largest process.
+fn arm_with_process(src: &EbpfSource, kubepods: &str, victim: &str, tgid: u32) {
     src.set_kernel_victim(
         &Target::Cgroup(kubepods.into()),
         Signal::MemoryWorkingSet,
-        Some(KernelVictim { cgroup: victim, planned_ns: monotonic_ns(), max_age: None }),
+        Some(KernelVictim { cgroup: victim, tgid, planned_ns: monotonic_ns(), max_age: None }),
     )
     .unwrap();
     let used = src.snapshot().unwrap().cgroups[kubepods].working_set_bytes;
@@ -190,6 +197,58 @@ fn the_allocating_task_is_killed_at_any_depth_below_the_pod() {
 /// exited: woken at the kill, on the victim's CPU, it would run before the
 /// victim met its signal (under SCHED_FIFO, always). Three rounds, each
 /// with a pod of its own.
+/// Another pod's allocation crosses kubepods' line while the planned victim
+/// sleeps: the kernel dooms the victim, and where it has
+/// `bpf_send_signal_task` it signals the plan's process right then (no
+/// agent runs here to do it). Elsewhere the sleeper lives on until its next
+/// charge or the agent's kill.
+#[test]
+fn a_sleeping_victim_is_signalled_where_the_kernel_can() {
+    let tc = TestCgroup::new();
+    let src = load(&tc);
+    let events = collect(&*src);
+    let kubepods = tc.child("kubepods");
+    let victim = tc.child("kubepods/podvictim");
+    let other = tc.child("kubepods/podother");
+    src.register(&kubepods, CgroupKind::Kubepods).unwrap();
+    src.register(&victim, CgroupKind::Pod).unwrap();
+    src.register(&other, CgroupKind::Pod).unwrap();
+    // The victim charges memory once (the kernel learns its memcg), then
+    // waits on its stdin.
+    let mut sleeper = workload::Steps::spawn(&tc.fs, &victim);
+    sleeper.run("anon 1");
+    arm_with_process(&src, &kubepods, &victim, sleeper.pid());
+    let can = swiftlet::signals::btf::Btf::from_sys_fs().expect("kernel BTF").has_func("bpf_send_signal_task");
+    let kill_strategy = src.strategies().kill;
+    assert_eq!(
+        kill_strategy.contains("kfunc:bpf_send_signal_task"),
+        can,
+        "the kill strategy says what this kernel can do: {kill_strategy}"
+    );
+
+    // The other pod allocates 16 MiB and holds it.
+    let mut c = Command::new(workload::binary());
+    c.args(["hog", "512", "16"]).stdout(Stdio::null());
+    workload::in_cgroup(&mut c, &tc.fs, &other);
+    let mut hog = c.spawn().unwrap();
+    wait_for("the kernel's kill record", Duration::from_secs(5), || (!kernel_kills(&events).is_empty()).then_some(()));
+    let hog_status = hog.try_wait().unwrap();
+    let _ = hog.kill();
+    let _ = hog.wait();
+    assert_eq!(hog_status, None, "the allocating pod is not the victim");
+    assert_eq!(kernel_kills(&events), [(Some(victim.clone()), 0)], "the victim doomed; no current task signalled");
+    if can {
+        let how = wait_for("the sleeping victim to die", Duration::from_secs(2), || sleeper.try_wait());
+        assert_eq!(how.signal(), Some(libc::SIGKILL), "the kernel's SIGKILL: {how:?}");
+    } else {
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(sleeper.try_wait(), None, "nothing here may signal another task: the sleeper lives");
+    }
+    drop(sleeper);
+    src.unregister(&victim);
+    src.unregister(&other);
+}
+
 #[test]
 fn the_reader_is_woken_for_a_kernel_kill_once_the_victim_has_exited() {
     let tc = TestCgroup::new();

@@ -137,9 +137,23 @@ fn attach_logs_and_port_forward_with_both_kubectls() {
                 panic!("{label}: request {i} through port-forward: {e}; kubectl: {err}; httpd directly: {direct:?}")
             }
         }
+        // Connections at once, as a browser opens them: their stream pairs
+        // are opened on the runtime's connection concurrently.
+        let concurrent: Vec<_> = (0..16).map(|_| std::thread::spawn(move || http_get(local))).collect();
+        for (i, r) in concurrent.into_iter().enumerate() {
+            match r.join().unwrap() {
+                Ok(b) if b.contains("hello-from-the-pod") => {}
+                other => {
+                    let mut err = String::new();
+                    let _ = pf.0.kill();
+                    let _ = pf.0.stderr.take().unwrap().read_to_string(&mut err);
+                    panic!("{label}: concurrent request {i} through port-forward: {other:?}; kubectl: {err}")
+                }
+            }
+        }
         drop(pf);
         println!("{label}: port-forward {:?}", t.elapsed());
-        println!("{label}: attach, logs -f, port-forward (100 requests): ok");
+        println!("{label}: attach, logs -f, port-forward (100 requests, then 16 at once): ok");
     }
     let log = c.log();
     assert!(log.contains("portForward default/pf: WebSocket SPDY/3.1+portforward.k8s.io"), "{log}");

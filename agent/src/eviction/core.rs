@@ -6,10 +6,11 @@
 //! met before that have not yet recovered their minimum reclaim) drive the
 //! node conditions, held for the pressure transition period; soft
 //! thresholds act only after their grace period; memory is handled first;
-//! disk pressure reclaims node-level resources before evicting. Unlike the
-//! kubelet, which evicts one pod per 10 s round, it picks in one go as many
-//! pods as the projection says are needed to get back above threshold +
-//! minimum reclaim, and no more.
+//! disk pressure reclaims node-level resources before evicting. As the
+//! kubelet, it evicts one pod per round and starts no round while an
+//! earlier victim is being cleaned up; unlike the kubelet, whose rounds
+//! are 10 s apart, the next round comes as soon as that cleanup ends or a
+//! signal event arrives.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -91,8 +92,9 @@ pub struct Eviction {
     pub observed: Observation,
     /// The threshold in the signal's unit.
     pub threshold_value: u64,
-    /// Empty when nothing evictable is left (reported, not an error).
-    pub victims: Vec<Victim>,
+    /// The round's one victim; None when nothing evictable is left
+    /// (reported, not an error).
+    pub victim: Option<Victim>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -248,28 +250,19 @@ fn decide(
         EvictionSignal::NodeFsInodesFree | EvictionSignal::ImageFsInodesFree => ranking::by_inodes,
         EvictionSignal::NodeFsAvailable | EvictionSignal::ImageFsAvailable => ranking::by_disk,
     };
-    // How much must come back: up to the line plus the minimum reclaim.
-    let need = (value as i128 + min_reclaim_value(t, obs) as i128 - obs.available as i128).max(1);
-    let mut reclaimed: i128 = candidates.iter().filter(|c| c.in_flight).map(|c| usage(c) as i128).sum();
+    // As the kubelet: one pod per round, and no round while an earlier
+    // victim is still being cleaned up (its processes exiting, its end not
+    // yet reported). The next is then ranked on what the last one gave
+    // back, and pods fail in the order they were ranked.
+    if candidates.iter().any(|c| c.in_flight) {
+        return Action::None;
+    }
     // A pod that holds none of the starved resource gives nothing back
     // (a disk-pressure ranking on runtime stats a few seconds old can see
     // only zeros): it is never a victim.
-    let mut ranked: Vec<&Candidate> =
-        candidates.iter().filter(|c| c.evictable && !c.in_flight && usage(c) > 0).collect();
-    ranked.sort_by(|a, b| order(a, b));
-    let mut victims = vec![];
-    for c in ranked {
-        if reclaimed >= need {
-            break;
-        }
-        reclaimed += usage(c) as i128;
-        victims.push(victim(cfg, t, obs, c, containers));
-    }
-    if victims.is_empty() && reclaimed >= need {
-        // Pods already being evicted will bring the signal back.
-        return Action::None;
-    }
-    Action::Evict(Eviction { threshold: t.clone(), observed: *obs, threshold_value: value, victims })
+    let first = candidates.iter().filter(|c| c.evictable && usage(c) > 0).min_by(|a, b| order(a, b));
+    let victim = first.map(|c| victim(cfg, t, obs, c, containers));
+    Action::Evict(Eviction { threshold: t.clone(), observed: *obs, threshold_value: value, victim })
 }
 
 /// The pod `c` as a victim of `t`: its grace period, and the kubelet's

@@ -16,7 +16,14 @@
 //! - `terminated` for a pod the API is deleting (deletionTimestamp) deletes
 //!   it with grace period 0, once its final status is written.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use parking_lot::Mutex;
@@ -122,6 +129,10 @@ struct Entry {
     version: u64,
     synced: u64,
     terminated: bool,
+    /// When it last changed, in the manager's order of changes: a pass
+    /// writes the oldest first, so pods ended one after the other (an
+    /// eviction's victims) reach the API in that order.
+    changed: u64,
 }
 
 /// What one sync did.
@@ -139,12 +150,14 @@ pub enum SyncResult {
 
 pub struct StatusManager {
     entries: Mutex<HashMap<String, Entry>>,
+    /// The last `Entry::changed` given out.
+    changes: AtomicU64,
     notify: Notify,
 }
 
 impl Default for StatusManager {
     fn default() -> Self {
-        StatusManager { entries: Mutex::new(HashMap::new()), notify: Notify::new() }
+        StatusManager { entries: Mutex::new(HashMap::new()), changes: AtomicU64::new(0), notify: Notify::new() }
     }
 }
 
@@ -167,13 +180,14 @@ impl StatusManager {
 
     /// Syncs every pod that needs it once.
     pub async fn sync_all(&self, api: &dyn PodApi) {
-        let due: Vec<(String, Entry)> = self
+        let mut due: Vec<(String, Entry)> = self
             .entries
             .lock()
             .iter()
             .filter(|(_, e)| e.synced < e.version || e.terminated)
             .map(|(k, e)| (k.clone(), e.clone()))
             .collect();
+        due.sort_by_key(|(_, e)| e.changed);
         for (uid, entry) in due {
             let result = sync_pod(api, &entry).await;
             let mut entries = self.entries.lock();
@@ -237,8 +251,10 @@ impl StatusManager {
             version: 0,
             synced: 0,
             terminated: false,
+            changed: 0,
         });
         change(e);
+        e.changed = self.changes.fetch_add(1, Ordering::Relaxed) + 1;
         drop(entries);
         self.notify.notify_one();
     }
@@ -524,6 +540,26 @@ mod tests {
         let patches = api.patches.lock();
         assert_eq!(patches.len(), 1, "only the latest status is written");
         assert_eq!(patches[0]["status"]["phase"], "Running");
+    }
+
+    #[tokio::test]
+    async fn a_pass_writes_in_the_order_of_the_reports() {
+        let api = FakeApi::default();
+        let names: Vec<String> = (0..16).map(|i| format!("pod-{i:02}")).collect();
+        for (i, n) in names.iter().enumerate() {
+            api.pods.lock().insert(n.clone(), api_pod(n, &format!("u{i}")));
+        }
+        let sm = StatusManager::default();
+        // Reported newest name first, so that neither the names nor a hash
+        // of the uids give the order by chance.
+        for (i, n) in names.iter().enumerate().rev() {
+            sm.report(&api_pod(n, &format!("u{i}")), &status("Failed", vec![], vec![]));
+        }
+        sm.sync_all(&api).await;
+        let written: Vec<String> =
+            api.patches.lock().iter().map(|p| p["metadata"]["uid"].as_str().unwrap().into()).collect();
+        let want: Vec<String> = (0..16).rev().map(|i| format!("u{i}")).collect();
+        assert_eq!(written, want);
     }
 
     #[tokio::test]

@@ -254,6 +254,10 @@ impl PodEvictor for EvictionTap {
         });
         self.inner.evict(r);
     }
+
+    fn termination_reported(&self, uid: &str) -> bool {
+        self.inner.termination_reported(uid)
+    }
 }
 
 #[cfg(test)]

@@ -305,7 +305,13 @@ impl Btf {
 
     /// True when the kernel has a function (e.g. a kfunc) of that name.
     pub fn has_func(&self, name: &str) -> bool {
-        self.find(name, BtfKind::Func).is_some()
+        self.func_id(name).is_some()
+    }
+
+    /// The BTF type id of a kernel function, which is how a program names
+    /// a kfunc it calls.
+    pub fn func_id(&self, name: &str) -> Option<u32> {
+        self.find(name, BtfKind::Func)
     }
 }
 

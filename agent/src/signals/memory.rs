@@ -21,6 +21,7 @@ use super::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordedPlan {
     pub cgroup: String,
+    pub tgid: u32,
     pub planned_ns: u64,
     pub max_age: Option<std::time::Duration>,
 }
@@ -152,7 +153,12 @@ impl SignalSource for MemorySource {
         match victim {
             Some(v) => s.plans.insert(
                 (target.clone(), signal),
-                RecordedPlan { cgroup: v.cgroup.to_owned(), planned_ns: v.planned_ns, max_age: v.max_age },
+                RecordedPlan {
+                    cgroup: v.cgroup.to_owned(),
+                    tgid: v.tgid,
+                    planned_ns: v.planned_ns,
+                    max_age: v.max_age,
+                },
             ),
             None => s.plans.remove(&(target.clone(), signal)),
         };

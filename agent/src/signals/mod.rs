@@ -12,6 +12,7 @@ pub mod btf;
 pub mod cgroupfs;
 pub mod ebpf;
 pub mod hysteresis;
+mod kfunc;
 pub mod layout;
 mod mapped;
 #[cfg(test)]
@@ -205,6 +206,10 @@ pub enum SignalEvent {
 pub struct KernelVictim<'a> {
     /// The victim pod's cgroup (registered).
     pub cgroup: &'a str,
+    /// The victim's process with the most resident memory, 0 if none is
+    /// known: the kernel signals it where it sees the crossing outside the
+    /// victim's own context and can signal another task.
+    pub tgid: u32,
     /// CLOCK_MONOTONIC ns when the pods were ranked for this plan.
     pub planned_ns: u64,
     /// How old the plan may be at the crossing; None: any age.

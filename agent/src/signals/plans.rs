@@ -32,6 +32,9 @@ pub(super) struct Wanted {
     pub signal: Signal,
     pub victim_slot: u32,
     pub victim_cgroup_id: u64,
+    /// The victim's largest process (0: none known); a change keeps the
+    /// plan's generation, as it names the same victim.
+    pub victim_tgid: u32,
     pub planned_ns: u64,
     pub max_age_ns: u64,
 }
@@ -128,6 +131,7 @@ impl<M: PlanMemory> PlanTable<M> {
                 signal: Signal::MemoryWorkingSet,
                 victim_slot: 0,
                 victim_cgroup_id: 0,
+                victim_tgid: 0,
                 planned_ns: 0,
                 max_age_ns: 0,
             });
@@ -136,6 +140,7 @@ impl<M: PlanMemory> PlanTable<M> {
             std::ptr::write_volatile(&raw mut (*plan).signal, w.signal as u32);
             std::ptr::write_volatile(&raw mut (*plan).victim_slot, w.victim_slot);
             std::ptr::write_volatile(&raw mut (*plan).victim_cgroup_id, w.victim_cgroup_id);
+            std::ptr::write_volatile(&raw mut (*plan).victim_tgid, w.victim_tgid);
             std::ptr::write_volatile(&raw mut (*plan).planned_ns, w.planned_ns);
             std::ptr::write_volatile(&raw mut (*plan).max_age_ns, w.max_age_ns);
             seq.fetch_add(1, Ordering::SeqCst);
@@ -179,6 +184,7 @@ mod tests {
             signal: Signal::MemoryWorkingSet,
             victim_slot,
             victim_cgroup_id: 1000 + u64::from(victim_slot),
+            victim_tgid: 2000 + victim_slot,
             planned_ns,
             max_age_ns: 0,
         }
@@ -205,6 +211,9 @@ mod tests {
         // Ranked again, same victim: same generation, a newer ranking time.
         t.set(line.clone(), Some(wanted(5, 20))).unwrap();
         assert_eq!((plan(0).generation, plan(0).planned_ns), (1, 20));
+        // Its largest process changed: still the same victim and generation.
+        t.set(line.clone(), Some(Wanted { victim_tgid: 42, ..wanted(5, 25) })).unwrap();
+        assert_eq!((plan(0).generation, plan(0).victim_tgid, plan(0).victim_slot), (1, 42, 5));
         // Another victim: a new generation.
         t.set(line.clone(), Some(wanted(6, 30))).unwrap();
         assert_eq!((plan(0).generation, plan(0).victim_slot), (2, 6));
@@ -248,6 +257,7 @@ mod tests {
             match read(mem.plan(0)) {
                 Some(p) if p.generation != 0 => {
                     assert_eq!(p.victim_cgroup_id, 1000 + u64::from(p.victim_slot), "a torn plan: {p:?}");
+                    assert_eq!(p.victim_tgid, 2000 + p.victim_slot, "a torn plan: {p:?}");
                     whole += 1;
                 }
                 Some(_) => {}

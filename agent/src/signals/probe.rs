@@ -206,6 +206,12 @@ pub const NONE: &str = "none";
 /// whole cgroup by the agent once it reads the kill record.
 pub const KILL_HELPER: &str =
     "helper:bpf_send_signal (current task; doomed tasks on their next charge; cgroup by the agent)";
+/// The in-kernel kill where the kernel has `bpf_send_signal_task` (6.13
+/// and later): as [`KILL_HELPER`], and a victim doomed from outside its
+/// context (asleep at a statistics fold, or another pod allocating) has its
+/// planned process signalled at once.
+pub const KILL_SIGNAL_TASK: &str = "helper:bpf_send_signal + kfunc:bpf_send_signal_task (current task, or the \
+     planned process when the crossing is outside the victim's context; doomed tasks on their next charge; cgroup by the agent)";
 
 #[cfg(test)]
 mod tests {

@@ -86,6 +86,10 @@ impl PodEvictor for TimedEvictor {
         let _ = self.first_ns.compare_exchange(0, monotonic_ns(), Ordering::SeqCst, Ordering::SeqCst);
         self.pods.evict(request);
     }
+
+    fn termination_reported(&self, uid: &str) -> bool {
+        self.pods.termination_reported(uid)
+    }
 }
 
 struct Run {

@@ -62,6 +62,12 @@ pub const CHECKS: &[Check] = &[
         "the_allocating_task_is_killed_at_any_depth_below_the_pod",
         false,
     ),
+    check(
+        "kill: a sleeping victim (bpf_send_signal_task)",
+        "kill_safety",
+        "a_sleeping_victim_is_signalled_where_the_kernel_can",
+        false,
+    ),
     check("kill: refresh in a pid namespace", "kill_safety", "the_refresh_knows_the_agent_in_a_pid_namespace", false),
     check("kill: one kill ends a fork storm", "kill_safety", "one_kill_ends_a_fork_storm", false),
     check(

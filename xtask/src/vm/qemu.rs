@@ -6,6 +6,10 @@ use std::{
     io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -15,6 +19,16 @@ use crate::cmd::{note, step};
 
 /// What the VM prints when it has finished what it was booted for.
 pub const DONE: &str = "@@DONE";
+
+/// What the VM's userspace prints first (with the kernel's release),
+/// after whatever escapes the console left on that line.
+pub const USERSPACE: &str = "@@VM kernel=";
+
+/// How long a kernel may take to reach userspace. Under TCG a kernel has
+/// hung in early boot, idle and silent, until the whole timeout ran out
+/// (40 minutes of the suite); a normal boot reaches userspace in under
+/// 30 s, several times that on a loaded machine.
+const USERSPACE_WITHIN: Duration = Duration::from_secs(240);
 
 /// A disk of the VM (virtio, `/dev/vda`, `/dev/vdb`, … in order).
 pub struct Drive {
@@ -53,8 +67,40 @@ pub struct VmRun {
 
 /// Boots and reads the serial console until the VM powers off (or overruns
 /// its timeout and is killed); `on_line` sees each line as it comes, with
-/// the seconds since qemu started.
+/// the seconds since qemu started. A boot that has not reached userspace
+/// within [`USERSPACE_WITHIN`] is killed and booted once more (the first
+/// console kept as `console-hung-boot.log`).
 pub fn boot(b: &Boot, mut on_line: impl FnMut(&str, f64)) -> Result<VmRun> {
+    match boot_once(b, &mut on_line)? {
+        Ended::Run(run) => Ok(run),
+        Ended::HungBeforeUserspace => {
+            note(format!(
+                "{}: no userspace within {}s (a kernel hung in early boot); booting again",
+                b.label,
+                USERSPACE_WITHIN.as_secs()
+            ));
+            let _ = fs::rename(b.dir.join("console.log"), b.dir.join("console-hung-boot.log"));
+            match boot_once(b, &mut on_line)? {
+                Ended::Run(run) => Ok(run),
+                Ended::HungBeforeUserspace => Ok(VmRun {
+                    console: fs::read_to_string(b.dir.join("console.log")).unwrap_or_default(),
+                    seconds: USERSPACE_WITHIN.as_secs_f64(),
+                    early_end: Some(format!(
+                        "the kernel reached no userspace within {}s, twice",
+                        USERSPACE_WITHIN.as_secs()
+                    )),
+                }),
+            }
+        }
+    }
+}
+
+enum Ended {
+    Run(VmRun),
+    HungBeforeUserspace,
+}
+
+fn boot_once(b: &Boot, on_line: &mut impl FnMut(&str, f64)) -> Result<Ended> {
     step(format!("{}: booting under qemu (TCG)", b.label));
     let console_path = b.dir.join("console.log");
     let started = Instant::now();
@@ -85,16 +131,29 @@ pub fn boot(b: &Boot, mut on_line: impl FnMut(&str, f64)) -> Result<VmRun> {
         .spawn()
         .context("cannot start qemu-system-x86_64 (Debian qemu-system-x86)")?;
     let pid = child.id();
-    // A watchdog ends qemu (by its pid) if the VM overruns.
+    // A watchdog ends qemu (by its pid) if the VM overruns, or has not
+    // reached userspace in time.
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let timeout = b.timeout;
-    let watchdog = std::thread::spawn(move || {
-        if done_rx.recv_timeout(timeout).is_err() {
+    let reached_userspace = Arc::new(AtomicBool::new(false));
+    let watchdog = std::thread::spawn({
+        let reached_userspace = reached_userspace.clone();
+        move || {
             // SAFETY: kill(2) on the qemu we started.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            true
-        } else {
-            false
+            let kill = || unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            let first = USERSPACE_WITHIN.min(timeout);
+            if done_rx.recv_timeout(first).is_ok() {
+                return Watchdog::Quiet;
+            }
+            if !reached_userspace.load(Ordering::SeqCst) {
+                kill();
+                return Watchdog::Hung;
+            }
+            if done_rx.recv_timeout(timeout.saturating_sub(first)).is_err() {
+                kill();
+                return Watchdog::TimedOut;
+            }
+            Watchdog::Quiet
         }
     });
     let mut console = String::new();
@@ -105,6 +164,9 @@ pub fn boot(b: &Boot, mut on_line: impl FnMut(&str, f64)) -> Result<VmRun> {
         writeln!(log, "{line}")?;
         console.push_str(&line);
         console.push('\n');
+        if line.contains(USERSPACE) {
+            reached_userspace.store(true, Ordering::SeqCst);
+        }
         if line.starts_with("@@VM") || line.starts_with("@@NOTE") {
             note(line.trim_start_matches("@@"));
         }
@@ -112,7 +174,11 @@ pub fn boot(b: &Boot, mut on_line: impl FnMut(&str, f64)) -> Result<VmRun> {
     }
     let status = child.wait()?;
     let _ = done_tx.send(());
-    let timed_out = watchdog.join().unwrap_or(false);
+    let watchdog = watchdog.join().unwrap_or(Watchdog::Quiet);
+    if watchdog == Watchdog::Hung {
+        return Ok(Ended::HungBeforeUserspace);
+    }
+    let timed_out = watchdog == Watchdog::TimedOut;
     let mut stderr = String::new();
     if let Some(mut e) = child.stderr.take() {
         let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
@@ -126,5 +192,13 @@ pub fn boot(b: &Boot, mut on_line: impl FnMut(&str, f64)) -> Result<VmRun> {
         None
     };
     note(format!("{}: {:.0}s, console in {}", b.label, seconds, console_path.display()));
-    Ok(VmRun { console, seconds, early_end })
+    Ok(Ended::Run(VmRun { console, seconds, early_end }))
+}
+
+/// What the watchdog did.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Watchdog {
+    Quiet,
+    Hung,
+    TimedOut,
 }

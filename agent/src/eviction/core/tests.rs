@@ -52,7 +52,7 @@ fn usage(cgroup: &str) -> Option<u64> {
 
 fn victims(e: &Evaluation) -> Vec<String> {
     match &e.action {
-        Action::Evict(ev) => ev.victims.iter().map(|v| v.name.clone()).collect(),
+        Action::Evict(ev) => ev.victim.iter().map(|v| v.name.clone()).collect(),
         _ => vec![],
     }
 }
@@ -63,10 +63,10 @@ fn hard_threshold_table() {
     // (available MiB, expected condition, expected victims)
     let cases: &[(i64, bool, &[&str])] = &[
         (600, false, &[]),
-        (500, false, &[]),                   // at the line: not below it
-        (499, true, &["hog"]),               // 1 MiB short: the top-ranked pod only
-        (100, true, &["hog"]),               // hog's 600 MiB covers 400 MiB of need
-        (-200, true, &["hog", "burstable"]), // 700 needed: hog 600 + burstable 300
+        (500, false, &[]),      // at the line: not below it
+        (499, true, &["hog"]),  // 1 MiB short: the top-ranked pod
+        (100, true, &["hog"]),  // hog's 600 MiB covers 400 MiB of need
+        (-200, true, &["hog"]), // 700 needed: still one pod per round
     ];
     for (avail, pressure, want) in cases {
         let mut st = State::default();
@@ -116,7 +116,7 @@ fn soft_threshold_waits_for_grace_and_caps_pod_grace() {
     assert_eq!(e.action, Action::None);
     let e = st.evaluate(&c, t0 + Duration::from_secs(30), &mem(900), &pods, false, &usage);
     let Action::Evict(ev) = e.action else { panic!("expected an eviction") };
-    assert_eq!(ev.victims[0].grace_period_secs, 10, "min(pod's 30s, max 10s)");
+    assert_eq!(ev.victim.as_ref().unwrap().grace_period_secs, 10, "min(pod's 30s, max 10s)");
     // Recovering resets the grace clock.
     let mut st = State::default();
     st.evaluate(&c, t0, &mem(900), &pods, false, &usage);
@@ -133,9 +133,9 @@ fn min_reclaim_keeps_the_threshold_met_until_recovered() {
     let mut st = State::default();
     let now = Instant::now();
     let pods = [pod("a", 0, 0, 100), pod("b", 0, 0, 100), pod("c", 0, 0, 100)];
-    // 50 below the line + 200 reclaim = 250 needed: three pods of 100.
+    // 50 below the line + 200 reclaim = 250 needed: one pod per round.
     let e = st.evaluate(&c, now, &mem(450), &pods, false, &usage);
-    assert_eq!(victims(&e).len(), 3);
+    assert_eq!(victims(&e), ["a"]);
     // Back above the line but not above line + reclaim: still met.
     let e = st.evaluate(&c, now, &mem(600), &[pod("d", 0, 0, 300)], false, &usage);
     assert_eq!(victims(&e), ["d"]);
@@ -172,14 +172,19 @@ fn a_crossing_holds_the_condition_though_the_kill_ended_the_pressure() {
 }
 
 #[test]
-fn in_flight_evictions_count_and_are_not_picked_again() {
+fn no_round_while_a_victim_is_in_flight() {
     let c = cfg(vec![hard(EvictionSignal::MemoryAvailable, mi(500))]);
     let mut hog = pod("hog", 0, 0, 600);
     hog.in_flight = true;
-    let e = State::default().evaluate(&c, Instant::now(), &mem(400), &[hog.clone(), pod("b", 0, 0, 50)], false, &usage);
-    assert_eq!(e.action, Action::None, "the hog being killed already covers the need");
-    let e = State::default().evaluate(&c, Instant::now(), &mem(-400), &[hog, pod("b", 0, 0, 50)], false, &usage);
-    assert_eq!(victims(&e), ["b"]);
+    for avail in [400, -400] {
+        let mut st = State::default();
+        let e = st.evaluate(&c, Instant::now(), &mem(avail), &[hog.clone(), pod("b", 0, 0, 50)], false, &usage);
+        assert_eq!(e.action, Action::None, "available {avail}Mi: the hog is still being evicted");
+        assert!(e.conditions.contains(&NodeCondition::MemoryPressure), "the condition does not wait");
+    }
+    hog.in_flight = false;
+    let e = State::default().evaluate(&c, Instant::now(), &mem(-400), &[pod("b", 0, 0, 50)], false, &usage);
+    assert_eq!(victims(&e), ["b"], "the hog gone: the next round");
 }
 
 #[test]
@@ -210,7 +215,7 @@ fn critical_pods_are_never_evicted() {
     crit.evictable = false;
     let e = State::default().evaluate(&c, Instant::now(), &mem(0), &[crit], false, &usage);
     let Action::Evict(ev) = e.action else { panic!("the threshold is met") };
-    assert!(ev.victims.is_empty());
+    assert!(ev.victim.is_none());
 }
 
 #[test]

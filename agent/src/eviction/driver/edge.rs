@@ -19,6 +19,10 @@ pub trait CgroupReader: Send + Sync {
     /// of pid.available (the pids controller's count). None when the
     /// controller is not there.
     fn tasks(&self, cgroup: &str) -> Option<u64>;
+    /// The process in the cgroup or below with the most resident memory,
+    /// if any: the one the kernel signals when it sees the victim's line
+    /// crossed outside the victim's own context.
+    fn largest_process(&self, cgroup: &str) -> Option<u32>;
 }
 
 /// Ends every process of a cgroup and its descendants.
@@ -113,6 +117,17 @@ impl CgroupReader for CgroupFs {
     fn tasks(&self, cgroup: &str) -> Option<u64> {
         self.pids_current(cgroup).ok()
     }
+
+    fn largest_process(&self, cgroup: &str) -> Option<u32> {
+        // Resident pages are statm's second field; a process gone since the
+        // listing is skipped.
+        let resident = |pid: u32| -> Option<u64> {
+            let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+            statm.split_whitespace().nth(1)?.parse().ok()
+        };
+        let procs = self.procs_recursive(cgroup).ok()?;
+        procs.into_iter().filter_map(|pid| Some((resident(pid)?, pid))).max().map(|(_, pid)| pid)
+    }
 }
 
 impl Killer for CgroupFs {
@@ -144,6 +159,7 @@ pub mod fake {
         pub working_sets: Mutex<HashMap<String, u64>>,
         pub tasks: Mutex<HashMap<String, u64>>,
         pub populated: Mutex<HashSet<String>>,
+        pub largest: Mutex<HashMap<String, u32>>,
         pub kills: Mutex<Vec<String>>,
         pub survivor_kills: Mutex<Vec<String>>,
     }
@@ -176,6 +192,10 @@ pub mod fake {
 
         fn tasks(&self, cgroup: &str) -> Option<u64> {
             self.tasks.lock().get(cgroup).copied()
+        }
+
+        fn largest_process(&self, cgroup: &str) -> Option<u32> {
+            self.largest.lock().get(cgroup).copied()
         }
     }
 

@@ -35,6 +35,10 @@ use crate::{
 /// never empty.
 const IN_FLIGHT_FOR: Duration = Duration::from_secs(300);
 
+/// How long a victim whose processes are gone is waited for until its
+/// terminal status is reported (the kubelet's podCleanupTimeout).
+const POD_CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How many `memory.reclaim` rounds an evaluation makes before it evicts
 /// (reclaim-first), each on a fresh observation.
 const RECLAIM_ROUNDS: usize = 3;
@@ -294,23 +298,25 @@ impl Manager {
         }
         self.publish(&obs, &eval);
         if let Action::Evict(ev) = eval.action {
-            if ev.victims.is_empty() {
-                self.metrics.evictions_without_victim.inc();
-                warn!(signal = %ev.threshold.signal, "eviction threshold met but no pod can be evicted");
-            }
-            for v in ev.victims {
-                let Some(p) = pods.iter().find(|p| p.uid == v.uid) else { continue };
-                let planned = PlannedVictim::new(p);
-                if !self.shared.claim(&planned, ev.threshold.signal) {
-                    continue;
+            match ev.victim {
+                None => {
+                    self.metrics.evictions_without_victim.inc();
+                    warn!(signal = %ev.threshold.signal, "eviction threshold met but no pod can be evicted");
                 }
-                let killed = if ev.threshold.is_hard() {
-                    self.shared.kill(&planned, KillPath::Agent, crossing_ns, None);
-                    KillPath::Agent
-                } else {
-                    KillPath::Graceful
-                };
-                self.record(v, ev.threshold.signal, killed, observed.age());
+                Some(v) => {
+                    if let Some(p) = pods.iter().find(|p| p.uid == v.uid)
+                        && let planned = PlannedVictim::new(p)
+                        && self.shared.claim(&planned, ev.threshold.signal)
+                    {
+                        let killed = if ev.threshold.is_hard() {
+                            self.shared.kill(&planned, KillPath::Agent, crossing_ns, None);
+                            KillPath::Agent
+                        } else {
+                            KillPath::Graceful
+                        };
+                        self.record(v, ev.threshold.signal, killed, observed.age());
+                    }
+                }
             }
         }
         self.evict_for_pressure(&cfg, &pods, &candidates, &meter);
@@ -391,6 +397,7 @@ impl Manager {
             let dying = self.shared.dying_for(signal);
             let victim = list.first().filter(|_| cfg.kernel_eviction && !dying).map(|v| KernelVictim {
                 cgroup: &v.cgroup,
+                tgid: self.edges.cgroups.largest_process(&v.cgroup).unwrap_or(0),
                 planned_ns: ranked_ns,
                 max_age,
             });
@@ -448,10 +455,28 @@ impl Manager {
     fn sync_registrations(&self) -> Vec<Arc<EvictionPod>> {
         let pods = self.edges.pods.eviction_pods();
         let kubepods = self.cfg.lock().node.kubepods_cgroup.clone();
-        self.shared.in_flight.lock().retain(|uid, f| {
-            let listed = pods.iter().any(|p| &p.uid == uid);
-            (listed || self.edges.cgroups.has_processes(&f.victim.cgroup)) && f.since.elapsed() < IN_FLIGHT_FOR
-        });
+        // The pod manager is asked without the in-flight lock held: it
+        // takes its own, and evictions reach it from under neither.
+        let unreported: HashSet<String> = {
+            let uids: Vec<String> = self.shared.in_flight.lock().keys().cloned().collect();
+            uids.into_iter().filter(|uid| !self.edges.evictor.termination_reported(uid)).collect()
+        };
+        let released = {
+            let mut in_flight = self.shared.in_flight.lock();
+            let before = in_flight.len();
+            in_flight.retain(|uid, f| {
+                let listed = pods.iter().any(|p| &p.uid == uid);
+                let dying = listed || self.edges.cgroups.has_processes(&f.victim.cgroup);
+                let unreported = unreported.contains(uid) && f.since.elapsed() < POD_CLEANUP_TIMEOUT;
+                (dying || unreported) && f.since.elapsed() < IN_FLIGHT_FOR
+            });
+            before - in_flight.len()
+        };
+        if released > 0 {
+            // The next victim, if one is still needed, is due now rather
+            // than at the next housekeeping pass.
+            let _ = self.shared.wake.send(Wake::Other);
+        }
         // Runs every plan interval: the common case, nothing to change,
         // allocates nothing per pod.
         let in_flight: Vec<String> = self.shared.in_flight.lock().values().map(|f| f.victim.cgroup.clone()).collect();

@@ -137,6 +137,12 @@ pub struct EvictionRequest {
 
 pub trait PodEvictor: Send + Sync {
     fn evict(&self, request: EvictionRequest);
+    /// Whether the pod's end is reported: its terminal status handed to
+    /// the status manager, or the pod gone. A victim counts as being
+    /// evicted until then (the kubelet's wait for the pod's cleanup), so
+    /// the next one is ranked on what is left and pods fail in the order
+    /// they were chosen.
+    fn termination_reported(&self, uid: &str) -> bool;
 }
 
 /// Reclaims node-level resources (dead containers, unused images) before

@@ -3,7 +3,11 @@
 //! crossings into, in-memory cgroups that record kills, a recording pod
 //! manager, the real metrics registry, and tokio's paused clock.
 
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeSet, HashSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -36,6 +40,9 @@ pub(super) const KUBEPODS: &str = "kubepods";
 pub(super) struct Pods {
     pods: Mutex<Vec<EvictionPod>>,
     requests: Mutex<Vec<EvictionRequest>>,
+    /// Evicted pods whose end is not reported yet (their worker still
+    /// stopping them).
+    unreported: Mutex<HashSet<String>>,
 }
 
 impl PodProvider for Pods {
@@ -48,6 +55,12 @@ impl PodProvider for Pods {
 impl PodEvictor for Pods {
     fn evict(&self, request: EvictionRequest) {
         self.requests.lock().push(request);
+    }
+
+    fn termination_reported(&self, uid: &str) -> bool {
+        let evicted = self.requests.lock().iter().any(|r| r.uid == uid);
+        let known = self.pods.lock().iter().any(|p| p.uid == uid);
+        (evicted || !known) && !self.unreported.lock().contains(uid)
     }
 }
 
@@ -258,7 +271,12 @@ async fn a_crossing_with_a_plan_kills_once_and_records_once() {
 async fn a_kernel_kill_is_finished_by_the_agent_and_recorded_once() {
     let h = Harness::start(allocatable_line(), &hog_and_steady(), true).await;
     let plan = h.source.plan(&Target::Cgroup(KUBEPODS.into()), Signal::MemoryWorkingSet).expect("a kernel plan");
-    assert_eq!((plan.cgroup.as_str(), plan.max_age), ("kubepods/podhog", None));
+    assert_eq!((plan.cgroup.as_str(), plan.tgid, plan.max_age), ("kubepods/podhog", 0, None));
+    // Once the hog's largest process is known, the next ranking names it.
+    h.cgroups.largest.lock().insert("kubepods/podhog".into(), 4242);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let plan = h.source.plan(&Target::Cgroup(KUBEPODS.into()), Signal::MemoryWorkingSet).expect("a kernel plan");
+    assert_eq!((plan.cgroup.as_str(), plan.tgid), ("kubepods/podhog", 4242));
     let at = monotonic_ns();
     h.source.inject(SignalEvent::KernelKill {
         target: Target::Cgroup(KUBEPODS.into()),
@@ -322,9 +340,12 @@ async fn a_crossing_with_a_stale_pid_plan_ranks_again() {
         settle().await;
         let kills = h.cgroups.kills();
         if fast {
-            // Trusted as it stood; the evaluation then takes the bomb too,
-            // the neighbour's five tasks being far from enough.
-            assert_eq!(kills, ["kubepods/podneighbour", "kubepods/podbomb"], "a fresh plan is trusted ({age:?})");
+            // Trusted as it stood; once the neighbour is gone, the next
+            // round takes the bomb, its five tasks being far from enough.
+            assert_eq!(kills, ["kubepods/podneighbour"], "a fresh plan is trusted ({age:?})");
+            h.cgroups.emptied("kubepods/podneighbour");
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            assert_eq!(h.cgroups.kills(), ["kubepods/podneighbour", "kubepods/podbomb"]);
         } else {
             assert_eq!(kills, ["kubepods/podbomb"], "ranked again at the crossing ({age:?})");
             let r = &h.requests()[0];
@@ -378,21 +399,43 @@ async fn the_condition_is_held_for_the_transition_period() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn minimum_reclaim_evicts_enough_pods_at_once() {
+async fn one_pod_per_round_each_after_the_last_one_ended() {
     let mut t = hard(EvictionSignal::MemoryAvailable, quantity(500 * MI));
     t.min_reclaim = Some(quantity(200 * MI));
-    let pods = [(pod("a", 0), 100), (pod("b", 0), 100), (pod("c", 0), 100), (pod("d", 512 * MI), 50)];
+    let pods = [(pod("a", 0), 150), (pod("b", 0), 120), (pod("c", 0), 100), (pod("d", 512 * MI), 50)];
     let h = Harness::start(vec![t], &pods, false).await;
-    // 50 MiB below the line, plus 200 of minimum reclaim: three pods of 100.
+    h.pods.unreported.lock().extend(["a", "b", "c", "d"].map(String::from));
+    // 50 MiB below the line, plus 200 of minimum reclaim: more than any
+    // one pod gives back, and the node's figure never moves here.
     h.source.set_node(NodeUsage { working_set_bytes: CAPACITY - 450 * MI, tasks: 300, ..Default::default() });
     h.manager.poke();
     settle().await;
-    let mut killed = h.cgroups.kills();
-    killed.sort();
-    assert_eq!(killed, ["kubepods/poda", "kubepods/podb", "kubepods/podc"]);
-    assert_eq!(h.requests().len(), 3);
+    assert_eq!(h.cgroups.kills(), ["kubepods/poda"], "one pod per round");
+    // Its processes gone, its end not reported: still being evicted.
+    h.cgroups.emptied("kubepods/poda");
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(h.cgroups.kills(), ["kubepods/poda"], "no round while a's end is not reported");
+    // Reported, but b's processes stay: the next round waits for them.
+    h.pods.unreported.lock().remove("a");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(h.cgroups.kills(), ["kubepods/poda", "kubepods/podb"], "b next, within a plan interval");
+    h.pods.unreported.lock().remove("b");
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(h.cgroups.kills().len(), 2, "b's processes still run");
+    h.cgroups.emptied("kubepods/podb");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(h.cgroups.kills(), ["kubepods/poda", "kubepods/podb", "kubepods/podc"]);
+    // c's end is never reported: waited for 30 s at most, as the kubelet
+    // waits for a pod's cleanup.
+    h.cgroups.emptied("kubepods/podc");
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(h.cgroups.kills().len(), 3);
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(h.cgroups.kills().last().map(String::as_str), Some("kubepods/podd"));
+    let order: Vec<String> = h.requests().into_iter().map(|r| r.uid).collect();
+    assert_eq!(order, ["a", "b", "c", "d"]);
     assert!(h.requests().iter().all(|r| r.killed == KillPath::Agent));
-    assert_eq!(h.metric("kubelet_evictions_total{eviction_signal=\"memory.available\"}"), Some(3.0));
+    assert_eq!(h.metric("kubelet_evictions_total{eviction_signal=\"memory.available\"}"), Some(4.0));
 }
 
 #[tokio::test(start_paused = true)]

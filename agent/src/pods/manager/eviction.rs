@@ -104,6 +104,12 @@ impl PodEvictor for PodManager {
             });
         }
     }
+
+    fn termination_reported(&self, uid: &str) -> bool {
+        self.inner.pods.lock().get(uid).is_none_or(|e| {
+            e.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|p| p == "Failed" || p == "Succeeded")
+        })
+    }
 }
 
 impl ActivePods for PodManager {

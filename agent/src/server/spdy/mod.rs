@@ -17,4 +17,4 @@ pub mod frame;
 pub mod session;
 
 pub use frame::{Headers, header};
-pub use session::{IncomingStream, Role, Session, StreamReader, StreamWriter};
+pub use session::{IncomingStream, OpenError, Role, Session, StreamReader, StreamWriter};

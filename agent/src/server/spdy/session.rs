@@ -9,13 +9,7 @@
 //! applies), pings are echoed, open streams go on after a GOAWAY, and the
 //! end of the byte stream ends every stream.
 
-use std::{
-    collections::HashMap,
-    sync::{
-        Arc,
-        atomic::{AtomicU32, Ordering},
-    },
-};
+use std::{collections::HashMap, sync::Arc};
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
@@ -69,6 +63,15 @@ pub struct StreamWriter {
 #[error("the SPDY connection is closed")]
 pub struct Closed;
 
+/// Why [`Session::open`] got no stream.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("the peer refused the stream (RST_STREAM status {0})")]
+    Refused(u32),
+    #[error("the SPDY connection closed while the stream was opened")]
+    Closed,
+}
+
 impl StreamWriter {
     /// Sends `data` (cut into frames).
     pub async fn write(&self, data: &[u8]) -> Result<(), Closed> {
@@ -114,9 +117,14 @@ impl IncomingStream {
 
 struct Shared {
     streams: Mutex<HashMap<u32, mpsc::Sender<Bytes>>>,
-    /// Replies awaited by streams this side opened.
-    replies: Mutex<HashMap<u32, oneshot::Sender<bool>>>,
-    next_id: AtomicU32,
+    /// Replies awaited by streams this side opened: Ok at SYN_REPLY, the
+    /// status at RST_STREAM; dropped when the connection ends.
+    replies: Mutex<HashMap<u32, oneshot::Sender<Result<(), u32>>>>,
+    /// The next id to open, held until its SYN_STREAM is queued: ids must
+    /// reach the peer in increasing order (a peer resets a stream whose id
+    /// is below one it has seen, as spdystream does), and streams are
+    /// opened from many tasks at once.
+    next_id: tokio::sync::Mutex<u32>,
 }
 
 /// A running session. Dropping it does not end the connection: call
@@ -143,38 +151,43 @@ impl Session {
         let shared = Arc::new(Shared {
             streams: Mutex::default(),
             replies: Mutex::default(),
-            next_id: AtomicU32::new(if role == Role::Client { 1 } else { 2 }),
+            next_id: tokio::sync::Mutex::new(if role == Role::Client { 1 } else { 2 }),
         });
         tokio::spawn(write_loop(wr, out_rx));
         tokio::spawn(read_loop(rd, role, shared.clone(), out_tx.clone(), in_tx, ended_tx));
         (Session { out: out_tx, shared, ended: ended_rx }, in_rx)
     }
 
-    /// Opens a stream with `headers` and waits for the peer's SYN_REPLY
-    /// (false: the peer refused or the connection ended). `fin` opens it
-    /// half-closed (this side sends nothing).
-    pub async fn open(&self, headers: Headers, fin: bool) -> Result<(StreamReader, StreamWriter), Closed> {
-        let id = self.shared.next_id.fetch_add(2, Ordering::Relaxed);
+    /// Opens a stream with `headers` and waits for the peer's SYN_REPLY.
+    /// `fin` opens it half-closed (this side sends nothing).
+    pub async fn open(&self, headers: Headers, fin: bool) -> Result<(StreamReader, StreamWriter), OpenError> {
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         let (reply_tx, reply_rx) = oneshot::channel();
-        self.shared.streams.lock().insert(id, tx);
-        self.shared.replies.lock().insert(id, reply_tx);
-        if self.is_ended() {
-            self.shared.replies.lock().remove(&id);
-            self.shared.streams.lock().remove(&id);
-            return Err(Closed);
-        }
-        let f = Frame::SynStream {
-            stream_id: id,
-            associated_to: 0,
-            priority: 0,
-            flags: if fin { FLAG_FIN } else { 0 },
-            headers,
+        let id = {
+            let mut next_id = self.shared.next_id.lock().await;
+            let id = *next_id;
+            *next_id += 2;
+            self.shared.streams.lock().insert(id, tx);
+            self.shared.replies.lock().insert(id, reply_tx);
+            if self.is_ended() {
+                self.shared.replies.lock().remove(&id);
+                self.shared.streams.lock().remove(&id);
+                return Err(OpenError::Closed);
+            }
+            let f = Frame::SynStream {
+                stream_id: id,
+                associated_to: 0,
+                priority: 0,
+                flags: if fin { FLAG_FIN } else { 0 },
+                headers,
+            };
+            self.out.send(Out::Frame(f)).await.map_err(|_| OpenError::Closed)?;
+            id
         };
-        self.out.send(Out::Frame(f)).await.map_err(|_| Closed)?;
         match reply_rx.await {
-            Ok(true) => Ok((StreamReader { rx }, StreamWriter { id, out: self.out.clone() })),
-            _ => Err(Closed),
+            Ok(Ok(())) => Ok((StreamReader { rx }, StreamWriter { id, out: self.out.clone() })),
+            Ok(Err(status)) => Err(OpenError::Refused(status)),
+            Err(_) => Err(OpenError::Closed),
         }
     }
 
@@ -313,7 +326,7 @@ async fn read_loop<R: AsyncRead>(
                 }
                 Frame::SynReply { stream_id, flags, .. } => {
                     if let Some(t) = shared.replies.lock().remove(&stream_id) {
-                        let _ = t.send(true);
+                        let _ = t.send(Ok(()));
                     }
                     if flags & FLAG_FIN != 0 {
                         shared.streams.lock().remove(&stream_id);
@@ -337,10 +350,10 @@ async fn read_loop<R: AsyncRead>(
                         shared.streams.lock().remove(&stream_id);
                     }
                 }
-                Frame::RstStream { stream_id, .. } => {
+                Frame::RstStream { stream_id, status } => {
                     shared.streams.lock().remove(&stream_id);
                     if let Some(t) = shared.replies.lock().remove(&stream_id) {
-                        let _ = t.send(false);
+                        let _ = t.send(Err(status));
                     }
                 }
                 Frame::Ping { id } => {
@@ -365,9 +378,8 @@ async fn read_loop<R: AsyncRead>(
     // Ended first: an open racing this sees it, or its reply is failed here.
     let _ = ended.send(true);
     shared.streams.lock().clear();
-    for (_, t) in shared.replies.lock().drain() {
-        let _ = t.send(false);
-    }
+    // Dropping the awaited replies fails their opens as closed.
+    shared.replies.lock().clear();
 }
 
 #[cfg(test)]
@@ -433,5 +445,58 @@ mod tests {
         // A client ping (odd) comes back.
         client.out.send(Out::Frame(Frame::Ping { id: 7 })).await.ok().unwrap();
         client.flush().await;
+    }
+
+    /// Streams opened at once from many tasks reach the peer in the order
+    /// of their ids: a peer resets a stream whose id is below one it has
+    /// seen (as spdystream does), which would fail a port-forward pair.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_opens_reach_the_peer_in_id_order() {
+        let (a, b) = tokio::io::duplex(1024 * 1024);
+        let (client, _) = Session::start(a, Role::Client);
+        let (_server, mut incoming) = Session::start(b, Role::Server);
+        tokio::spawn(async move { while incoming.recv().await.is_some() {} });
+        for round in 0..20 {
+            let opens: Vec<_> = (0..32)
+                .map(|_| {
+                    let client = client.clone();
+                    tokio::spawn(async move { client.open(vec![], false).await.map(|(_, w)| w.id) })
+                })
+                .collect();
+            for o in opens {
+                let opened = o.await.unwrap();
+                assert!(opened.is_ok(), "round {round}: {opened:?}");
+            }
+        }
+    }
+
+    /// A peer's RST_STREAM in answer to SYN_STREAM is a refusal with its
+    /// status, told apart from the connection ending.
+    #[tokio::test]
+    async fn a_refused_open_says_so() {
+        let (a, mut peer) = tokio::io::duplex(64 * 1024);
+        let (client, _) = Session::start(a, Role::Client);
+        let open = tokio::spawn({
+            let client = client.clone();
+            async move { client.open(vec![], false).await }
+        });
+        let mut buf = BytesMut::new();
+        let stream_id = loop {
+            peer.read_buf(&mut buf).await.unwrap();
+            if let Some(n) = frame::frame_len(&buf).filter(|n| buf.len() >= *n) {
+                match frame::decode(buf.split_to(n).freeze(), &mut HeaderDecoder::default()).unwrap() {
+                    Frame::SynStream { stream_id, .. } => break stream_id,
+                    other => panic!("expected SYN_STREAM, got {other:?}"),
+                }
+            }
+        };
+        let mut out = BytesMut::new();
+        let rst = Frame::RstStream { stream_id, status: frame::RST_PROTOCOL_ERROR };
+        frame::encode(&rst, &mut HeaderEncoder::default(), &mut out).unwrap();
+        peer.write_all(&out).await.unwrap();
+        assert!(matches!(open.await.unwrap(), Err(OpenError::Refused(frame::RST_PROTOCOL_ERROR))));
+        drop(peer);
+        client.ended().await;
+        assert!(matches!(client.open(vec![], false).await, Err(OpenError::Closed)));
     }
 }

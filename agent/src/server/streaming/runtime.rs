@@ -11,7 +11,7 @@ use hyper_util::rt::TokioIo;
 use thiserror::Error;
 
 use super::request::StreamOptions;
-use crate::server::spdy::{Role, Session, StreamReader, StreamWriter};
+use crate::server::spdy::{OpenError, Role, Session, StreamReader, StreamWriter};
 
 pub const REMOTE_COMMAND_PROTOCOL: &str = "v4.channel.k8s.io";
 pub const PORT_FORWARD_PROTOCOL: &str = "portforward.k8s.io";
@@ -24,8 +24,8 @@ pub enum RuntimeStreamError {
     Connect { url: String, source: std::io::Error },
     #[error("the runtime's stream server at {url}: {why}")]
     Upgrade { url: String, why: String },
-    #[error("the runtime's stream server closed the connection while streams were opened")]
-    Closed,
+    #[error("opening a stream on the runtime's stream server: {0}")]
+    Open(#[from] OpenError),
 }
 
 /// `http://host:port/path` → ("host:port", "/path").
@@ -100,22 +100,21 @@ fn stream_type(t: &str) -> Vec<(String, String)> {
 /// client-go does); the runtime starts the command once all are there.
 pub async fn remote_command(url: &str, opts: StreamOptions) -> Result<RuntimeStreams, RuntimeStreamError> {
     let session = connect(url, REMOTE_COMMAND_PROTOCOL).await?;
-    let closed = |_| RuntimeStreamError::Closed;
-    let (error, _) = session.open(stream_type("error"), false).await.map_err(closed)?;
+    let (error, _) = session.open(stream_type("error"), false).await?;
     let stdin = match opts.stdin {
-        true => Some(session.open(stream_type("stdin"), false).await.map_err(closed)?.1),
+        true => Some(session.open(stream_type("stdin"), false).await?.1),
         false => None,
     };
     let stdout = match opts.stdout {
-        true => Some(session.open(stream_type("stdout"), false).await.map_err(closed)?.0),
+        true => Some(session.open(stream_type("stdout"), false).await?.0),
         false => None,
     };
     let stderr = match opts.stderr && !opts.tty {
-        true => Some(session.open(stream_type("stderr"), false).await.map_err(closed)?.0),
+        true => Some(session.open(stream_type("stderr"), false).await?.0),
         false => None,
     };
     let resize = match opts.tty {
-        true => Some(session.open(stream_type("resize"), false).await.map_err(closed)?.1),
+        true => Some(session.open(stream_type("resize"), false).await?.1),
         false => None,
     };
     Ok(RuntimeStreams { session, error, stdin, stdout, stderr, resize })
@@ -131,10 +130,9 @@ pub async fn port_forward_pair(
     let headers = |t: &str| {
         vec![("streamType".into(), t.into()), ("port".into(), port.into()), ("requestID".into(), request_id.into())]
     };
-    let closed = |_| RuntimeStreamError::Closed;
-    let (error, error_w) = session.open(headers("error"), false).await.map_err(closed)?;
-    error_w.close().await.map_err(closed)?;
-    let data = session.open(headers("data"), false).await.map_err(closed)?;
+    let (error, error_w) = session.open(headers("error"), false).await?;
+    error_w.close().await.map_err(|_| OpenError::Closed)?;
+    let data = session.open(headers("data"), false).await?;
     Ok((error, data))
 }
 

@@ -79,6 +79,14 @@ pub(super) fn attach_all(
         attach_btf_tracepoint(ebpf, prog, tp, btf)?;
         program_names.push(prog.to_owned());
     }
+    // The node read again where the kernel folds its per-CPU statistics
+    // (idle entry): only where the node comes from those statistics.
+    if features.node_stat {
+        match attach_btf_tracepoint(ebpf, "node_fold", "cpu_idle", btf) {
+            Ok(()) => program_names.push("node_fold".to_owned()),
+            Err(e) => passed_over.push(format!("node memory at the kernel's folds: {e}")),
+        }
+    }
     attach_tp(ebpf, "cgroup_mkdir", "cgroup", "cgroup_mkdir")?;
     attach_tp(ebpf, "cgroup_rmdir", "cgroup", "cgroup_rmdir")?;
     attach_tp(ebpf, "refresh", "syscalls", "sys_enter_getpgid")?;

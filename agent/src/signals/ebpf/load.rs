@@ -33,7 +33,7 @@ use crate::{
     signals::{
         SignalError,
         btf::Btf,
-        layout,
+        kfunc, layout,
         mapped::MappedArray,
         node, page_size,
         plans::PlanTable,
@@ -121,6 +121,7 @@ struct Globals {
     node_memory_batch: u32,
     node_line_slack: u64,
     records_wake_reader: u32,
+    signal_task: u32,
 }
 
 impl Globals {
@@ -129,6 +130,7 @@ impl Globals {
         layout: KernelLayout,
         features: &KernelFeatures,
         opts: &EbpfOptions,
+        kfuncs: &kfunc::Patched,
     ) -> Result<Globals, SignalError> {
         let (pidns_dev, pidns_ino) =
             pid_namespace().map_err(|e| err("the agent's pid namespace (/proc/self/ns/pid)", e))?;
@@ -146,6 +148,7 @@ impl Globals {
             node_memory_batch,
             node_line_slack: node_line_slack(node_memory_batch, kernel_stat_threshold(), possible_cpus()),
             records_wake_reader: u32::from(!opts.records_wait),
+            signal_task: u32::from(kfuncs.all_resolved()),
         })
     }
 
@@ -163,7 +166,8 @@ impl Globals {
             .override_global("REFRESH_TAG", &self.refresh_tag, true)
             .override_global("NODE_MEMORY_BATCH", &self.node_memory_batch, true)
             .override_global("NODE_LINE_SLACK", &self.node_line_slack, true)
-            .override_global("RECORDS_WAKE_READER", &self.records_wake_reader, true);
+            .override_global("RECORDS_WAKE_READER", &self.records_wake_reader, true)
+            .override_global("SIGNAL_TASK", &self.signal_task, true);
     }
 }
 
@@ -212,7 +216,7 @@ impl EbpfSource {
         if opts.force_load_failure {
             return Err(SignalError::Ebpf("load failure forced by --ebpf-force-failure".into()));
         }
-        let object = match &opts.object {
+        let mut object = match &opts.object {
             Some(p) => std::fs::read(p).map_err(|e| err(&p.display().to_string(), e))?,
             None => {
                 let copy = OBJECT.to_vec();
@@ -239,7 +243,9 @@ impl EbpfSource {
             return Err(err("processes", "no BTF tracepoints sched_process_fork/exit and cgroup_attach_task"));
         }
 
-        let globals = Globals::new(&btf, layout, &features, opts)?;
+        // The kfunc calls made real where this kernel has the functions.
+        let kfuncs = kfunc::patch(&mut object, &btf).map_err(|e| err("patching the object's kfunc calls", e))?;
+        let globals = Globals::new(&btf, layout, &features, opts, &kfuncs)?;
         loader.btf(Some(btf.aya())).map_max_entries("PROCS", proc_table_entries(node::pid_max()));
         globals.apply(&mut loader);
         let mut ebpf = loader.load(&object).map_err(|e| err("loading the object", e))?;
@@ -256,8 +262,15 @@ impl EbpfSource {
             None
         };
 
-        let (strategies, program_names) =
+        let (mut strategies, program_names) =
             attach::attach_all(&mut ebpf, btf.aya(), &features, memory_candidates, passed_over)?;
+        if kfuncs.all_resolved() {
+            strategies.kill = probe::KILL_SIGNAL_TASK;
+        } else {
+            let missing: Vec<&str> =
+                kfuncs.calls.iter().filter(|(_, id)| id.is_none()).map(|(name, _)| name.as_str()).collect();
+            strategies.passed_over.push(format!("kill {}: the kernel lacks {missing:?}", probe::KILL_SIGNAL_TASK));
+        }
         let maps = Maps::take(&mut ebpf)?;
         let shared = Arc::new(Shared {
             slots: maps.slots,

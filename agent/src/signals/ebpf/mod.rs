@@ -449,6 +449,7 @@ impl SignalSource for EbpfSource {
                     signal,
                     victim_slot: e.index,
                     victim_cgroup_id: e.cgroup_id,
+                    victim_tgid: v.tgid,
                     planned_ns: v.planned_ns,
                     max_age_ns: v.max_age.map_or(0, |d| d.as_nanos().clamp(1, u128::from(u64::MAX)) as u64),
                 })

@@ -25,7 +25,9 @@
 //!   (cgroup v2 and a block-device filesystem: run in the VM).
 //!
 //! `SWIFTLET_BENCH_RACE_RUNS=F,S` sets the runs per rate of the swiftlet
-//! modes (F) and of the others (S).
+//! modes (F) and of the others (S). `SWIFTLET_BENCH_RACE_RATES=256` and
+//! `SWIFTLET_BENCH_RACE_MODES=kernel,ebpf` narrow a run to some rates and
+//! modes (keys: [`Mode::key`]), for a before/after of one cell.
 
 mod cache;
 mod report;
@@ -101,6 +103,20 @@ impl Mode {
             Mode::Earlyoom => "earlyoom".into(),
             Mode::NoAgent => "no agent (kernel OOM)".into(),
             Mode::ReclaimFirst => "swiftlet reclaim-first (in-kernel kill for anon)".into(),
+        }
+    }
+
+    /// The mode's name in `SWIFTLET_BENCH_RACE_MODES`.
+    pub fn key(self) -> String {
+        match self {
+            Mode::Kernel => "kernel".into(),
+            Mode::Ebpf { realtime: true } => "ebpf".into(),
+            Mode::Ebpf { realtime: false } => "ebpf-normal".into(),
+            Mode::Poll(d) if d >= Duration::from_secs(1) => format!("poll-{}s", d.as_secs()),
+            Mode::Poll(d) => format!("poll-{}ms", d.as_millis()),
+            Mode::Earlyoom => "earlyoom".into(),
+            Mode::NoAgent => "no-agent".into(),
+            Mode::ReclaimFirst => "reclaim-first".into(),
         }
     }
 
@@ -233,10 +249,38 @@ fn run_counts(ctx: &Ctx) -> Result<(usize, usize)> {
     }
 }
 
+/// The rates and modes to run: all, or those `SWIFTLET_BENCH_RACE_RATES`
+/// and `SWIFTLET_BENCH_RACE_MODES` name.
+fn selection(scenario: Scenario, no_balloon: bool) -> Result<(Vec<u64>, Vec<Mode>)> {
+    let all_modes: Vec<Mode> = modes(scenario).into_iter().filter(|m| !no_balloon || m.stops_at_the_line()).collect();
+    let rates = match std::env::var("SWIFTLET_BENCH_RACE_RATES") {
+        Ok(v) => {
+            let rates: Vec<u64> = v.split(',').filter_map(|r| r.trim().parse().ok()).collect();
+            if rates.is_empty() || rates.iter().any(|r| ![256, 1024].contains(r)) {
+                bail!("SWIFTLET_BENCH_RACE_RATES={v:?}: expected rates among 256 and 1024 (MiB/s), comma-separated");
+            }
+            rates
+        }
+        Err(_) => vec![256, 1024],
+    };
+    let modes = match std::env::var("SWIFTLET_BENCH_RACE_MODES") {
+        Ok(v) => {
+            let keys: Vec<&str> = v.split(',').map(str::trim).collect();
+            let known: Vec<String> = all_modes.iter().map(|m| m.key()).collect();
+            if let Some(bad) = keys.iter().find(|k| !known.iter().any(|m| m == *k)) {
+                bail!("SWIFTLET_BENCH_RACE_MODES={v:?}: no mode {bad:?} in this race (its modes: {known:?})");
+            }
+            all_modes.into_iter().filter(|m| keys.contains(&m.key().as_str())).collect()
+        }
+        Err(_) => all_modes,
+    };
+    Ok((rates, modes))
+}
+
 fn race_scenario(ctx: &Ctx, scenario: Scenario) -> Result<BenchResult> {
     let no_balloon = scenario == Scenario::Node && std::env::var_os("SWIFTLET_BENCH_NO_BALLOON").is_some();
     let (fast_runs, slow_runs) = run_counts(ctx)?;
-    let modes: Vec<Mode> = modes(scenario).into_iter().filter(|m| !no_balloon || m.stops_at_the_line()).collect();
+    let (rates, modes) = selection(scenario, no_balloon)?;
     let opts = RunOptions {
         busy: false,
         max_mib: no_balloon.then_some((NODE_RAMP_TO_LINE + 256 * MIB) / MIB),
@@ -277,7 +321,7 @@ fn race_scenario(ctx: &Ctx, scenario: Scenario) -> Result<BenchResult> {
     // Modes interleaved round by round, so drift hits them alike; the fast
     // modes run several times a round to reach their count.
     let per_round = fast_runs.div_ceil(slow_runs);
-    for rate in [256u64, 1024] {
+    for &rate in &rates {
         for round in 0..slow_runs {
             for &mode in &modes {
                 let fast = matches!(mode, Mode::Kernel | Mode::Ebpf { .. });
