@@ -143,7 +143,7 @@ pub fn node_fold(ctx: BtfTracePointContext) -> i32 {
     // are cached already, since the slot was brought near the line.
     let memcg = kernel::task_memcg(kernel::current_task()).unwrap_or(0);
     node_from_kernel(memcg, 0, growth::UNKNOWN);
-    crate::kill::signal_pending_victim();
+    kill::signal_pending_victim();
     0
 }
 

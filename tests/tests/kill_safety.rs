@@ -193,10 +193,6 @@ fn the_allocating_task_is_killed_at_any_depth_below_the_pod() {
     assert_eq!(outcome, KillOutcome::Executed);
 }
 
-/// The reader is woken for a kernel kill only once the killed task has
-/// exited: woken at the kill, on the victim's CPU, it would run before the
-/// victim met its signal (under SCHED_FIFO, always). Three rounds, each
-/// with a pod of its own.
 /// Another pod's allocation crosses kubepods' line while the planned victim
 /// sleeps: the kernel dooms the victim, and where it has
 /// `bpf_send_signal_task` it signals the plan's process right then (no
@@ -249,6 +245,10 @@ fn a_sleeping_victim_is_signalled_where_the_kernel_can() {
     src.unregister(&other);
 }
 
+/// The reader is woken for a kernel kill only once the killed task has
+/// exited: woken at the kill, on the victim's CPU, it would run before the
+/// victim met its signal (under SCHED_FIFO, always). Three rounds, each
+/// with a pod of its own.
 #[test]
 fn the_reader_is_woken_for_a_kernel_kill_once_the_victim_has_exited() {
     let tc = TestCgroup::new();

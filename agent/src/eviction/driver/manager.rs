@@ -467,8 +467,8 @@ impl Manager {
             in_flight.retain(|uid, f| {
                 let listed = pods.iter().any(|p| &p.uid == uid);
                 let dying = listed || self.edges.cgroups.has_processes(&f.victim.cgroup);
-                let unreported = unreported.contains(uid) && f.since.elapsed() < POD_CLEANUP_TIMEOUT;
-                (dying || unreported) && f.since.elapsed() < IN_FLIGHT_FOR
+                let awaiting_report = unreported.contains(uid) && f.since.elapsed() < POD_CLEANUP_TIMEOUT;
+                (dying || awaiting_report) && f.since.elapsed() < IN_FLIGHT_FOR
             });
             before - in_flight.len()
         };
