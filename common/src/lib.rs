@@ -647,10 +647,30 @@ pub struct KernelLayout {
     /// another is one read, at any depth.
     pub cgroup_level: u32,
     pub cgroup_ancestors: u32,
+    /// The path to the pages each CPU holds back from the node's counters:
+    /// `struct pglist_data` → `per_cpu_nodestats` (a per-CPU pointer) and
+    /// `struct per_cpu_nodestat` → `vm_node_stat_diff` (one `s8` per
+    /// `node_stat_item`).
+    pub pgdat_per_cpu_nodestats: u32,
+    pub pcp_node_stat_diff: u32,
+    /// One past the highest possible CPU; 0 when the diffs above cannot be
+    /// read, and the node's figure is then the kernel's counters alone,
+    /// behind by what the CPUs hold.
+    pub nr_cpu_ids: u32,
+    /// `struct bpf_array` → `pptrs`: where a per-CPU array map keeps its
+    /// elements' per-CPU pointers. With the address `bpf_map_lookup_percpu_elem`
+    /// gives for CPU n, that yields CPU n's per-CPU offset, the one thing
+    /// `per_cpu_ptr` adds, which no BTF carries.
+    pub array_pptrs: u32,
 }
 
 /// The most NUMA nodes whose statistics the programs sum.
 pub const MAX_NUMA_NODES: u32 = 8;
+
+/// The most CPUs whose held-back node statistics the programs sum near the
+/// node's memory line (every page there reads each CPU's diffs); on a
+/// larger machine the node's figure is the kernel's counters alone.
+pub const MAX_CPUS_SUMMED: u32 = 512;
 
 // Layout checks: the kernel side and the agent compile these types separately.
 const _: () = assert!(core::mem::size_of::<CgroupSlot>() == 128);
@@ -659,7 +679,7 @@ const _: () = assert!(core::mem::size_of::<Resolution>() == 208);
 const _: () = assert!(core::mem::size_of::<Control>() == 112);
 const _: () = assert!(core::mem::size_of::<VictimPlan>() == 64);
 const _: () = assert!(core::mem::size_of::<Event>() == 64);
-const _: () = assert!(core::mem::size_of::<KernelLayout>() == 108);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 124);
 
 #[cfg(feature = "user")]
 mod user {

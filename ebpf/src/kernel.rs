@@ -6,11 +6,14 @@
 //! verifier checks them against the kernel's BTF and the JIT guards them
 //! with an exception-table entry (a fault reads 0).
 
-use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
+use aya_ebpf::{
+    cty::c_void,
+    helpers::{bpf_get_current_task, bpf_map_lookup_percpu_elem, bpf_probe_read_kernel},
+};
 
-use swiftlet_common::MAX_NUMA_NODES;
+use swiftlet_common::{MAX_CPUS_SUMMED, MAX_NUMA_NODES};
 
-use crate::maps::{PGDATS, layout};
+use crate::maps::{CPU_OFFSETS, PGDATS, SCRATCH, layout};
 
 #[inline(always)]
 pub fn read_u64(addr: u64) -> Option<u64> {
@@ -22,6 +25,12 @@ pub fn read_u64(addr: u64) -> Option<u64> {
 fn read_u32(addr: u64) -> Option<u32> {
     // SAFETY: as above.
     unsafe { bpf_probe_read_kernel(addr as *const u32).ok() }
+}
+
+#[inline(always)]
+fn read_i8(addr: u64) -> Option<i8> {
+    // SAFETY: as above.
+    unsafe { bpf_probe_read_kernel(addr as *const i8).ok() }
 }
 
 #[inline(always)]
@@ -168,11 +177,13 @@ pub fn lruvec_memcg(lruvec: u64) -> Option<u64> {
     if memcg == 0 { None } else { Some(memcg) }
 }
 
-/// The node's anon mapped, file and inactive file pages: the kernel's
-/// per-node statistics (`pgdat->vm_stat`) summed over its NUMA nodes, each
-/// node's pgdat found through `memcg` (any memory cgroup) the first time.
-/// The same figures as `vm_node_stat` and /proc/meminfo, behind by at most
-/// the per-CPU diffs the kernel folds in at its stat threshold. None where
+/// The node's usage (anon mapped + file pages) and inactive file pages:
+/// the kernel's per-node statistics (`pgdat->vm_stat`) summed over its NUMA
+/// nodes, each node's pgdat found through `memcg` (any memory cgroup) the
+/// first time. The same figures as `vm_node_stat` and /proc/meminfo, which
+/// are behind by the per-CPU diffs the kernel folds in at its stat
+/// threshold; with `held_back`, those diffs are added (see
+/// [`swiftlet_node_cpu_diffs`]), which makes the figure exact. None where
 /// the layout is unknown (`nr_node_ids` 0) or a read failed.
 ///
 /// Unrolled by hand for up to [`MAX_NUMA_NODES`] nodes: 6.1's verifier
@@ -180,23 +191,28 @@ pub fn lruvec_memcg(lruvec: u64) -> Option<u64> {
 /// `nr_node_ids` sits in read-only data, so the verifier walks only the
 /// copies this machine's node count reaches.
 #[inline(always)]
-pub fn node_stats(memcg: u64) -> Option<(i64, i64, i64)> {
+pub fn node_stats(memcg: u64, held_back: bool) -> Option<(i64, i64)> {
     let nodes = layout!(nr_node_ids);
     if nodes == 0 {
         return None;
     }
+    let held_back = held_back && layout!(nr_cpu_ids) != 0;
     let vm_stat = layout!(pgdat_vm_stat) as u64;
     let item = |pgdat: u64, item: u32| read_i64(pgdat + vm_stat + 8 * item as u64);
-    let mut sum = (0, 0, 0);
+    let mut sum = (0, 0);
     macro_rules! add_node {
         ($n:literal) => {
             if $n < nodes {
                 let pgdat = node_pgdat($n, memcg);
                 // A node whose pgdat no cgroup has used yet holds no user pages.
                 if pgdat != 0 {
-                    sum.0 += item(pgdat, layout!(nr_anon_mapped))?;
-                    sum.1 += item(pgdat, layout!(nr_file_pages))?;
-                    sum.2 += item(pgdat, layout!(nr_inactive_file))?;
+                    sum.0 += item(pgdat, layout!(nr_anon_mapped))? + item(pgdat, layout!(nr_file_pages))?;
+                    sum.1 += item(pgdat, layout!(nr_inactive_file))?;
+                    if held_back {
+                        let diffs = swiftlet_node_cpu_diffs(pgdat);
+                        sum.0 += i64::from((diffs >> 32) as u32 as i32);
+                        sum.1 += i64::from(diffs as u32 as i32);
+                    }
                 }
             }
         };
@@ -211,6 +227,74 @@ pub fn node_stats(memcg: u64) -> Option<(i64, i64, i64)> {
     add_node!(7);
     const _: () = assert!(MAX_NUMA_NODES == 8, "one add_node! per node");
     Some(sum)
+}
+
+/// The pages every CPU holds back from one node's counters: the usage
+/// (anon mapped + file) diffs in the high 32 bits and the inactive file
+/// diffs in the low 32, each a signed sum over `nr_cpu_ids` CPUs of
+/// `per_cpu_ptr(pgdat->per_cpu_nodestats, cpu)->vm_node_stat_diff[item]`.
+/// The kernel adds a page to its CPU's diff first and folds the diff into
+/// the node's counters only once it passes the stat threshold, or when the
+/// CPU goes idle or runs its vmstat work: a task that allocates up to a
+/// line and sleeps would otherwise cross it at that fold, outside its own
+/// context. A global function, verified once for every caller.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn swiftlet_node_cpu_diffs(pgdat: u64) -> u64 {
+    let cpus = layout!(nr_cpu_ids);
+    let Some(per_cpu) = read_u64(pgdat + layout!(pgdat_per_cpu_nodestats) as u64) else { return 0 };
+    let diff = per_cpu + layout!(pcp_node_stat_diff) as u64;
+    let (anon, file, inactive) =
+        (layout!(nr_anon_mapped) as u64, layout!(nr_file_pages) as u64, layout!(nr_inactive_file) as u64);
+    let (mut usage, mut held_inactive) = (0i32, 0i32);
+    let mut cpu = 0;
+    while cpu < cpus && cpu < MAX_CPUS_SUMMED {
+        if let Some(offset) = cpu_offset(cpu) {
+            let base = diff.wrapping_add(offset);
+            usage += i32::from(read_i8(base + anon).unwrap_or(0)) + i32::from(read_i8(base + file).unwrap_or(0));
+            held_inactive += i32::from(read_i8(base + inactive).unwrap_or(0));
+        }
+        cpu += 1;
+    }
+    ((usage as u32 as u64) << 32) | held_inactive as u32 as u64
+}
+
+/// CPU `cpu`'s per-CPU offset, from the cache or found and cached: the
+/// address `bpf_map_lookup_percpu_elem` gives for `SCRATCH`'s element on
+/// that CPU, less the per-CPU pointer that element is reached through
+/// (`((struct bpf_array *)&SCRATCH)->pptrs[0]`). Both pointers become
+/// plain numbers through this CPU's `SCRATCH` word (storing a pointer in a
+/// map is allowed to the privileged loader the agent is).
+#[inline(always)]
+fn cpu_offset(cpu: u32) -> Option<u64> {
+    let cached = CPU_OFFSETS.get_ptr_mut(cpu)?;
+    // SAFETY: an element of the cache; a racing writer stores the same value.
+    let known = unsafe { core::ptr::read_volatile(cached) };
+    if known != 0 {
+        return Some(known);
+    }
+    let scratch = SCRATCH.get_ptr_mut(0)?;
+    let map = (&raw const SCRATCH).cast::<c_void>().cast_mut();
+    let key = 0u32;
+    // SAFETY: the helper takes a map and a key on the stack; it returns the
+    // element's address on `cpu`, or null past the possible CPUs.
+    let element = unsafe { bpf_map_lookup_percpu_elem(map, (&raw const key).cast(), cpu) };
+    if element.is_null() {
+        return None;
+    }
+    // SAFETY: `scratch` is this CPU's element; the pointers written to it
+    // are read back as numbers.
+    let (map_address, element_address) = unsafe {
+        core::ptr::write_volatile(scratch.cast::<*mut c_void>(), map);
+        let map_address = core::ptr::read_volatile(scratch);
+        core::ptr::write_volatile(scratch.cast::<*mut c_void>(), element);
+        (map_address, core::ptr::read_volatile(scratch))
+    };
+    let per_cpu = read_u64(map_address + layout!(array_pptrs) as u64)?;
+    let offset = element_address.wrapping_sub(per_cpu);
+    // SAFETY: as above.
+    unsafe { core::ptr::write_volatile(cached, offset) };
+    Some(offset)
 }
 
 /// NUMA node `n`'s pgdat from the cache, or through `memcg->nodeinfo[n]->

@@ -40,6 +40,10 @@ pub static LAYOUT: Global<KernelLayout> = Global::new(KernelLayout {
     nr_node_ids: 0,
     cgroup_level: 0,
     cgroup_ancestors: 0,
+    pgdat_per_cpu_nodestats: 0,
+    pcp_node_stat_diff: 0,
+    nr_cpu_ids: 0,
+    array_pptrs: 0,
 });
 
 /// One field of [`LAYOUT`], read on its own: `LAYOUT.load()` copies the
@@ -142,6 +146,17 @@ pub static RECORDS_WAKE_READER: Global<u32> = Global::new(1);
 /// CPU sees it can lag behind the kernel's as read at every page.
 #[unsafe(no_mangle)]
 pub static NODE_LINE_SLACK: Global<u64> = Global::new(0);
+
+/// A word per CPU through which a pointer becomes a plain number (the
+/// verifier types what it loads from a map value as a number).
+#[map]
+pub static SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Each CPU's per-CPU offset (what `per_cpu_ptr` adds to a per-CPU
+/// pointer), found once per CPU through `SCRATCH` (see
+/// `kernel::cpu_offset`); 0 until then.
+#[map]
+pub static CPU_OFFSETS: Array<u64> = Array::with_max_entries(swiftlet_common::MAX_CPUS_SUMMED, 0);
 
 /// Each NUMA node's `struct pglist_data`, found once through the first
 /// memory cgroup whose lruvec on that node is in use (the kernel sets

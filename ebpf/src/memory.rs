@@ -9,8 +9,9 @@
 //! kernel memory included; inactive_file is kept from the deltas. The node
 //! is read from the kernel's per-node statistics once a CPU has seen a batch
 //! of pages (from its own deltas only where their layout is unknown), and
-//! near its line at every page and at every CPU's idle entry, where the
-//! kernel folds its per-CPU statistics without a memory event.
+//! near its line at every page, with the pages each CPU holds back from
+//! those statistics, and at every CPU's idle entry, where the kernel folds
+//! its per-CPU statistics without a memory event.
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use swiftlet_common::{NODE_SLOT, Resolution, Signal, growth};
@@ -128,7 +129,10 @@ const PWR_EVENT_EXIT: u32 = u32::MAX;
 /// node again, near the line only (far from it, a few loads and no
 /// write). The victim is asleep then, so its planned process is signalled
 /// here where the kernel allows it (`kill::signal_pending_victim`);
-/// elsewhere it dies at its next charge or by the agent's hand.
+/// elsewhere it dies at its next charge or by the agent's hand. Where the
+/// pages the CPUs hold back can be read (`nr_cpu_ids`), the node's figure
+/// near the line counts them already and a fold does not move it: the line
+/// is crossed at the page, and this reading only confirms it.
 #[btf_tracepoint(function = "cpu_idle")]
 pub fn node_fold(ctx: BtfTracePointContext) -> i32 {
     // The tracepoint passes (unsigned int state, unsigned int cpu_id).
@@ -171,19 +175,23 @@ fn near_line(node: *mut swiftlet_common::CgroupSlot, pending: i64) -> bool {
 /// The node's usage (anon + file pages) and inactive file pages from the
 /// kernel's per-node statistics (pgdats found through `memcg`, any memory
 /// cgroup), and its threshold evaluated with `kind` (a [`growth`] value);
-/// a no-op where their layout is unknown.
+/// a no-op where their layout is unknown. Near the line, the pages every
+/// CPU holds back from those statistics are counted too: the line is then
+/// crossed at the page that crosses it, in the context of the task that
+/// charged it, and not at a later fold of that CPU's statistics, where the
+/// task may be asleep (see [`node_fold`]). Far from it, the kernel's
+/// counters alone do: they are behind by less than the line's slack.
 #[inline(always)]
 pub fn node_from_kernel(memcg: u64, pid: u32, kind: u32) {
-    let Some((anon, file, inactive)) = kernel::node_stats(memcg) else { return };
-    if let Some(node) = slot(NODE_SLOT) {
-        // SAFETY: `node` points into the slot array.
-        let ws = unsafe {
-            core::ptr::write_volatile(&mut (*node).usage_pages, anon + file);
-            core::ptr::write_volatile(&mut (*node).inactive_file_pages, inactive);
-            (*node).working_set_pages()
-        };
-        swiftlet_evaluate(NODE_SLOT, Signal::MemoryWorkingSet as u32, ws, pid, kind);
-    }
+    let Some(node) = slot(NODE_SLOT) else { return };
+    let Some((usage, inactive)) = kernel::node_stats(memcg, near_line(node, 0)) else { return };
+    // SAFETY: `node` points into the slot array.
+    let ws = unsafe {
+        core::ptr::write_volatile(&mut (*node).usage_pages, usage);
+        core::ptr::write_volatile(&mut (*node).inactive_file_pages, inactive);
+        (*node).working_set_pages()
+    };
+    swiftlet_evaluate(NODE_SLOT, Signal::MemoryWorkingSet as u32, ws, pid, kind);
 }
 
 /// Brings one registered slot up to date: its page counter read directly

@@ -303,6 +303,92 @@ fn near_the_node_line_no_cpu_holds_pages_back() {
     );
 }
 
+/// The kernel holds back up to a stat threshold of pages per CPU from the
+/// node's counters and folds them in when a CPU passes that threshold, goes
+/// idle or runs its vmstat work. Near the node's line the programs count
+/// what every CPU holds back, so the line is crossed at the page that
+/// crosses it, by the task that charged that page, even when the task then
+/// sleeps with its last pages still held back on its CPU (a ramp between
+/// bursts): not at the idle CPU's fold, outside any task's context (pid 0),
+/// where a sleeping victim can only be signalled from an interrupt.
+#[test]
+fn the_node_line_is_crossed_by_the_task_whose_page_crosses_it() {
+    let tc = TestCgroup::new();
+    let src = load_ebpf(&tc.fs);
+    let btf = swiftlet::signals::btf::Btf::from_sys_fs().unwrap_or_else(|e| panic!("this test needs kernel BTF: {e}"));
+    let layout = swiftlet::signals::layout::kernel_layout(&btf).unwrap();
+    assert_ne!(
+        layout.nr_cpu_ids,
+        0,
+        "the pages each CPU holds back from the node's statistics cannot be read: {:?}",
+        swiftlet::signals::layout::held_back_layout(&btf, swiftlet::signals::layout::nr_cpu_ids()).err()
+    );
+    let events = collect(&*src);
+    let page = page_size() as usize;
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u32;
+    let node_crossing = |events: &Mutex<Vec<SignalEvent>>| {
+        events.lock().unwrap().iter().find_map(|ev| match ev {
+            SignalEvent::Crossing { target: Target::Node, direction: Direction::Up, pid, value, threshold, .. } => {
+                Some((*pid, *value, *threshold))
+            }
+            _ => None,
+        })
+    };
+    // The machine's other tasks allocate too, and one of them may cross
+    // first; such an attempt says nothing, and another is made.
+    for attempt in 1..=5 {
+        events.lock().unwrap().clear();
+        let used = src.snapshot().unwrap().node.working_set_bytes;
+        let line = Threshold { trigger: used + 4 * MIB, rearm: used.saturating_sub(64 * MIB) };
+        src.set_threshold(&Target::Node, Signal::MemoryWorkingSet, Some(line)).unwrap();
+        let len = 16 * MIB as usize;
+        // SAFETY: an anonymous private mapping, touched within its length
+        // and unmapped below; base pages only, so that each touch is one
+        // page of the node's statistics.
+        let map = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED, "mmap");
+            libc::madvise(p, len, libc::MADV_NOHUGEPAGE);
+            p.cast::<u8>()
+        };
+        // Bursts of 8 pages, fewer than any CPU's stat threshold, each
+        // followed by a sleep in which this CPU may go idle and fold.
+        let mut touched = 0;
+        while touched < len && node_crossing(&events).is_none() {
+            for _ in 0..8 {
+                // SAFETY: within the mapping.
+                unsafe { map.add(touched).write_volatile(1) };
+                touched += page;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let crossing = wait_for("the node's upward crossing", Duration::from_secs(5), || node_crossing(&events));
+        // SAFETY: the mapping made above, unmapped once.
+        unsafe { libc::munmap(map.cast(), len) };
+        src.set_threshold(&Target::Node, Signal::MemoryWorkingSet, None).unwrap();
+        let (pid, value, threshold) = crossing;
+        println!(
+            "attempt {attempt}: crossed at {} KiB over a {} KiB line by pid {pid} (this thread: {tid}) after {} KiB touched",
+            value / 1024,
+            threshold / 1024,
+            touched / 1024
+        );
+        assert_ne!(pid, 0, "the line was crossed at a fold, outside the context of the task that charged the page");
+        if pid == tid {
+            return;
+        }
+    }
+    panic!("in 5 attempts another task's page crossed the node's line first: the machine is too busy for this test");
+}
+
 #[test]
 fn auto_mode_falls_back_to_cgroupfs_when_ebpf_cannot_load() {
     let tc = TestCgroup::new();

@@ -3,7 +3,7 @@
 
 use std::fs;
 
-use swiftlet_common::{KernelLayout, MAX_NUMA_NODES};
+use swiftlet_common::{KernelLayout, MAX_CPUS_SUMMED, MAX_NUMA_NODES};
 
 use super::btf::{Btf, BtfError};
 
@@ -44,8 +44,56 @@ pub fn kernel_layout(btf: &Btf) -> Result<KernelLayout, BtfError> {
         layout.lruvec_pgdat = n.lruvec_pgdat;
         layout.pgdat_vm_stat = n.pgdat_vm_stat;
         layout.nr_node_ids = if nodes <= MAX_NUMA_NODES { nodes } else { 0 };
+        if let Ok(h) = held_back_layout(btf, nr_cpu_ids()) {
+            layout.pgdat_per_cpu_nodestats = h.pgdat_per_cpu_nodestats;
+            layout.pcp_node_stat_diff = h.pcp_node_stat_diff;
+            layout.nr_cpu_ids = h.nr_cpu_ids;
+            layout.array_pptrs = h.array_pptrs;
+        }
     }
     Ok(layout)
+}
+
+/// Why the pages each CPU holds back from the node's statistics cannot be
+/// read, and the node's figure near its line is the kernel's counters alone.
+#[derive(Debug, PartialEq, Eq)]
+pub enum HeldBackUnavailable {
+    Btf(String),
+    /// /sys/devices/system/cpu/possible unreadable, or more CPUs than the
+    /// programs sum.
+    Cpus(Option<u32>),
+}
+
+impl std::fmt::Display for HeldBackUnavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeldBackUnavailable::Btf(e) => write!(f, "BTF: {e}"),
+            HeldBackUnavailable::Cpus(None) => f.write_str("/sys/devices/system/cpu/possible is unreadable"),
+            HeldBackUnavailable::Cpus(Some(n)) => {
+                write!(f, "{n} possible CPUs, more than the {MAX_CPUS_SUMMED} summed")
+            }
+        }
+    }
+}
+
+/// The path to the pages each CPU holds back from a node's statistics
+/// (`per_cpu_ptr(pgdat->per_cpu_nodestats, cpu)->vm_node_stat_diff`), for
+/// CPUs `0..cpus`, and where a per-CPU array map keeps its per-CPU
+/// pointers, through which the programs find each CPU's per-CPU offset.
+pub fn held_back_layout(btf: &Btf, cpus: Option<u32>) -> Result<KernelLayout, HeldBackUnavailable> {
+    let btf_err = |e: BtfError| HeldBackUnavailable::Btf(e.to_string());
+    Ok(KernelLayout {
+        pgdat_per_cpu_nodestats: btf.member_offset("pglist_data", "per_cpu_nodestats").map_err(btf_err)?,
+        pcp_node_stat_diff: btf.member_offset("per_cpu_nodestat", "vm_node_stat_diff").map_err(btf_err)?,
+        array_pptrs: btf.member_offset("bpf_array", "pptrs").map_err(btf_err)?,
+        nr_cpu_ids: cpus.filter(|n| (1..=MAX_CPUS_SUMMED).contains(n)).ok_or(HeldBackUnavailable::Cpus(cpus))?,
+        ..KernelLayout::default()
+    })
+}
+
+/// The kernel's `nr_cpu_ids`: one past the highest possible CPU.
+pub fn nr_cpu_ids() -> Option<u32> {
+    parse_node_list(&fs::read_to_string("/sys/devices/system/cpu/possible").ok()?).map(|max| max + 1)
 }
 
 /// The path from a memory cgroup to the kernel's per-node statistics
@@ -72,7 +120,7 @@ pub fn nr_node_ids() -> Option<u32> {
     }
 }
 
-/// The highest node of a sysfs node list ("0", "0-3", "0,2-5").
+/// The highest id of a sysfs node or CPU list ("0", "0-3", "0,2-5").
 fn parse_node_list(s: &str) -> Option<u32> {
     let mut highest = None;
     for range in s.trim().split(',') {
@@ -135,6 +183,27 @@ mod tests {
         }
     }
 
+    #[test]
+    fn held_back_pages_need_a_cpu_count_the_programs_sum() {
+        let btf = Btf::from_sys_fs().unwrap_or_else(|e| panic!("this test needs kernel BTF: {e}"));
+        let table: [(Option<u32>, Result<u32, HeldBackUnavailable>); 5] = [
+            (Some(2), Ok(2)),
+            (Some(MAX_CPUS_SUMMED), Ok(MAX_CPUS_SUMMED)),
+            (Some(MAX_CPUS_SUMMED + 1), Err(HeldBackUnavailable::Cpus(Some(MAX_CPUS_SUMMED + 1)))),
+            (Some(0), Err(HeldBackUnavailable::Cpus(Some(0)))),
+            (None, Err(HeldBackUnavailable::Cpus(None))),
+        ];
+        for (cpus, want) in table {
+            let got = held_back_layout(&btf, cpus);
+            assert_eq!(got.as_ref().map(|l| l.nr_cpu_ids), want.as_ref().map(|n| *n), "{cpus:?}");
+            if let Ok(l) = got {
+                // `vm_node_stat_diff` follows the one-byte `stat_threshold`;
+                // `pptrs` follows the map's own struct.
+                assert!(l.pgdat_per_cpu_nodestats > 0 && l.pcp_node_stat_diff == 1 && l.array_pptrs > 0, "{l:?}");
+            }
+        }
+    }
+
     /// The running kernel's BTF yields a complete layout (this reads
     /// /sys/kernel/btf/vmlinux, which every supported kernel has).
     #[test]
@@ -154,5 +223,7 @@ mod tests {
         // And the path to the per-node statistics.
         assert!(l.nr_node_ids >= 1, "{:?}", node_stat_layout(&btf).err());
         assert!(l.memcg_nodeinfo > l.memcg_usage && l.pgdat_vm_stat > 0, "{l:?}");
+        // And the pages each CPU holds back from them.
+        assert!(l.nr_cpu_ids >= 1 && l.array_pptrs > 0, "{:?}", held_back_layout(&btf, nr_cpu_ids()).err());
     }
 }
