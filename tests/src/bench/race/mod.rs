@@ -160,11 +160,32 @@ pub struct Run {
     /// and whether it signalled the allocating task itself.
     pub kernel_kill_ms: Option<f64>,
     pub kernel_kill_current: bool,
+    /// Who crossed the line and with what, in the observer's instance and
+    /// the agent's: a late run's crossing says whether the two saw the
+    /// same page.
+    pub observer_crossing: Option<CrossingSeen>,
+    pub agent_crossing: Option<CrossingSeen>,
     /// In-kernel runs: what the kernel did with the plan at the agent's
     /// crossing (None: the agent saw no crossing).
     pub kernel_outcome: Option<KillOutcome>,
     /// The cache race: what happened to the cache pod (None in the others).
     pub cache: Option<cache::CacheOutcome>,
+}
+
+/// One instance's first upward crossing of the line.
+#[derive(Clone, Copy, Debug)]
+pub struct CrossingSeen {
+    /// The task whose action crossed (0: a kernel context, such as a fold).
+    pub pid: u32,
+    /// The value that crossed and the trigger, in the signal's unit.
+    pub value: u64,
+    pub threshold: u64,
+}
+
+impl std::fmt::Display for CrossingSeen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pid {} at {:+} over its trigger", self.pid, self.value as i64 - self.threshold as i64)
+    }
 }
 
 impl Mode {
@@ -222,6 +243,12 @@ fn progress(run: &Run) {
             ms(run.agent_crossing_ms),
             ms(run.kernel_kill_ms),
             if run.kernel_kill_current { " (the allocating task)" } else { "" }
+        );
+        let crossing = |c: Option<CrossingSeen>| c.map_or("-".into(), |c| c.to_string());
+        eprintln!(
+            "      crossed by: the observer's {}, the agent's {}",
+            crossing(run.observer_crossing),
+            crossing(run.agent_crossing)
         );
     }
     if run.peer_line_ms.is_some() {

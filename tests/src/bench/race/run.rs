@@ -31,7 +31,7 @@ use swiftlet_common::Signal;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    ALLOCATABLE, ALLOCATABLE_THRESHOLD, MIB, Mode, NODE_HEADROOM, NODE_RAMP_TO_LINE, Run, Scenario,
+    ALLOCATABLE, ALLOCATABLE_THRESHOLD, CrossingSeen, MIB, Mode, NODE_HEADROOM, NODE_RAMP_TO_LINE, Run, Scenario,
     cache::{self, CacheLoad},
 };
 use crate::{cgroup::TestCgroup, pods::FakePods, workload};
@@ -186,11 +186,15 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
         Some(Threshold { trigger: line_used + 1, rearm: line_used.saturating_sub(64 * MIB) }),
     )?;
     let seen = Arc::new(Mutex::new((None::<u64>, None::<u64>, Vec::<u64>::new())));
+    // The observer's first upward crossing: the task that made it and the
+    // value it crossed with (pages, for the node).
+    let observer_crossing = Arc::new(Mutex::new(None::<CrossingSeen>));
     // Every crossing of the line either way: (up, kernel timestamp).
     let line_events = Arc::new(Mutex::new(Vec::<(bool, u64)>::new()));
     let hog_pid = Arc::new(Mutex::new(0u32));
     {
-        let (seen, hog_pid, target, line_events) = (seen.clone(), hog_pid.clone(), target.clone(), line_events.clone());
+        let (seen, hog_pid, target, line_events, observer_crossing) =
+            (seen.clone(), hog_pid.clone(), target.clone(), line_events.clone(), observer_crossing.clone());
         observer.subscribe(Arc::new(move |e: SignalEvent| {
             if let SignalEvent::Crossing { direction, target: t, at_ns, .. } = &e
                 && *t == target
@@ -199,10 +203,11 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
             }
             let mut s = seen.lock().unwrap();
             match e {
-                SignalEvent::Crossing { direction: Direction::Up, target: t, at_ns, .. }
+                SignalEvent::Crossing { direction: Direction::Up, target: t, at_ns, pid, value, threshold, .. }
                     if t == target && s.0.is_none() =>
                 {
-                    s.0 = Some(at_ns)
+                    s.0 = Some(at_ns);
+                    *observer_crossing.lock().unwrap() = Some(CrossingSeen { pid, value, threshold });
                 }
                 SignalEvent::ProcessExit { pid, at_ns, .. } if pid == *hog_pid.lock().unwrap() => s.1 = Some(at_ns),
                 SignalEvent::OomKill { cgroup_id, .. } => s.2.push(cgroup_id),
@@ -390,7 +395,7 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
     }
     let (crossing, dead, oom_victims) = seen.lock().unwrap().clone();
     // What the agent's own instance saw, for runs that need explaining.
-    let (mut agent_crossing_ns, mut kernel_kill, mut kernel_outcome) = (None, None, None);
+    let (mut agent_crossing_ns, mut agent_crossing, mut kernel_kill, mut kernel_outcome) = (None, None, None, None);
     if let Some(rx) = agent_events.as_mut() {
         loop {
             let e = match rx.try_recv() {
@@ -399,10 +404,11 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
                 Err(_) => break,
             };
             match e {
-                SignalEvent::Crossing { direction: Direction::Up, target: t, at_ns, kernel_outcome: o, .. }
-                    if t == target && agent_crossing_ns.is_none() =>
-                {
+                SignalEvent::Crossing {
+                    direction: Direction::Up, target: t, at_ns, kernel_outcome: o, pid, value, threshold, ..
+                } if t == target && agent_crossing_ns.is_none() => {
                     agent_crossing_ns = Some(at_ns);
+                    agent_crossing = Some(CrossingSeen { pid, value, threshold });
                     kernel_outcome = Some(o);
                 }
                 SignalEvent::KernelKill { at_ns, pid, .. } if kernel_kill.is_none() => kernel_kill = Some((at_ns, pid)),
@@ -470,6 +476,8 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
         agent_crossing_ms: agent_crossing_ns.and_then(since_crossing),
         kernel_kill_ms: kernel_kill.and_then(|(ns, _)| since_crossing(ns)),
         kernel_kill_current: kernel_kill.is_some_and(|(_, pid)| pid != 0),
+        observer_crossing: *observer_crossing.lock().unwrap(),
+        agent_crossing,
         kernel_outcome: if mode.kernel_kills() { kernel_outcome } else { None },
         cache,
     })

@@ -213,6 +213,8 @@ mod tests {
             agent_crossing_ms: None,
             kernel_kill_ms: None,
             kernel_kill_current: false,
+            observer_crossing: None,
+            agent_crossing: None,
             kernel_outcome: outcome,
             cache: Some(cache),
         }
