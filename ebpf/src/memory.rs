@@ -129,14 +129,24 @@ const PWR_EVENT_EXIT: u32 = u32::MAX;
 /// node again, near the line only (far from it, a few loads and no
 /// write). The victim is asleep then, so its planned process is signalled
 /// here where the kernel allows it (`kill::signal_pending_victim`);
-/// elsewhere it dies at its next charge or by the agent's hand. Where the
-/// pages the CPUs hold back can be read (`nr_cpu_ids`), the node's figure
-/// near the line counts them already and a fold does not move it: the line
-/// is crossed at the page, and this reading only confirms it.
+/// elsewhere it dies at its next charge or by the agent's hand.
+///
+/// Where the pages the CPUs hold back can be read (`nr_cpu_ids`), the
+/// node's figure near the line counts them already and a fold does not move
+/// it: the line is crossed at the page that crosses it, by the charging
+/// task's own program. The node is then not read here: an idle CPU reading
+/// it would see that page as soon as it is counted, and could take the
+/// crossing from the charging CPU before that CPU's program gets to it,
+/// leaving the victim, which is running, to be signalled from outside.
+/// Only a victim left pending elsewhere (by the refresh) is signalled.
 #[btf_tracepoint(function = "cpu_idle")]
 pub fn node_fold(ctx: BtfTracePointContext) -> i32 {
     // The tracepoint passes (unsigned int state, unsigned int cpu_id).
     if ctx.arg::<u64>(0) as u32 == PWR_EVENT_EXIT || layout!(valid) == 0 || layout!(nr_node_ids) == 0 {
+        return 0;
+    }
+    if layout!(nr_cpu_ids) != 0 {
+        kill::signal_pending_victim();
         return 0;
     }
     let Some(node) = slot(NODE_SLOT) else { return 0 };
