@@ -10,8 +10,9 @@
 //! is read from the kernel's per-node statistics once a CPU has seen a batch
 //! of pages (from its own deltas only where their layout is unknown), and
 //! near its line at every page, with the pages each CPU holds back from
-//! those statistics, and at every CPU's idle entry, where the kernel folds
-//! its per-CPU statistics without a memory event.
+//! those statistics; where those cannot be read, also at every CPU's idle
+//! entry, where the kernel folds its per-CPU statistics without a memory
+//! event.
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use swiftlet_common::{NODE_SLOT, Resolution, Signal, growth};
