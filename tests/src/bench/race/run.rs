@@ -405,7 +405,14 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
             };
             match e {
                 SignalEvent::Crossing {
-                    direction: Direction::Up, target: t, at_ns, kernel_outcome: o, pid, value, threshold, ..
+                    direction: Direction::Up,
+                    target: t,
+                    at_ns,
+                    kernel_outcome: o,
+                    pid,
+                    value,
+                    threshold,
+                    ..
                 } if t == target && agent_crossing_ns.is_none() => {
                     agent_crossing_ns = Some(at_ns);
                     agent_crossing = Some(CrossingSeen { pid, value, threshold });
