@@ -177,14 +177,15 @@ pub struct Run {
 pub struct CrossingSeen {
     /// The task whose action crossed (0: a kernel context, such as a fold).
     pub pid: u32,
-    /// The value that crossed and the trigger, in the signal's unit.
+    /// The value that crossed and the trigger, in bytes (the race's lines
+    /// are memory lines).
     pub value: u64,
     pub threshold: u64,
 }
 
 impl std::fmt::Display for CrossingSeen {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "pid {} at {:+} over its trigger", self.pid, self.value as i64 - self.threshold as i64)
+        write!(f, "pid {} at {:+} bytes past its trigger", self.pid, self.value as i64 - self.threshold as i64)
     }
 }
 

@@ -187,7 +187,7 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
     )?;
     let seen = Arc::new(Mutex::new((None::<u64>, None::<u64>, Vec::<u64>::new())));
     // The observer's first upward crossing: the task that made it and the
-    // value it crossed with (pages, for the node).
+    // value it crossed with (bytes: the race's lines are memory lines).
     let observer_crossing = Arc::new(Mutex::new(None::<CrossingSeen>));
     // Every crossing of the line either way: (up, kernel timestamp).
     let line_events = Arc::new(Mutex::new(Vec::<(bool, u64)>::new()));
