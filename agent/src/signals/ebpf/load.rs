@@ -230,14 +230,15 @@ impl EbpfSource {
         loader.btf(None);
         let btf = Btf::from_sys_fs().map_err(|e| err("kernel BTF", e))?;
         let layout = layout::kernel_layout(&btf).map_err(|e| err("kernel layout", e))?;
-        if layout.nr_node_ids != 0 && layout.nr_cpu_ids == 0 {
-            if let Err(why) = layout::held_back_layout(&btf, layout::nr_cpu_ids()) {
-                warn!(
-                    %why,
-                    "the node's memory is read without the pages each CPU holds back: near the node's line, \
-                     a crossing may be seen only when a CPU folds them in"
-                );
-            }
+        if layout.nr_node_ids != 0
+            && layout.nr_cpu_ids == 0
+            && let Err(why) = layout::held_back_layout(&btf, layout::nr_cpu_ids())
+        {
+            warn!(
+                %why,
+                "the node's memory is read without the pages each CPU holds back: near the node's line, \
+                 a crossing may be seen only when a CPU folds them in"
+            );
         }
 
         // Feature probes: what this kernel offers, and from that the
