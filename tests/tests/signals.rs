@@ -45,6 +45,25 @@ fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) 
     }
 }
 
+/// A fresh anonymous private mapping of `len` bytes, readable and
+/// writable, for the caller to touch and unmap (malloc would hand back
+/// pages it already touched, which fault nothing).
+fn anonymous_mapping(len: usize) -> *mut u8 {
+    // SAFETY: a new anonymous mapping; no existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "mmap");
+    p.cast()
+}
+
 fn processes(src: &dyn SignalSource, cgroup: &str) -> u64 {
     src.snapshot().unwrap().cgroups[cgroup].processes
 }
@@ -247,26 +266,16 @@ fn near_the_node_line_no_cpu_holds_pages_back() {
                 libc::CPU_SET(cpu, &mut set);
                 assert_eq!(libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set), 0, "pin to CPU {cpu}");
             }
-            // A fresh mapping each time (malloc would hand back pages it
-            // already touched, which fault nothing).
+            // A fresh mapping each time (see `anonymous_mapping`).
             let len = 64 * page as usize;
-            // SAFETY: an anonymous private mapping, touched within its
-            // length; the caller unmaps it.
+            let p = anonymous_mapping(len);
+            // SAFETY: touched within its length; the caller unmaps it.
             unsafe {
-                let p = libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                );
-                assert_ne!(p, libc::MAP_FAILED, "mmap");
                 for off in (0..len).step_by(page as usize) {
-                    p.cast::<u8>().add(off).write_volatile(1);
+                    p.add(off).write_volatile(1);
                 }
-                mapped.push((p, len));
             }
+            mapped.push((p.cast::<libc::c_void>(), len));
         }
         // SAFETY: the mask read above, restored.
         unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&original), &original) };
@@ -343,22 +352,11 @@ fn the_node_line_is_crossed_by_the_task_whose_page_crosses_it() {
         let line = Threshold { trigger: used + 4 * MIB, rearm: used.saturating_sub(64 * MIB) };
         src.set_threshold(&Target::Node, Signal::MemoryWorkingSet, Some(line)).unwrap();
         let len = 16 * MIB as usize;
-        // SAFETY: an anonymous private mapping, touched within its length
-        // and unmapped below; base pages only, so that each touch is one
-        // page of the node's statistics.
-        let map = unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED, "mmap");
-            libc::madvise(p, len, libc::MADV_NOHUGEPAGE);
-            p.cast::<u8>()
-        };
+        let map = anonymous_mapping(len);
+        // SAFETY: the mapping just made, of that length; base pages only, so
+        // that each touch below is one page of the node's statistics. It is
+        // touched within its length and unmapped below.
+        unsafe { libc::madvise(map.cast(), len, libc::MADV_NOHUGEPAGE) };
         // Bursts of 8 pages, fewer than any CPU's stat threshold, each
         // followed by a sleep in which this CPU may go idle and fold.
         let mut touched = 0;
