@@ -10,6 +10,12 @@ use super::btf::{Btf, BtfError};
 /// Reads the layout from BTF. `memory_hierarchy_id` comes from
 /// /proc/cgroups (0 when the memory controller is on cgroup v2).
 pub fn kernel_layout(btf: &Btf) -> Result<KernelLayout, BtfError> {
+    kernel_layout_explained(btf).map(|(layout, _)| layout)
+}
+
+/// As [`kernel_layout`], with the reason the pages each CPU holds back
+/// cannot be read where the node's statistics can (the loader warns of it).
+pub fn kernel_layout_explained(btf: &Btf) -> Result<(KernelLayout, Option<HeldBackUnavailable>), BtfError> {
     // The programs treat a `struct mem_cgroup *` as its css pointer.
     let css_in_memcg = btf.member_offset("mem_cgroup", "css")?;
     if css_in_memcg != 0 {
@@ -38,20 +44,25 @@ pub fn kernel_layout(btf: &Btf) -> Result<KernelLayout, BtfError> {
         valid: 1,
         ..charge_layout(btf).unwrap_or_default()
     };
+    let mut held_back_missing = None;
     if let (Ok(n), Some(nodes)) = (node_stat_layout(btf), nr_node_ids()) {
         layout.memcg_nodeinfo = n.memcg_nodeinfo;
         layout.mz_lruvec = n.mz_lruvec;
         layout.lruvec_pgdat = n.lruvec_pgdat;
         layout.pgdat_vm_stat = n.pgdat_vm_stat;
         layout.nr_node_ids = if nodes <= MAX_NUMA_NODES { nodes } else { 0 };
-        if let Ok(h) = held_back_layout(btf, nr_cpu_ids()) {
-            layout.pgdat_per_cpu_nodestats = h.pgdat_per_cpu_nodestats;
-            layout.pcp_node_stat_diff = h.pcp_node_stat_diff;
-            layout.nr_cpu_ids = h.nr_cpu_ids;
-            layout.array_pptrs = h.array_pptrs;
+        match held_back_layout(btf, nr_cpu_ids()) {
+            Ok(h) => {
+                layout.pgdat_per_cpu_nodestats = h.pgdat_per_cpu_nodestats;
+                layout.pcp_node_stat_diff = h.pcp_node_stat_diff;
+                layout.nr_cpu_ids = h.nr_cpu_ids;
+                layout.array_pptrs = h.array_pptrs;
+            }
+            Err(why) if layout.nr_node_ids != 0 => held_back_missing = Some(why),
+            Err(_) => {}
         }
     }
-    Ok(layout)
+    Ok((layout, held_back_missing))
 }
 
 /// Why the pages each CPU holds back from the node's statistics cannot be

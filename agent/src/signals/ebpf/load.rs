@@ -229,11 +229,8 @@ impl EbpfSource {
         let mut loader = EbpfLoader::new();
         loader.btf(None);
         let btf = Btf::from_sys_fs().map_err(|e| err("kernel BTF", e))?;
-        let layout = layout::kernel_layout(&btf).map_err(|e| err("kernel layout", e))?;
-        if layout.nr_node_ids != 0
-            && layout.nr_cpu_ids == 0
-            && let Err(why) = layout::held_back_layout(&btf, layout::nr_cpu_ids())
-        {
+        let (layout, held_back_missing) = layout::kernel_layout_explained(&btf).map_err(|e| err("kernel layout", e))?;
+        if let Some(why) = held_back_missing {
             warn!(
                 %why,
                 "the node's memory is read without the pages each CPU holds back: near the node's line, \
