@@ -71,5 +71,9 @@ pub struct Event {
     /// For upward crossings: what the kernel did with the plan
     /// ([`KillOutcome`](crate::KillOutcome)).
     pub outcome: u32,
-    pub _pad: u32,
+    /// For kernel kills whose current task was the victim's but was not
+    /// signalled: what `bpf_send_signal` returned (a negative errno, such as
+    /// `-EBUSY` while this CPU's deferred signal is still queued, or
+    /// `-EPERM` for a task already exiting). 0 otherwise.
+    pub signal_error: i32,
 }

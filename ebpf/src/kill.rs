@@ -17,7 +17,9 @@
 //!    program to signal ([`signal_pending_victim`]): only BTF-typed
 //!    programs may call that kfunc, and the plan runs in others too.
 //! 3. Reports a KernelKill record ahead of the crossing's own, which says
-//!    what happened ([`KillOutcome`]) whether the plan ran or not. When it
+//!    what happened ([`KillOutcome`]) whether the plan ran or not, and, when
+//!    the current task was the victim's but `bpf_send_signal` refused it,
+//!    the helper's error. When it
 //!    signalled the current task, both records wake the agent's reader only
 //!    once that task has exited (`wakeup.rs`), so the reader does not take
 //!    the victim's CPU before the victim meets its signal.
@@ -66,15 +68,20 @@ pub fn in_subtree(memcg: u64, victim: u64) -> bool {
     memcg == victim || kernel::css_below(memcg, victim)
 }
 
-/// SIGKILL to the current task if it belongs to `victim`; its tgid when sent.
+/// SIGKILL to the current task if it belongs to `victim`. Returns its tgid
+/// when the signal was sent, and what the helper returned when it refused
+/// (a negative errno): (0, 0) means the current task is not the victim's.
 #[inline(always)]
-pub fn kill_current_if_member(victim: u64) -> u32 {
+pub fn kill_current_if_member(victim: u64) -> (u32, i32) {
     let cur = kernel::current_task();
     if !in_subtree(kernel::task_memcg(cur).unwrap_or(0), victim) {
-        return 0;
+        return (0, 0);
     }
     // SAFETY: the helper signals the current task's process.
-    if unsafe { bpf_send_signal(SIGKILL) } == 0 { kernel::task_tgid(cur).unwrap_or(0) } else { 0 }
+    match unsafe { bpf_send_signal(SIGKILL) } {
+        0 => (kernel::task_tgid(cur).unwrap_or(0), 0),
+        refused => (0, refused as i32),
+    }
 }
 
 /// Packs what [`swiftlet_execute_plan`] returns: the outcome in the low
@@ -227,7 +234,7 @@ fn kill_victim(
         core::ptr::write_volatile(&mut (*ctl).doomed_memcg, memcg);
         bump(&mut (*ctl).kernel_kills);
     }
-    let pid = kill_current_if_member(memcg);
+    let (pid, signal_error) = kill_current_if_member(memcg);
     if pid != 0 {
         // The agent's reader would preempt the victim on this CPU before it
         // meets the signal; it is woken when the victim has exited.
@@ -254,6 +261,7 @@ fn kill_victim(
         pid,
         generation,
         KillOutcome::Executed as u32,
+        signal_error,
     );
     result(KillOutcome::Executed, generation)
 }

@@ -53,7 +53,7 @@ pub fn cgroup_rmdir(ctx: TracePointContext) -> u32 {
     }
     aya_log_ebpf::debug!(&ctx, "registered cgroup {} (slot {}) removed", id, index);
     // SAFETY: no preconditions.
-    emit(EventKind::CgroupRemoved, 0, unsafe { bpf_ktime_get_ns() }, id, index, 0, 0, 0, 0, 0, 0);
+    emit(EventKind::CgroupRemoved, 0, unsafe { bpf_ktime_get_ns() }, id, index, 0, 0, 0, 0, 0, 0, 0);
     0
 }
 
@@ -73,6 +73,6 @@ pub fn oom_mark_victim(ctx: BtfTracePointContext) -> i32 {
     // SAFETY: read-only lookup of a u32 value.
     let index = unsafe { CGROUP_SLOT.get(&cgroup_id) }.copied().unwrap_or(u32::MAX);
     // SAFETY: no preconditions.
-    emit(EventKind::OomVictim, 0, unsafe { bpf_ktime_get_ns() }, cgroup_id, index, 0, 0, 0, pid, 0, 0);
+    emit(EventKind::OomVictim, 0, unsafe { bpf_ktime_get_ns() }, cgroup_id, index, 0, 0, 0, pid, 0, 0, 0);
     0
 }

@@ -190,7 +190,7 @@ fn report_watched_exit(tgid: u32) {
     };
     // SAFETY: no preconditions.
     let now = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() };
-    emit(EventKind::ProcessExit, 0, now, 0, u32::MAX, 0, 0, 0, tgid, 0, 0);
+    emit(EventKind::ProcessExit, 0, now, 0, u32::MAX, 0, 0, 0, tgid, 0, 0, 0);
 }
 
 /// cgroup_attach_task(struct cgroup *dst, const char *path,

@@ -139,6 +139,7 @@ pub fn emit(
     pid: u32,
     aux: u32,
     outcome: u32,
+    signal_error: i32,
 ) {
     match EVENTS.reserve::<Event>(0) {
         Some(mut entry) => {
@@ -157,7 +158,7 @@ pub fn emit(
                 (*e).pid = pid;
                 (*e).aux = aux;
                 (*e).outcome = outcome;
-                (*e)._pad = 0;
+                (*e).signal_error = signal_error;
             }
             entry.submit(crate::wakeup::commit_flags());
         }
@@ -241,6 +242,7 @@ pub extern "C" fn swiftlet_evaluate(index: u32, signal: u32, value: u64, pid: u3
         pid,
         crate::kill::generation_of(executed),
         crate::kill::outcome_of(executed),
+        0,
     );
     u32::from(direction == DIRECTION_UP)
 }

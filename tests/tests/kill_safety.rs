@@ -102,13 +102,15 @@ fn allocate(tc: &TestCgroup, cgroup: &str) -> Option<std::process::ExitStatus> {
     None
 }
 
-fn kernel_kills(events: &Mutex<Vec<SignalEvent>>) -> Vec<(Option<String>, u32)> {
+/// The kernel's kill records: the victim, the task signalled as the
+/// allocating one, and the signal helper's error if it refused.
+fn kernel_kills(events: &Mutex<Vec<SignalEvent>>) -> Vec<(Option<String>, u32, i32)> {
     events
         .lock()
         .unwrap()
         .iter()
         .filter_map(|e| match e {
-            SignalEvent::KernelKill { cgroup, pid, .. } => Some((cgroup.clone(), *pid)),
+            SignalEvent::KernelKill { cgroup, pid, signal_error, .. } => Some((cgroup.clone(), *pid, *signal_error)),
             _ => None,
         })
         .collect()
@@ -183,6 +185,7 @@ fn the_allocating_task_is_killed_at_any_depth_below_the_pod() {
     let kills = kernel_kills(&events);
     assert_eq!(kills.len(), 1, "{:?}", events.lock().unwrap());
     assert_eq!(kills[0].0.as_deref(), Some(pod.as_str()));
+    assert_eq!(kills[0].2, 0, "the signal helper accepted the allocating task");
     assert_ne!(kills[0].1, 0, "signalled as the allocating task");
     let outcome = wait_for("the crossing's record", Duration::from_secs(5), || {
         events.lock().unwrap().iter().find_map(|e| match e {
@@ -232,7 +235,7 @@ fn a_sleeping_victim_is_signalled_where_the_kernel_can() {
     let _ = hog.kill();
     let _ = hog.wait();
     assert_eq!(hog_status, None, "the allocating pod is not the victim");
-    assert_eq!(kernel_kills(&events), [(Some(victim.clone()), 0)], "the victim doomed; no current task signalled");
+    assert_eq!(kernel_kills(&events), [(Some(victim.clone()), 0, 0)], "the victim doomed; no current task signalled");
     if can {
         let how = wait_for("the sleeping victim to die", Duration::from_secs(2), || sleeper.try_wait());
         assert_eq!(how.signal(), Some(libc::SIGKILL), "the kernel's SIGKILL: {how:?}");
@@ -276,19 +279,22 @@ fn the_reader_is_woken_for_a_kernel_kill_once_the_victim_has_exited() {
         src.watch_exit(hog.id()).unwrap();
         let status = hog.wait().unwrap();
         assert_eq!(status.signal(), Some(libc::SIGKILL), "round {round}: killed by the kernel");
-        let (kill_pid, kill_received) = wait_for("the kernel's kill record", Duration::from_secs(5), || {
-            events.lock().unwrap()[from..].iter().find_map(|e| match e {
-                SignalEvent::KernelKill { pid, received_ns, .. } => Some((*pid, *received_ns)),
-                _ => None,
-            })
-        });
+        let (kill_pid, signal_error, kill_received) =
+            wait_for("the kernel's kill record", Duration::from_secs(5), || {
+                events.lock().unwrap()[from..].iter().find_map(|e| match e {
+                    SignalEvent::KernelKill { pid, signal_error, received_ns, .. } => {
+                        Some((*pid, *signal_error, *received_ns))
+                    }
+                    _ => None,
+                })
+            });
         let exited = wait_for("the victim's exit record", Duration::from_secs(5), || {
             events.lock().unwrap()[from..].iter().find_map(|e| match e {
                 SignalEvent::ProcessExit { pid, at_ns, .. } if *pid == hog.id() => Some(*at_ns),
                 _ => None,
             })
         });
-        assert_eq!(kill_pid, hog.id(), "round {round}: signalled as the allocating task");
+        assert_eq!((kill_pid, signal_error), (hog.id(), 0), "round {round}: signalled as the allocating task");
         assert!(
             kill_received >= exited,
             "round {round}: the reader took the kill record {} µs before the victim exited",

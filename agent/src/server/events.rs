@@ -151,20 +151,28 @@ pub fn from_signal(e: &SignalEvent, resolve: &dyn Fn(&str) -> Option<PodRef>) ->
             },
             cgroup.as_ref(),
         ),
-        SignalEvent::KernelKill { cgroup, signal, pid, crossing_value, at_ns, received_ns, .. } => with_cgroup(
-            DebugEvent {
-                kind: "kernel_kill",
-                time: wall_time(*at_ns),
-                kernel_ns: *at_ns,
-                received_ns: Some(*received_ns),
-                signal: Some(signal_name(*signal).into()),
-                value: Some(*crossing_value),
-                pid: (*pid != 0).then_some(*pid),
-                killed: Some("kernel"),
-                ..Default::default()
-            },
-            cgroup.as_ref(),
-        ),
+        SignalEvent::KernelKill { cgroup, signal, pid, signal_error, crossing_value, at_ns, received_ns, .. } => {
+            with_cgroup(
+                DebugEvent {
+                    kind: "kernel_kill",
+                    time: wall_time(*at_ns),
+                    kernel_ns: *at_ns,
+                    received_ns: Some(*received_ns),
+                    signal: Some(signal_name(*signal).into()),
+                    value: Some(*crossing_value),
+                    pid: (*pid != 0).then_some(*pid),
+                    killed: Some("kernel"),
+                    message: (*signal_error != 0).then(|| {
+                        format!(
+                            "the kernel could not signal the allocating task (bpf_send_signal: errno {})",
+                            -signal_error
+                        )
+                    }),
+                    ..Default::default()
+                },
+                cgroup.as_ref(),
+            )
+        }
         SignalEvent::CgroupRemoved { cgroup, at_ns } => with_cgroup(
             DebugEvent { kind: "cgroup_removed", time: wall_time(*at_ns), kernel_ns: *at_ns, ..Default::default() },
             Some(cgroup),

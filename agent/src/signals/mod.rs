@@ -189,8 +189,11 @@ pub enum SignalEvent {
         cgroup_id: u64,
         signal: Signal,
         /// The task signalled as the current one (0 when the victim was not
-        /// the allocating task).
+        /// the allocating task, or the kernel refused the signal).
         pid: u32,
+        /// When the allocating task was the victim's and the kernel refused
+        /// to signal it: `bpf_send_signal`'s negative errno; 0 otherwise.
+        signal_error: i32,
         generation: u32,
         /// When the line was crossed, and when the kill was done.
         crossing_ns: u64,

@@ -167,6 +167,7 @@ fn decode(bytes: &[u8], shared: &Shared, page: u64, received_ns: u64) -> Option<
             cgroup_id: ev.cgroup_id,
             signal: Signal::from_u32(ev.signal)?,
             pid: ev.pid,
+            signal_error: ev.signal_error,
             generation: ev.aux,
             crossing_ns: ev.value,
             crossing_value: ev.threshold * if ev.signal == Signal::MemoryWorkingSet as u32 { page } else { 1 },

@@ -62,8 +62,25 @@ impl EventSink for Sink {
                 }
             }
             SignalEvent::KernelKill {
-                target, cgroup, cgroup_id, signal, crossing_ns, crossing_value, at_ns, ..
+                target,
+                cgroup,
+                cgroup_id,
+                signal,
+                crossing_ns,
+                crossing_value,
+                at_ns,
+                signal_error,
+                ..
             } => {
+                if signal_error != 0 {
+                    // The victim's allocating task was not signalled; the
+                    // agent's cgroup kill that follows is what ends it.
+                    warn!(
+                        cgroup = cgroup.as_deref().unwrap_or("-"),
+                        errno = -signal_error,
+                        "the kernel executed the plan but could not signal the allocating task"
+                    );
+                }
                 let line_signal = shared
                     .plan
                     .lock()

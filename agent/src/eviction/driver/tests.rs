@@ -284,6 +284,7 @@ async fn a_kernel_kill_is_finished_by_the_agent_and_recorded_once() {
         cgroup_id: 77,
         signal: Signal::MemoryWorkingSet,
         pid: 4242,
+        signal_error: 0,
         generation: 1,
         crossing_ns: at,
         crossing_value: 800 * MI,

@@ -157,9 +157,11 @@ pub struct Run {
     /// (negative when the agent's instance crossed first).
     pub agent_crossing_ms: Option<f64>,
     /// The kernel's kill of the planned victim, from the observer's crossing,
-    /// and whether it signalled the allocating task itself.
+    /// whether it signalled the allocating task itself and, if the kernel
+    /// refused that signal, `bpf_send_signal`'s errno (negative).
     pub kernel_kill_ms: Option<f64>,
     pub kernel_kill_current: bool,
+    pub kernel_kill_signal_error: i32,
     /// Who crossed the line and with what, in the observer's instance and
     /// the agent's: a late run's crossing says whether the two saw the
     /// same page.
@@ -225,6 +227,16 @@ pub fn race_node(ctx: &Ctx) -> Result<BenchResult> {
     race_scenario(ctx, Scenario::Node)
 }
 
+/// Whom the kernel's kill signalled, for the progress lines.
+fn kill_target(run: &Run) -> String {
+    match (run.kernel_kill_ms, run.kernel_kill_current, run.kernel_kill_signal_error) {
+        (None, ..) => String::new(),
+        (Some(_), true, _) => " (the allocating task)".into(),
+        (Some(_), false, 0) => " (not the allocating task's: no task signalled)".into(),
+        (Some(_), false, errno) => format!(" (the allocating task, refused: bpf_send_signal returned {errno})"),
+    }
+}
+
 fn progress(run: &Run) {
     eprintln!(
         "      crossing → dead {}, → decision {}, overshoot {}{}{}",
@@ -243,7 +255,7 @@ fn progress(run: &Run) {
             "      from the observer's crossing: the agent's crossing {}, the kernel's kill {}{}",
             ms(run.agent_crossing_ms),
             ms(run.kernel_kill_ms),
-            if run.kernel_kill_current { " (the allocating task)" } else { "" }
+            kill_target(run)
         );
         let crossing = |c: Option<CrossingSeen>| c.map_or("-".into(), |c| c.to_string());
         eprintln!(

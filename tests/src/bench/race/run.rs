@@ -418,7 +418,9 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
                     agent_crossing = Some(CrossingSeen { pid, value, threshold });
                     kernel_outcome = Some(o);
                 }
-                SignalEvent::KernelKill { at_ns, pid, .. } if kernel_kill.is_none() => kernel_kill = Some((at_ns, pid)),
+                SignalEvent::KernelKill { at_ns, pid, signal_error, .. } if kernel_kill.is_none() => {
+                    kernel_kill = Some((at_ns, pid, signal_error))
+                }
                 _ => {}
             }
         }
@@ -481,8 +483,9 @@ pub(super) fn run_once(scenario: Scenario, mode: Mode, rate: u64, opts: RunOptio
         line_ms: crossing.map(|ns| ns.saturating_sub(start_ns) as f64 / 1e6),
         peer_line_ms: peer_crossing.map(|ns| ns.saturating_sub(start_ns) as f64 / 1e6),
         agent_crossing_ms: agent_crossing_ns.and_then(since_crossing),
-        kernel_kill_ms: kernel_kill.and_then(|(ns, _)| since_crossing(ns)),
-        kernel_kill_current: kernel_kill.is_some_and(|(_, pid)| pid != 0),
+        kernel_kill_ms: kernel_kill.and_then(|(ns, ..)| since_crossing(ns)),
+        kernel_kill_current: kernel_kill.is_some_and(|(_, pid, _)| pid != 0),
+        kernel_kill_signal_error: kernel_kill.map_or(0, |(.., errno)| errno),
         observer_crossing: *observer_crossing.lock().unwrap(),
         agent_crossing,
         kernel_outcome: if mode.kernel_kills() { kernel_outcome } else { None },

@@ -213,6 +213,7 @@ mod tests {
             agent_crossing_ms: None,
             kernel_kill_ms: None,
             kernel_kill_current: false,
+            kernel_kill_signal_error: 0,
             observer_crossing: None,
             agent_crossing: None,
             kernel_outcome: outcome,
