@@ -94,14 +94,16 @@ pub struct Table {
 }
 
 /// What a result was measured with: the commit and build the binary came
-/// from, and how loaded the machine was (the 1-minute load average before
-/// and after the bench).
+/// from, and how loaded the machine was (the load averages before and
+/// after the bench, and in a VM the share of its CPU time the hypervisor
+/// gave to others while the bench ran, which no load average shows).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RunContext {
     pub commit: String,
     pub profile: String,
     pub load_before: String,
     pub load_after: String,
+    pub steal: String,
 }
 
 impl RunContext {
@@ -121,6 +123,32 @@ pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
+}
+
+/// The machine's CPU time so far, from /proc/stat's first line, in ticks:
+/// (stolen by the hypervisor, all). None where it cannot be read.
+pub fn cpu_times() -> Option<(u64, u64)> {
+    parse_cpu_times(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+fn parse_cpu_times(stat: &str) -> Option<(u64, u64)> {
+    let fields: Vec<u64> =
+        stat.lines().next()?.strip_prefix("cpu ")?.split_whitespace().map(|f| f.parse().ok()).collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal (guest time is
+    // already counted in user and nice).
+    let steal = *fields.get(7)?;
+    Some((steal, fields.iter().take(8).sum()))
+}
+
+/// The stolen share of the CPU time between two [`cpu_times`] readings,
+/// as a percentage for the report ("" when either is missing).
+pub fn steal_share(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> String {
+    match (before, after) {
+        (Some((s0, t0)), Some((s1, t1))) if t1 > t0 => {
+            format!("{:.1}%", s1.saturating_sub(s0) as f64 * 100.0 / (t1 - t0) as f64)
+        }
+        _ => String::new(),
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -227,11 +255,13 @@ pub fn render(results: &[BenchResult], quick: bool, date: &str) -> String {
         let c = &r.context;
         let _ = writeln!(
             md,
-            "Measured with commit {}, {} build, load average {} before and {} after.\n",
+            "Measured with commit {}, {} build, load average {} before and {} after, \
+             CPU time stolen by the hypervisor during the bench {}.\n",
             if c.commit.is_empty() { "unknown" } else { &c.commit },
             if c.profile.is_empty() { "unknown" } else { &c.profile },
             if c.load_before.is_empty() { "unknown" } else { &c.load_before },
             if c.load_after.is_empty() { "unknown" } else { &c.load_after },
+            if c.steal.is_empty() { "unknown" } else { &c.steal },
         );
         if !r.figures.is_empty() {
             let _ =
@@ -286,5 +316,22 @@ mod tests {
         assert_eq!((f.p99, f.max), (None, Some(199.0)));
         let f = Figure::distribution("x", "µs", &(1..=200).map(f64::from).collect::<Vec<_>>());
         assert_eq!((f.p99, f.max), (Some(198.0), Some(200.0)));
+    }
+
+    #[test]
+    fn steal_is_the_eighth_field_of_the_machine_line() {
+        let stat = "cpu  236963 0 56024 1964875 2435 0 605 48860 0 0\ncpu0 113745 0 28697 986489 853 0 81 25055 0 0\n";
+        assert_eq!(parse_cpu_times(stat), Some((48860, 236963 + 56024 + 1964875 + 2435 + 605 + 48860)));
+        // Kernels before steal accounting, and garbage, give nothing.
+        assert_eq!(parse_cpu_times("cpu  1 2 3 4\n"), None);
+        assert_eq!(parse_cpu_times("cpu0 1 2 3 4 5 6 7 8\n"), None);
+        assert_eq!(parse_cpu_times("cpu  1 2 x 4 5 6 7 8\n"), None);
+    }
+
+    #[test]
+    fn the_steal_share_is_of_the_time_between_the_readings() {
+        assert_eq!(steal_share(Some((100, 1000)), Some((355, 3000))), "12.8%");
+        assert_eq!(steal_share(Some((100, 1000)), Some((100, 1000))), "");
+        assert_eq!(steal_share(None, Some((1, 2))), "");
     }
 }

@@ -91,16 +91,22 @@ fn run() -> Result<()> {
         eprintln!("==> bench {name}: {about}");
         let t = Instant::now();
         let load_before = bench::load_average();
+        let cpu_before = bench::cpu_times();
         match f(&ctx) {
             Ok(mut r) => {
                 r.context = bench::RunContext {
                     load_before: load_before.clone(),
                     load_after: bench::load_average(),
+                    steal: bench::steal_share(cpu_before, bench::cpu_times()),
                     ..bench::RunContext::of_this_build()
                 };
                 eprintln!(
-                    "    commit {}, {} build, load average {} → {}",
-                    r.context.commit, r.context.profile, r.context.load_before, r.context.load_after
+                    "    commit {}, {} build, load average {} → {}, CPU time stolen by the hypervisor {}",
+                    r.context.commit,
+                    r.context.profile,
+                    r.context.load_before,
+                    r.context.load_after,
+                    if r.context.steal.is_empty() { "unknown" } else { &r.context.steal }
                 );
                 for fig in &r.figures {
                     let v = match (fig.p50, fig.value) {
@@ -221,6 +227,7 @@ fn from_json(v: &serde_json::Value) -> Option<BenchResult> {
             profile: cs("profile"),
             load_before: cs("load_before"),
             load_after: cs("load_after"),
+            steal: cs("steal"),
         },
         figures,
         tables,
