@@ -19,10 +19,10 @@
 //! 3. Reports a KernelKill record ahead of the crossing's own, which says
 //!    what happened ([`KillOutcome`]) whether the plan ran or not, and, when
 //!    the current task was the victim's but `bpf_send_signal` refused it,
-//!    the helper's error. When it
-//!    signalled the current task, both records wake the agent's reader only
-//!    once that task has exited (`wakeup.rs`), so the reader does not take
-//!    the victim's CPU before the victim meets its signal.
+//!    the helper's error. When it signalled the current task, both records
+//!    wake the agent's reader only once that task has exited (`wakeup.rs`),
+//!    so the reader does not take the victim's CPU before the victim meets
+//!    its signal.
 //!
 //! The victim's other processes are the agent's: it kills the whole cgroup
 //! (`cgroup.kill`, or freeze and signal on cgroup v1) as soon as it reads
