@@ -1,16 +1,19 @@
 //! Builds the kernel programs and hands the object to the agent, which embeds
 //! it. `SWIFTLET_EBPF_OBJECT=<path>` uses a prebuilt object instead.
 //!
-//! Also generates the device plugin API (proto/deviceplugin/v1beta1) with
+//! Also generates the gRPC APIs the kubelet speaks to node plugins, with
 //! tonic-prost-build, as k8s-cri generates the CRI: client and server, so
-//! the in-repo test plugin serves the same types the agent dials.
+//! the in-repo test plugins serve the same types the agent dials:
+//! - proto/deviceplugin/v1beta1: device plugins;
+//! - proto/pluginregistration/v1: the plugin watcher's registration;
+//! - proto/csi/v1: the Container Storage Interface (spec v1.9.0).
 
 use std::{env, fs, path::PathBuf, process::Command};
 
 use swiftlet_common::build;
 
 fn main() {
-    device_plugin_api();
+    plugin_apis();
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let dest = out.join("swiftlet-ebpf.o");
     println!("cargo:rerun-if-env-changed=SWIFTLET_EBPF_OBJECT");
@@ -51,15 +54,14 @@ fn main() {
     copy(&build::object_path(&root), &dest);
 }
 
-fn device_plugin_api() {
+fn plugin_apis() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("proto");
-    let file = dir.join("deviceplugin/v1beta1/api.proto");
-    println!("cargo:rerun-if-changed={}", file.display());
-    if let Err(e) = tonic_prost_build::configure().compile_protos(&[&file], &[&dir]) {
-        fail(&format!(
-            "generating the device plugin API from {}: {e} (protoc comes with `cargo xtask setup`)",
-            file.display()
-        ));
+    for proto in ["deviceplugin/v1beta1/api.proto", "pluginregistration/v1/api.proto", "csi/v1/csi.proto"] {
+        let file = dir.join(proto);
+        println!("cargo:rerun-if-changed={}", file.display());
+        if let Err(e) = tonic_prost_build::configure().compile_protos(&[&file], &[&dir]) {
+            fail(&format!("generating the API in {}: {e} (protoc comes with `cargo xtask setup`)", file.display()));
+        }
     }
 }
 

@@ -11,6 +11,8 @@ pub mod bench;
 pub mod cgroup;
 pub mod containerd;
 pub mod cri;
+pub mod csi;
+pub mod csi_driver;
 pub mod e2e;
 pub mod https;
 pub mod kubectl;

@@ -49,6 +49,7 @@ pub struct NodeProcess {
     pub log: PathBuf,
     pub cgroup: TestCgroup,
     pub args: Vec<String>,
+    rust_log: String,
 }
 
 impl NodeProcess {
@@ -137,16 +138,39 @@ impl NodeProcess {
         }
         let args = NodeProcess::args(dir.path(), &cgroup, &extra);
         let log = dir.path().join("swiftlet.log");
-        let out = fs::File::create(&log).expect("log file");
+        let mut node = NodeProcess { child: None, dir, log, cgroup, args, rust_log: rust_log.to_owned() };
+        node.respawn();
+        node
+    }
+
+    /// Starts the binary (again, after [`NodeProcess::kill`] or
+    /// [`NodeProcess::stop`]) with the same arguments and root dir; its
+    /// log goes on in the same file.
+    pub fn respawn(&mut self) {
+        assert!(self.child.is_none(), "swiftlet is still running");
+        let out = fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log file");
         let child = Command::new(crate::workload::sibling_binary("swiftlet"))
-            .args(&args)
-            .env("RUST_LOG", rust_log)
+            .args(&self.args)
+            .env("RUST_LOG", &self.rust_log)
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("log"))
             .stderr(out)
             .spawn()
             .expect("start swiftlet");
-        NodeProcess { child: Some(child), dir, log, cgroup, args }
+        self.child = Some(child);
+    }
+
+    /// SIGKILL, as a crash: what it started (pods, mounts) stays.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// `--root-dir`.
+    pub fn root_dir(&self) -> PathBuf {
+        self.dir.path().join("root")
     }
 
     pub fn log_text(&self) -> String {

@@ -9,8 +9,10 @@
 //! not fire. The node is registered with the fake API server (so the
 //! REST client and node metrics are the ones a cluster sees) and runs
 //! real pods in a real containerd: one with a CPU limit, a memory limit
-//! and an emptyDir volume on the pod network, one whose command does not
-//! exist (a runtime call that fails).
+//! and an emptyDir volume on the pod network, writing and reading it with
+//! O_DIRECT (block I/O the container's own, as page-cache writeback is
+//! not on cgroup v1), one whose command does not exist (a runtime call
+//! that fails).
 //!
 //! `SWIFTLET_BINARY` may name another build to measure (the coverage table
 //! is printed before anything is asserted).
@@ -73,8 +75,9 @@ fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
-/// A busy, probed pod on the pod network with limits and an emptyDir, an
-/// idle pod beside it, and a pod whose container cannot start.
+/// A busy, probed pod on the pod network with limits and an emptyDir it
+/// does direct I/O in, an idle pod beside it, and a pod whose container
+/// cannot start.
 fn write_manifests(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
     let image = cri::BUSYBOX_IMAGE;
@@ -91,7 +94,7 @@ spec:
   - name: app
     image: {image}
     imagePullPolicy: Never
-    command: ["sh", "-c", "gw=$(ip route | awk '/default/ {{print $3}}'); while true; do ping -c 1 -W 1 $gw >/dev/null 2>&1; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; echo x >> /data/log; sleep 0.2; done"]
+    command: ["sh", "-c", "gw=$(ip route | awk '/default/ {{print $3}}'); while true; do ping -c 1 -W 1 $gw >/dev/null 2>&1; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; echo x >> /data/log; dd if=/dev/zero of=/data/direct bs=4k count=1 oflag=direct conv=notrunc 2>/dev/null; dd if=/data/direct of=/dev/null bs=4k iflag=direct 2>/dev/null; sleep 0.2; done"]
     resources:
       requests: {{cpu: 50m, memory: 16Mi}}
       limits: {{cpu: 50m, memory: 64Mi}}
@@ -144,6 +147,51 @@ spec:
         ),
     )
     .unwrap();
+}
+
+/// The local PV on `disk`, its claim `data` and the pod `filler` that
+/// fills it, in the namespace the static pods use.
+fn create_filling_claim(api: &FakeApiServer, disk: &Path) {
+    use swiftlet_tests::apiserver::resources::{NAMESPACES, PODS, PVCS, PVS};
+    let store = api.store();
+    // The static pods' mirror pods may have made it already.
+    let _ = store.create(
+        &NAMESPACES,
+        "",
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "monitored"}}),
+    );
+    store
+        .create(
+            &PVS,
+            "",
+            serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "monitored-data"},
+                "spec": {"capacity": {"storage": "8Mi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "local",
+                         "local": {"path": disk.display().to_string()},
+                         "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                             {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE]}]}]}}}}),
+        )
+        .unwrap();
+    store
+        .create(
+            &PVCS,
+            "monitored",
+            serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "local", "volumeName": "monitored-data",
+                         "resources": {"requests": {"storage": "8Mi"}}}}),
+        )
+        .unwrap();
+    store
+        .create(
+            &PODS,
+            "monitored",
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "filler"},
+                "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 1,
+                         "containers": [{"name": "app", "image": cri::BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                             "command": ["sh", "-c", "dd if=/dev/zero of=/data/fill bs=1k count=8000; sleep 3600"],
+                             "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                         "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}),
+        )
+        .unwrap();
 }
 
 /// The kube-state-metrics series the mixin joins with, for the node's
@@ -346,7 +394,14 @@ fn kube_prometheus_dashboards_and_alerts_see_the_kubelets_metrics() {
         format!("--client-ca-file={}", dir.path().join("ca.crt").display()),
         "--authorization-mode=AlwaysAllow".into(),
         "--housekeeping-interval=1s".into(),
+        "--volume-stats-agg-period=2s".into(),
     ]);
+    // A PersistentVolumeClaim for the Persistent Volumes panels and
+    // KubePersistentVolumeFillingUp: a local PV on an 8 MiB tmpfs that an
+    // API pod fills to 98 %.
+    let local_disk = swiftlet_tests::tmpfs::SmallFs::mount(8 << 20, 1000);
+    api.start_storage_controllers(Default::default());
+    create_filling_claim(&api, local_disk.path());
     let pods = wait_for_pods(&agent, &ca);
     let (namespace, web) = pods
         .iter()

@@ -1,8 +1,9 @@
 //! `cargo xtask run`: the demo. Starts our own containerd, the fake API
-//! server, and swiftlet as its node; creates the pods in examples/ through
-//! the API server (so a user watches them, and the eviction, with kubectl
-//! as in a cluster); streams the agent's log; on Ctrl-C stops everything
-//! and removes what it created.
+//! server (with its storage controllers), the in-repo CSI driver, and
+//! swiftlet as its node; creates the storage objects of examples/storage/
+//! and the pods in examples/ through the API server (so a user watches
+//! them, and the eviction, with kubectl as in a cluster); streams the
+//! agent's log; on Ctrl-C stops everything and removes what it created.
 
 use std::{
     path::{Path, PathBuf},
@@ -22,6 +23,8 @@ use crate::{
 
 /// The demo node's name.
 const NODE: &str = "swiftlet-demo";
+/// The in-repo CSI driver's name (examples/storage/class.yaml).
+const CSI_DRIVER: &str = "csi.swiftlet.dev";
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -73,8 +76,13 @@ pub fn run(args: Args) -> Result<()> {
     std::fs::create_dir_all(&run_root)?;
     // Dropped after swiftlet (declared later): whatever ends the demo, its
     // cgroups and mounts go, and containerd (declared before) goes last.
-    let cleanup =
-        DemoCleanup { cgroup: format!("swiftlet-demo-{}", std::process::id()), root_dir: run_root.join("root") };
+    let csi_state = run_root.join("csi-state");
+    let cleanup = DemoCleanup {
+        cgroup: format!("swiftlet-demo-{}", std::process::id()),
+        root_dir: run_root.join("root"),
+        csi_state: csi_state.clone(),
+    };
+    let csi_socket = run_root.join("root/plugins").join(CSI_DRIVER).join("csi.sock");
     let cgroup_root = cleanup.cgroup.clone();
     let config = demo_config(&run_root)?;
 
@@ -85,6 +93,8 @@ pub fn run(args: Args) -> Result<()> {
         Command::new(root.join("target/debug/fake-apiserver"))
             .arg("--tls")
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg("--storage")
+            .arg(format!("--csi-controller={CSI_DRIVER}={}", csi_socket.display()))
             .stdout(Stdio::null()),
     )?));
     wait_for("the fake API server's kubeconfig", Duration::from_secs(30), || kubeconfig.exists())?;
@@ -103,6 +113,21 @@ pub fn run(args: Args) -> Result<()> {
         .env("PATH", format!("{}:{}", root.join("target/debug").display(), std::env::var("PATH").unwrap_or_default()))
         .stdin(Stdio::null());
     let mut child = Stopped(Some(spawn_in_group(&mut swiftlet).context("cannot start target/debug/swiftlet")?));
+    // The CSI driver registers with swiftlet through its plugins_registry,
+    // as node-driver-registrar does beside a kubelet.
+    step(format!("starting the CSI driver {CSI_DRIVER}"));
+    let mut driver = Stopped(Some(spawn_in_group(
+        Command::new(root.join("target/debug/swiftlet-test-csi-driver"))
+            .args(["--name", CSI_DRIVER, "--node-id", NODE, "--topology-key", "topology.swiftlet.dev/node"])
+            .arg("--csi-socket")
+            .arg(&csi_socket)
+            .arg("--registry-dir")
+            .arg(run_root.join("root/plugins_registry"))
+            .arg("--state")
+            .arg(&csi_state)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )?));
     if let Some(agent) = child.0.as_ref() {
         note(format!(
             "watch the pods' memory live from another terminal: sudo target/debug/swiftlet top --agent-pid {}",
@@ -122,7 +147,10 @@ pub fn run(args: Args) -> Result<()> {
             .status()
             .is_ok_and(|s| s.success())
     })?;
-    step("creating the pods of examples/ through the API server");
+    step("creating the storage of examples/storage/ and the pods of examples/ through the API server");
+    if !kubectl_cmd(&["create", "--validate=false", "-f"]).arg(root.join("examples/storage")).status()?.success() {
+        bail!("kubectl create of examples/storage/ failed");
+    }
     for manifest in example_manifests(&root.join("examples"))? {
         let text = std::fs::read_to_string(&manifest)?;
         // The fake API server has no scheduler (the pods name their node)
@@ -142,6 +170,12 @@ pub fn run(args: Args) -> Result<()> {
     note(format!("  kubectl --kubeconfig {} get nodes,pods -w", kubeconfig.display()));
     note(format!("  kubectl --kubeconfig {} get events", kubeconfig.display()));
     note("try: curl http://127.0.0.1:8080/   and   ls target/run/logs/");
+    note("the notes pod writes to a PersistentVolumeClaim; delete and re-create it, and its log shows both runs:");
+    note(format!("  kubectl --kubeconfig {} get pvc,pv", kubeconfig.display()));
+    note(format!(
+        "  kubectl --kubeconfig {k} delete pod notes && kubectl --kubeconfig {k} create -f examples/notes.yaml",
+        k = kubeconfig.display()
+    ));
     let status = loop {
         if let Some(s) = child.try_wait()? {
             break Some(s);
@@ -156,6 +190,7 @@ pub fn run(args: Args) -> Result<()> {
         None => step("stopping swiftlet and the fake API server"),
     }
     child.stop();
+    driver.stop();
     apiserver.stop();
     step("stopping containerd and removing the demo's cgroups");
     drop(cleanup);
@@ -169,6 +204,8 @@ pub fn run(args: Args) -> Result<()> {
 struct DemoCleanup {
     cgroup: String,
     root_dir: PathBuf,
+    /// The CSI driver's images: their loop devices are detached.
+    csi_state: PathBuf,
 }
 
 impl Drop for DemoCleanup {
@@ -178,6 +215,20 @@ impl Drop for DemoCleanup {
             // SAFETY: unmounting the demo's own root dir (EINVAL when it is
             // not a mount point: nothing to do).
             unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+        detach_loop_devices_under(&self.csi_state);
+    }
+}
+
+/// Detaches the loop devices whose backing file is under `dir` (the CSI
+/// driver's volumes, once nothing mounts them).
+fn detach_loop_devices_under(dir: &Path) {
+    let Ok(blocks) = std::fs::read_dir("/sys/block") else { return };
+    for b in blocks.flatten() {
+        let name = b.file_name().to_string_lossy().into_owned();
+        let Ok(backing) = std::fs::read_to_string(b.path().join("loop/backing_file")) else { continue };
+        if Path::new(backing.trim()).starts_with(dir) {
+            let _ = Command::new("losetup").args(["-d", &format!("/dev/{name}")]).status();
         }
     }
 }
@@ -247,6 +298,9 @@ fn example_manifests(dir: &Path) -> Result<Vec<PathBuf>> {
 /// The manifest with `nodeName: <node>` as the first field of its
 /// top-level `spec:`; None without one.
 fn with_node(manifest: &str, node: &str) -> Option<String> {
+    if manifest.contains("\n  nodeName: ") {
+        return Some(manifest.to_owned());
+    }
     let at = if manifest.starts_with("spec:\n") { 0 } else { manifest.find("\nspec:\n")? + 1 };
     let after = at + "spec:\n".len();
     Some(format!("{}  nodeName: {node}\n{}", &manifest[..after], &manifest[after..]))

@@ -19,8 +19,11 @@ use crate::cmd::{self, note, step};
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Debian packages, grouped by what needs them.
-pub const APT_BUILD: &[&str] = &["protobuf-compiler", "gcc", "libc6-dev"];
-pub const APT_RUNTIME: &[&str] = &["containerd", "runc", "busybox-static", "iproute2", "containernetworking-plugins"];
+pub const APT_BUILD: &[&str] = &["protobuf-compiler", "libprotobuf-dev", "gcc", "libc6-dev"];
+/// e2fsprogs, btrfs-progs: the test CSI driver formats and grows its volumes (mkfs.ext4, resize2fs;
+/// mkfs.btrfs and `btrfs filesystem resize`, which grows online where resize2fs lacks CAP_SYS_RESOURCE).
+pub const APT_RUNTIME: &[&str] =
+    &["containerd", "runc", "busybox-static", "iproute2", "containernetworking-plugins", "e2fsprogs", "btrfs-progs"];
 /// Debian's kubectl, which the API server tests drive (see `ensure_kubectl`).
 pub const KUBECTL_PACKAGE: &str = "kubernetes-client";
 /// The eviction race compares against earlyoom.

@@ -207,10 +207,19 @@ impl Agent {
         };
         // ---- end API server ----
 
+        // ---- plugin watcher ----
+        // The CSI drivers registered through the plugin watcher (filled by
+        // its CSI handler, started in run), read by the volume manager.
+        let csi_drivers = Arc::new(crate::volumes::csi::CsiDrivers::default());
+        let plugin_watcher = Arc::new(crate::pluginwatcher::PluginWatcher::new(crate::pluginwatcher::registry_dir(
+            &config.flags.root_dir,
+        )));
+        // ---- end plugin watcher ----
         let mut metrics = Metrics::new();
         let pod_metrics = PodMetrics::default();
         pod_metrics.register(&mut metrics.registry);
         let image_metrics = ImageMetrics::register(&mut metrics.registry);
+        metrics.registry.register_collector(Box::new(plugin_watcher.collector()));
         let metrics = Arc::new(metrics);
         // ---- server ----
         cri.observe_with(metrics.clone());
@@ -266,12 +275,26 @@ impl Agent {
                 downward: crate::pods::spec::downward_context(&settings, &[]),
                 refresh_period: k.sync_frequency,
                 sweep_period: config.swiftlet.housekeeping_interval,
+                stats_period: k.volume_stats_agg_period,
+                node_name: node_name.clone(),
+                // The Node's labels as registered, and its name for
+                // `matchFields` on metadata.name.
+                node_labels: {
+                    let settings = crate::node::NodeSettings::from_config(&config, &node_name, &allocatable);
+                    let mut labels = settings.registration.labels();
+                    labels.insert("metadata.name".into(), node_name.clone());
+                    labels
+                },
             },
             objects,
             recorder.clone(),
         ));
         volumes.start();
         volumes.set_metrics(metrics.storage.clone());
+        volumes.set_csi_drivers(csi_drivers.clone());
+        if let Some(api) = &api {
+            api.connect_volumes(volumes.volumes_in_use());
+        }
         // ---- device plugins ----
         let devices = crate::deviceplugin::DeviceManager::new(&config.flags.root_dir);
         if let Some(api) = &api {
@@ -441,6 +464,8 @@ impl Agent {
             api.connect_shutdown(node_shutdown.shutting_down());
         }
         Ok(Agent {
+            csi_drivers,
+            plugin_watcher,
             runtime_classes,
             devices,
             health,

@@ -98,6 +98,10 @@ pub struct Agent {
     pub node_shutdown: Arc<NodeShutdownManager>,
     /// Device plugins: registration, extended resources, Allocate.
     pub devices: Arc<crate::deviceplugin::DeviceManager>,
+    /// The CSI drivers registered on this node (by the plugin watcher).
+    pub csi_drivers: Arc<crate::volumes::csi::CsiDrivers>,
+    /// `<root-dir>/plugins_registry`: CSI driver registration.
+    pub plugin_watcher: Arc<crate::pluginwatcher::PluginWatcher>,
     /// The configuration in effect (the start one plus reloaded live fields),
     /// as /configz shows it.
     running: watch::Sender<Arc<Config>>,

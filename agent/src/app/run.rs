@@ -10,7 +10,13 @@ use crate::{
     cri::{ImageService, RuntimeService},
     kubeapi::pod_watch::TeeSink,
     pods::{file::FileSource, local_storage::LocalStorageMonitor, source::PodSink},
-    volumes::PodsInUse,
+    volumes::{
+        PodsInUse,
+        csi::{
+            nodeinfo::{KubeNodeObjects, NodeInfoManager},
+            registration::CsiRegistration,
+        },
+    },
 };
 
 use super::{Agent, RELIST_PERIOD, StartError};
@@ -76,6 +82,16 @@ impl Agent {
             Err(e) => tracing::error!("device plugins are not available: {e}"),
         }
         // ---- end device plugins ----
+        // ---- plugin watcher ----
+        // CSI drivers register through <root-dir>/plugins_registry; what
+        // they report is published once the API client exists.
+        let csi = Arc::new(CsiRegistration::new(self.csi_drivers.clone()));
+        if self.api.is_none() {
+            csi.set_standalone();
+        }
+        self.plugin_watcher.add_handler(crate::pluginwatcher::CSI_PLUGIN, csi.clone());
+        tasks.push(tokio::spawn(self.plugin_watcher.clone().run(self.shutdown.clone())));
+        // ---- end plugin watcher ----
         let in_use: Arc<dyn PodsInUse> = Arc::new(self.pods.clone());
         tasks.push(tokio::spawn(self.volumes.clone().run(in_use, self.cri.clone(), self.shutdown.clone())));
         if k.local_storage_capacity_isolation {
@@ -101,13 +117,21 @@ impl Agent {
             let volumes = self.volumes.clone();
             let runtime_classes = self.runtime_classes.clone();
             let stop = self.shutdown.clone();
+            let csi = csi.clone();
+            let node_name = self.node_name.clone();
             tasks.push(tokio::spawn(async move {
                 loop {
                     if let Some(client) = api.client() {
                         runtime_classes.set_source(Arc::new(crate::kubeapi::runtime_class::KubeRuntimeClasses::new(
                             client.clone(),
                         )));
-                        volumes.set_objects(Arc::new(crate::volumes::kube::KubeObjects::new(client)));
+                        volumes.set_objects(Arc::new(crate::volumes::kube::KubeObjects::new(client.clone())));
+                        // The CSINode exists from the start, with no driver
+                        // yet (as the kubelet makes it).
+                        let node_info =
+                            Arc::new(NodeInfoManager::new(Arc::new(KubeNodeObjects::new(client)), node_name));
+                        csi.set_node_info(node_info.clone());
+                        node_info.initialize_until_done(&stop).await;
                         return;
                     }
                     tokio::select! {

@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 use super::Agent;
 use crate::{
     cri::RuntimeService,
-    metrics::storage::{VolumeCount, VolumeStates},
+    metrics::storage::{ClaimStatsRow, VolumeCount, VolumeStates},
     pods::{manager::PodManager, source::PodView},
     server::{
         Server, ServerError, ServerParts, Servers, auth_from_config,
@@ -33,6 +33,27 @@ impl VolumeStates for VolumeWorld {
         let desired: Vec<&'static str> = desired.map(|k| k.plugin_name()).collect();
         let actual = self.volumes.mounted_plugins();
         volume_counts(&desired, &actual)
+    }
+
+    fn claim_stats(&self) -> Vec<ClaimStatsRow> {
+        let (at, stats) = self.volumes.cached_claim_stats();
+        stats
+            .into_iter()
+            .map(|c| ClaimStatsRow {
+                namespace: c.namespace,
+                persistentvolumeclaim: c.claim,
+                pod_uid: c.pod_uid,
+                volume: c.volume,
+                time: at,
+                capacity_bytes: c.stats.capacity_bytes,
+                available_bytes: c.stats.available_bytes,
+                used_bytes: c.stats.used_bytes,
+                inodes: c.stats.inodes,
+                inodes_free: c.stats.inodes_free,
+                inodes_used: c.stats.inodes_used,
+                abnormal: c.abnormal_known.then_some(c.stats.abnormal.is_some()),
+            })
+            .collect()
     }
 }
 

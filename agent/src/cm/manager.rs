@@ -11,9 +11,13 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use thiserror::Error;
 
-use super::{hierarchy::CgroupLimits, naming::CgroupDriver};
+use super::{
+    blkio::{self, Accounting, DevNum},
+    hierarchy::CgroupLimits,
+    naming::CgroupDriver,
+};
 use crate::{
-    cgroups::{CgroupError, CgroupFs},
+    cgroups::{CgroupError, CgroupFs, Version},
     systemd::SystemdError,
 };
 
@@ -58,6 +62,20 @@ pub trait CgroupManager: Send + Sync + Debug {
     /// Kills what still runs in `cgroup` and removes it, waiting up to
     /// `timeout` for its processes to go. A missing cgroup is fine.
     async fn destroy(&self, cgroup: &str, timeout: Duration) -> Result<(), CmError>;
+
+    /// Whether the kernel keeps per-cgroup block I/O statistics on a disk
+    /// only once told to ([`CgroupManager::account_block_io`]): cgroup v1's
+    /// blkio (see `cm::blkio`). cgroup v2's io.stat needs nothing.
+    fn block_io_needs_accounting(&self) -> bool {
+        false
+    }
+
+    /// Makes the kernel keep every cgroup's block I/O statistics on
+    /// `disks`, through `cgroup` (the pods' cgroup, made in the blkio tree
+    /// if missing). No limit is set.
+    async fn account_block_io(&self, _cgroup: &str, _disks: &[DevNum]) -> Result<Accounting, CmError> {
+        Ok(Accounting::default())
+    }
 }
 
 /// Writes the limits of an existing cgroup through cgroupfs (either
@@ -147,6 +165,17 @@ impl CgroupManager for CgroupfsManager {
     async fn destroy(&self, cgroup: &str, timeout: Duration) -> Result<(), CmError> {
         kill_and_remove(&self.fs, cgroup, timeout).await
     }
+
+    fn block_io_needs_accounting(&self) -> bool {
+        self.fs.version() == Version::V1 && self.fs.root().join("blkio").is_dir()
+    }
+
+    async fn account_block_io(&self, cgroup: &str, disks: &[DevNum]) -> Result<Accounting, CmError> {
+        if !self.block_io_needs_accounting() {
+            return Ok(Accounting::default());
+        }
+        blkio::account_v1(&self.fs, cgroup, disks).map_err(ctx(|| format!("block I/O accounting on {cgroup}")))
+    }
 }
 
 /// What an [`InMemoryCgroups`] holds for one cgroup.
@@ -162,6 +191,10 @@ pub struct RecordedCgroup {
 #[derive(Clone, Debug, Default)]
 pub struct InMemoryCgroups {
     pub cgroups: Arc<Mutex<BTreeMap<String, RecordedCgroup>>>,
+    /// Acts as a v1 cgroupfs driver for block I/O accounting.
+    pub v1_block_io: bool,
+    /// The disks accounted through each cgroup, in the order asked.
+    pub block_io: Arc<Mutex<BTreeMap<String, Vec<DevNum>>>>,
 }
 
 impl InMemoryCgroups {
@@ -206,5 +239,17 @@ impl CgroupManager for InMemoryCgroups {
     async fn destroy(&self, cgroup: &str, _timeout: Duration) -> Result<(), CmError> {
         self.cgroups.lock().remove(cgroup.trim_matches('/'));
         Ok(())
+    }
+
+    fn block_io_needs_accounting(&self) -> bool {
+        self.v1_block_io
+    }
+
+    async fn account_block_io(&self, cgroup: &str, disks: &[DevNum]) -> Result<Accounting, CmError> {
+        if !self.v1_block_io {
+            return Ok(Accounting::default());
+        }
+        self.block_io.lock().entry(cgroup.trim_matches('/').to_owned()).or_default().extend(disks);
+        Ok(Accounting { counted: disks.to_vec(), failed: vec![] })
     }
 }

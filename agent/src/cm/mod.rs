@@ -2,10 +2,12 @@
 //! both drivers (`naming`), node capacity and allocatable (`allocatable`),
 //! huge page sizes and limits (`hugepages`), the limits of the pods'
 //! cgroup hierarchy (`hierarchy`, pure), the cgroup drivers (`manager`: the
-//! trait, cgroupfs and in-memory; `systemd`) and the hierarchy applied
-//! through them (`pod_cgroups`).
+//! trait, cgroupfs and in-memory; `systemd`), the hierarchy applied
+//! through them (`pod_cgroups`) and the disks whose block I/O cgroup v1
+//! must be told to count (`blkio`).
 
 pub mod allocatable;
+pub mod blkio;
 pub mod hierarchy;
 pub mod hugepages;
 pub mod manager;

@@ -4,12 +4,13 @@
 //! names them. What the limits are is `hierarchy`'s (pure); how a cgroup is
 //! made is the driver's (`manager`, `systemd`).
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use parking_lot::Mutex;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{
+    blkio::{self, BlockDevices, DevNum},
     hierarchy::{CgroupLimits, qos_cgroup_limits, reserved_cgroup_limits},
     manager::{CgroupManager, CgroupfsManager, CmError},
     naming::{CgroupDriver, CgroupNaming},
@@ -30,6 +31,9 @@ pub struct PodCgroups {
     /// The Burstable pods' summed cpu request last applied to their QoS
     /// cgroup, so an unchanged sum costs nothing.
     burstable_applied: Arc<Mutex<Option<i64>>>,
+    block_devices: BlockDevices,
+    /// Disks the kernel counts the pods' block I/O on (cgroup v1).
+    block_io_counted: Arc<Mutex<BTreeSet<DevNum>>>,
 }
 
 impl PodCgroups {
@@ -40,7 +44,20 @@ impl PodCgroups {
     }
 
     pub fn with_manager(fs: CgroupFs, naming: CgroupNaming, manager: Arc<dyn CgroupManager>) -> PodCgroups {
-        PodCgroups { fs, naming, manager, burstable_applied: Arc::new(Mutex::new(None)) }
+        PodCgroups {
+            fs,
+            naming,
+            manager,
+            burstable_applied: Arc::new(Mutex::new(None)),
+            block_devices: BlockDevices::default(),
+            block_io_counted: Arc::new(Mutex::new(BTreeSet::new())),
+        }
+    }
+
+    /// Reads the disks and mounts from elsewhere than the host's (tests).
+    pub fn with_block_devices(mut self, devices: BlockDevices) -> PodCgroups {
+        self.block_devices = devices;
+        self
     }
 
     /// For the configured driver and cgroupRoot: the systemd driver connects
@@ -68,15 +85,71 @@ impl PodCgroups {
 
     /// Creates kubepods (with `kubepods` limits, see `kubepods_limits`), the
     /// Burstable and BestEffort QoS cgroups with the minimum cpu shares
-    /// until `update_burstable_cpu_shares` knows the Burstable pods.
-    /// Idempotent: safe at every start.
+    /// until `update_burstable_cpu_shares` knows the Burstable pods, and
+    /// has the node's disks' block I/O counted where the kernel needs it
+    /// ([`PodCgroups::account_block_io`]). Idempotent: safe at every start.
     pub async fn ensure_hierarchy(&self, kubepods: &CgroupLimits) -> Result<(), CmError> {
         self.manager.apply(&self.naming.kubepods(), kubepods).await?;
         for qos in [QosClass::Burstable, QosClass::BestEffort] {
             self.manager.apply(&self.naming.qos(qos), &qos_cgroup_limits(qos, 0)).await?;
         }
         *self.burstable_applied.lock() = Some(0);
+        self.account_block_io(true).await;
         Ok(())
+    }
+
+    /// On cgroup v1 (see `cm::blkio`), tells the kernel to keep the pods'
+    /// block I/O statistics on each disk in use it was not told about yet,
+    /// through the pods' cgroup, without a limit. At start (logged whatever
+    /// was done) and when a pod's cgroup is made, after its volumes are set
+    /// up (a volume's loop device may be new). Failures are logged: the
+    /// statistics are not worth refusing a pod. Returns the disks newly
+    /// counted.
+    pub async fn account_block_io(&self, at_start: bool) -> Vec<DevNum> {
+        if !self.manager.block_io_needs_accounting() {
+            return vec![];
+        }
+        let disks = blkio::scan_disks(&self.block_devices.sys_block);
+        let counted = self.block_io_counted.lock().clone();
+        let candidates: Vec<blkio::Disk> = disks.into_iter().filter(|d| !counted.contains(&d.dev)).collect();
+        // mountinfo only tells about memory disks, and is long on a busy node.
+        let mounted = if candidates.iter().any(|d| blkio::is_memory_disk(&d.name)) {
+            blkio::mounted_devices(&std::fs::read_to_string(&self.block_devices.mountinfo).unwrap_or_default())
+        } else {
+            BTreeSet::new()
+        };
+        let wanted = blkio::disks_to_account(&candidates, &mounted);
+        if wanted.is_empty() && !at_start {
+            return vec![];
+        }
+        let kubepods = self.naming.kubepods();
+        let result = match self.manager.account_block_io(&kubepods, &wanted).await {
+            Ok(r) => r,
+            Err(e) => {
+                warn!("block I/O statistics per container stay empty: {e}");
+                return vec![];
+            }
+        };
+        self.block_io_counted.lock().extend(result.counted.iter().copied());
+        let name = |dev: &DevNum| {
+            candidates.iter().find(|d| d.dev == *dev).map_or_else(|| dev.to_string(), |d| format!("{} ({dev})", d.name))
+        };
+        let counted: Vec<String> = result.counted.iter().map(name).collect();
+        info!(
+            cgroup = kubepods,
+            file = blkio::ACCOUNTING_FILE,
+            "cgroup v1 block I/O statistics switched on, without a limit, for disks: [{}]{}",
+            counted.join(", "),
+            if at_start {
+                " (kernels from 6.9 count a disk's I/O per cgroup only once a throttle rule was written for it)"
+            } else {
+                ""
+            }
+        );
+        for (dev, e) in &result.failed {
+            warn!(disk = name(dev), "block I/O statistics per container stay empty for this disk: {e}");
+        }
+        result.counted
     }
 
     /// `enforceNodeAllocatable`'s `system-reserved` and `kube-reserved`
@@ -142,6 +215,7 @@ impl PodCgroups {
     pub async fn ensure_pod_cgroup(&self, qos: QosClass, uid: &str, limits: &CgroupLimits) -> Result<String, CmError> {
         let rel = self.pod_cgroup(qos, uid);
         self.manager.apply(&rel, limits).await?;
+        self.account_block_io(false).await;
         Ok(rel)
     }
 
@@ -329,6 +403,87 @@ mod tests {
         let b = mem.get(burstable).unwrap();
         assert_eq!((b.limits.cpu.shares, b.applies), (Some(768), 2));
         assert_eq!(mem.get("kubepods.slice/kubepods-besteffort.slice").unwrap().limits.cpu.shares, Some(2));
+    }
+
+    /// A fake `/sys/block`: (name, dev, size) disks, each with a queue.
+    fn sys_block(disks: &[(&str, &str, u64)]) -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().unwrap();
+        for (name, dev, size) in disks {
+            let d = tmp.path().join(name);
+            fs::create_dir_all(d.join("queue")).unwrap();
+            fs::write(d.join("dev"), format!("{dev}\n")).unwrap();
+            fs::write(d.join("size"), format!("{size}\n")).unwrap();
+        }
+        fs::write(tmp.path().join("mountinfo"), "27 1 254:0 / / rw - ext4 /dev/vda rw\n").unwrap();
+        tmp
+    }
+
+    fn with_disks(mem: &InMemoryCgroups, sys: &Path) -> PodCgroups {
+        PodCgroups::with_manager(
+            CgroupFs::with_layout(Path::new("/nonexistent"), Version::V1),
+            CgroupNaming::new(CgroupDriver::Cgroupfs, "/"),
+            Arc::new(mem.clone()),
+        )
+        .with_block_devices(BlockDevices { sys_block: sys.to_owned(), mountinfo: sys.join("mountinfo") })
+    }
+
+    #[tokio::test]
+    async fn v1_disks_are_accounted_once_through_kubepods() {
+        let sys = sys_block(&[("vda", "254:0", 1 << 29), ("zram0", "253:0", 1 << 20), ("loop0", "7:0", 0)]);
+        let mem = InMemoryCgroups { v1_block_io: true, ..Default::default() };
+        let pc = with_disks(&mem, sys.path());
+        pc.ensure_hierarchy(&CgroupLimits::default()).await.unwrap();
+        let dev = |s: &str| DevNum::parse(s).unwrap();
+        assert_eq!(mem.block_io.lock().clone(), [("kubepods".to_owned(), vec![dev("254:0")])].into());
+        // A pod whose volume bound a loop device: only the new disk.
+        fs::write(sys.path().join("loop0/size"), "131072\n").unwrap();
+        pc.ensure_pod_cgroup(QosClass::BestEffort, "u", &CgroupLimits::default()).await.unwrap();
+        assert_eq!(mem.block_io.lock()["kubepods"], [dev("254:0"), dev("7:0")]);
+        // Nothing new: nothing asked.
+        assert!(pc.account_block_io(false).await.is_empty());
+        assert_eq!(mem.block_io.lock()["kubepods"].len(), 2);
+    }
+
+    #[tokio::test]
+    async fn v2_and_drivers_that_need_nothing_are_not_asked() {
+        let sys = sys_block(&[("vda", "254:0", 1 << 29)]);
+        let mem = InMemoryCgroups::default();
+        let pc = with_disks(&mem, sys.path());
+        pc.ensure_hierarchy(&CgroupLimits::default()).await.unwrap();
+        assert!(pc.account_block_io(false).await.is_empty());
+        assert!(mem.block_io.lock().is_empty());
+        // The cgroupfs driver on v2 has nothing to do either.
+        let tmp = tempfile::tempdir().unwrap();
+        let v2 = PodCgroups::new(
+            CgroupFs::with_layout(tmp.path(), Version::V2),
+            CgroupNaming::new(CgroupDriver::Cgroupfs, "/"),
+        )
+        .with_block_devices(BlockDevices { sys_block: sys.path().to_owned(), mountinfo: sys.path().join("mountinfo") });
+        v2.ensure_hierarchy(&CgroupLimits::default()).await.unwrap();
+        assert!(!tmp.path().join("blkio").exists());
+        assert!(!tmp.path().join("kubepods").join(blkio::ACCOUNTING_FILE).exists());
+    }
+
+    /// The cgroupfs driver on a fake v1 tree writes `254:0 0` into the
+    /// pods' cgroup in the blkio tree (the kernel makes the file; here the
+    /// test does).
+    #[tokio::test]
+    async fn v1_cgroupfs_writes_the_line_into_kubepods() {
+        let sys = sys_block(&[("vda", "254:0", 1 << 29)]);
+        let tmp = tempfile::tempdir().unwrap();
+        for c in ["memory", "cpu", "blkio"] {
+            fs::create_dir(tmp.path().join(c)).unwrap();
+        }
+        let file = tmp.path().join("blkio/swiftlet-unit/kubepods").join(blkio::ACCOUNTING_FILE);
+        fs::create_dir_all(file.parent().unwrap()).unwrap();
+        fs::write(&file, "").unwrap();
+        let pc = PodCgroups::new(
+            CgroupFs::with_layout(tmp.path(), Version::V1),
+            CgroupNaming::new(CgroupDriver::Cgroupfs, "/swiftlet-unit"),
+        )
+        .with_block_devices(BlockDevices { sys_block: sys.path().to_owned(), mountinfo: sys.path().join("mountinfo") });
+        pc.ensure_hierarchy(&CgroupLimits::default()).await.unwrap();
+        assert_eq!(read(&file), "254:0 0");
     }
 
     #[tokio::test]

@@ -34,6 +34,7 @@ pub const IMPLEMENTED: &[&str] = &[
     "staticPodPath",
     "podLogsDir",
     "syncFrequency",
+    "volumeStatsAggPeriod",
     "fileCheckFrequency",
     "address",
     "port",
@@ -182,7 +183,6 @@ pub const UNIMPLEMENTED: &[Unimplemented] = &[
         "images already on the node are used without checking the pod's own credentials",
     ),
     warned("enableContentionProfiling", Bool, Some("false"), "no profiling handlers are served"),
-    warned("volumeStatsAggPeriod", Duration, Some("\"1m0s\""), "volume statistics are not collected"),
     warned("kubeletCgroups", Str, None, "swiftlet stays in the cgroup it was started in"),
     refused(
         "cgroupsPerQOS",

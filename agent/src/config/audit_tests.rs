@@ -61,7 +61,7 @@ const FIELDS: &[(&str, &str, Want)] = &[
     ("imageMaximumGCAge", "24h", Implemented),
     ("imageGCHighThresholdPercent", "90", Implemented),
     ("imageGCLowThresholdPercent", "70", Implemented),
-    ("volumeStatsAggPeriod", "2m", Warned),
+    ("volumeStatsAggPeriod", "2m", Implemented),
     ("kubeletCgroups", "/kubelet", Warned),
     ("systemCgroups", "/system", Warned),
     ("cgroupRoot", "/custom", Implemented),

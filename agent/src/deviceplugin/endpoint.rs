@@ -4,11 +4,7 @@
 
 use std::{path::Path, time::Duration};
 
-use hyper_util::rt::TokioIo;
-use tonic::{
-    Streaming,
-    transport::{Channel, Endpoint, Uri},
-};
+use tonic::{Streaming, transport::Channel};
 
 use super::api::{self, device_plugin_client::DevicePluginClient};
 
@@ -20,41 +16,17 @@ pub struct PluginClient {
     client: DevicePluginClient<Channel>,
 }
 
-fn status_text(s: tonic::Status) -> String {
-    if s.message().is_empty() { format!("{:?}", s.code()) } else { s.message().to_owned() }
-}
-
 async fn timed<T>(
     what: &str,
     f: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 ) -> Result<T, String> {
-    match tokio::time::timeout(CALL_TIMEOUT, f).await {
-        Ok(Ok(r)) => Ok(r.into_inner()),
-        Ok(Err(s)) => Err(format!("{what}: {}", status_text(s))),
-        Err(_) => Err(format!("{what}: no answer within {CALL_TIMEOUT:?}")),
-    }
+    crate::grpc::timed(what, CALL_TIMEOUT, f).await
 }
 
 impl PluginClient {
     /// Dials the plugin's socket.
     pub async fn dial(socket: &Path) -> Result<PluginClient, String> {
-        let path = socket.to_owned();
-        // The URI is a placeholder: the connector dials the socket.
-        let endpoint = Endpoint::from_static("http://[::]:50051");
-        let connect = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { tokio::net::UnixStream::connect(&path).await.map(TokioIo::new) }
-        }));
-        let channel = match tokio::time::timeout(CALL_TIMEOUT, connect).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(format!("cannot dial device plugin {}: {e}", socket.display())),
-            Err(_) => {
-                return Err(format!(
-                    "cannot dial device plugin {}: no answer within {CALL_TIMEOUT:?}",
-                    socket.display()
-                ));
-            }
-        };
+        let channel = crate::grpc::dial_unix(socket, CALL_TIMEOUT, "device plugin").await?;
         Ok(PluginClient { client: DevicePluginClient::new(channel) })
     }
 

@@ -81,6 +81,7 @@ pub struct ApiAgent {
     pressure: watch::Sender<Option<watch::Receiver<BTreeSet<NodeCondition>>>>,
     shutdown_phase: watch::Sender<Option<watch::Receiver<crate::shutdown::Phase>>>,
     devices: watch::Sender<Option<watch::Receiver<crate::deviceplugin::devices::ExtendedResources>>>,
+    volumes_in_use: watch::Sender<Option<watch::Receiver<Vec<String>>>>,
     client: OnceLock<kube::Client>,
     /// The connection every client of the agent goes through (replaced
     /// when the client certificate rotates).
@@ -134,6 +135,7 @@ impl ApiAgent {
             pressure: watch::channel(None).0,
             shutdown_phase: watch::channel(None).0,
             devices: watch::channel(None).0,
+            volumes_in_use: watch::channel(None).0,
             client: OnceLock::new(),
             connection,
             limiter,
@@ -187,6 +189,12 @@ impl ApiAgent {
     /// (`DeviceManager::extended_resources()`): node status reports them.
     pub fn connect_devices(&self, resources: watch::Receiver<crate::deviceplugin::devices::ExtendedResources>) {
         self.devices.send_replace(Some(resources));
+    }
+
+    /// The volume manager's attachable volumes in use
+    /// (`VolumeManager::volumes_in_use()`): node status reports them.
+    pub fn connect_volumes(&self, in_use: watch::Receiver<Vec<String>>) {
+        self.volumes_in_use.send_replace(Some(in_use));
     }
 
     /// The client, once `run` has connected.
@@ -281,6 +289,7 @@ impl ApiAgent {
             shutdown: self.shutdown_phase.subscribe(),
             frequencies,
             devices: self.devices.subscribe(),
+            volumes_in_use: self.volumes_in_use.subscribe(),
         };
         let sink: Arc<dyn recorder::EventSink> = Arc::new(recorder::KubeEventSink(client.clone()));
         let pods_sink: Arc<dyn PodSink> = self.pods.clone();

@@ -111,10 +111,51 @@ pub struct VolumeCount {
     pub count: u64,
 }
 
+/// One claim's usage, for `kubelet_volume_stats_*`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimStatsRow {
+    pub namespace: String,
+    pub persistentvolumeclaim: String,
+    /// The pod and its volume that mount the claim.
+    pub pod_uid: String,
+    pub volume: String,
+    /// When it was read.
+    pub time: Option<k8s_openapi::jiff::Timestamp>,
+    pub capacity_bytes: Option<i64>,
+    pub available_bytes: Option<i64>,
+    pub used_bytes: Option<i64>,
+    pub inodes: Option<i64>,
+    pub inodes_free: Option<i64>,
+    pub inodes_used: Option<i64>,
+    /// The driver's volume condition, when it reports one.
+    pub abnormal: Option<bool>,
+}
+
 /// Whoever knows which volumes pods want and which are set up.
 pub trait VolumeStates: Send + Sync {
     fn volume_counts(&self) -> Vec<VolumeCount>;
+
+    /// The mounted claims' usage as last read, per pod volume.
+    fn claim_stats(&self) -> Vec<ClaimStatsRow> {
+        vec![]
+    }
 }
+
+/// The kubelet's `kubelet_volume_stats_*` gauges: name, help, value.
+type StatsGauge = (&'static str, &'static str, fn(&ClaimStatsRow) -> Option<i64>);
+const CLAIM_GAUGES: [StatsGauge; 7] = [
+    ("kubelet_volume_stats_capacity_bytes", "Capacity in bytes of the volume", |r| r.capacity_bytes),
+    ("kubelet_volume_stats_available_bytes", "Number of available bytes in the volume", |r| r.available_bytes),
+    ("kubelet_volume_stats_used_bytes", "Number of used bytes in the volume", |r| r.used_bytes),
+    ("kubelet_volume_stats_inodes", "Maximum number of inodes in the volume", |r| r.inodes),
+    ("kubelet_volume_stats_inodes_free", "Number of free inodes in the volume", |r| r.inodes_free),
+    ("kubelet_volume_stats_inodes_used", "Number of used inodes in the volume", |r| r.inodes_used),
+    (
+        "kubelet_volume_stats_health_status_abnormal",
+        "Abnormal volume health status. The count is either 1 or 0. 1 indicates the volume is unhealthy, 0 indicates volume is healthy",
+        |r| r.abnormal.map(i64::from),
+    ),
+];
 
 /// `volume_manager_total_volumes{plugin_name,state}`, read at scrape time.
 pub struct VolumeManagerCollector(pub Arc<dyn VolumeStates>);
@@ -137,6 +178,22 @@ impl Collector for VolumeManagerCollector {
             let labels = [("plugin_name", c.plugin_name.as_str()), ("state", c.state)];
             ConstGauge::new(c.count as f64).encode(me.encode_family(&labels)?)?;
         }
+        // A claim mounted by several pods is one series.
+        let mut seen = std::collections::BTreeSet::new();
+        let mut rows = self.0.claim_stats();
+        rows.retain(|r| seen.insert((r.namespace.clone(), r.persistentvolumeclaim.clone())));
+        if rows.is_empty() {
+            return Ok(());
+        }
+        for (name, help, value) in CLAIM_GAUGES {
+            let mut g = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for r in &rows {
+                let Some(v) = value(r) else { continue };
+                let labels =
+                    [("namespace", r.namespace.as_str()), ("persistentvolumeclaim", r.persistentvolumeclaim.as_str())];
+                ConstGauge::new(v as f64).encode(g.encode_family(&labels)?)?;
+            }
+        }
         Ok(())
     }
 }
@@ -157,6 +214,23 @@ mod tests {
                 VolumeCount { plugin_name: "kubernetes.io/empty-dir".into(), state: "actual_state_of_world", count: 1 },
             ]
         }
+
+        fn claim_stats(&self) -> Vec<ClaimStatsRow> {
+            vec![ClaimStatsRow {
+                namespace: "ns".into(),
+                persistentvolumeclaim: "data".into(),
+                pod_uid: "u".into(),
+                volume: "v".into(),
+                time: None,
+                capacity_bytes: Some(1024),
+                available_bytes: Some(512),
+                used_bytes: Some(512),
+                inodes: Some(10),
+                inodes_free: Some(9),
+                inodes_used: Some(1),
+                abnormal: None,
+            }]
+        }
     }
 
     #[test]
@@ -174,8 +248,11 @@ mod tests {
             "storage_operation_errors_total{volume_plugin=\"kubernetes.io/secret\",operation_name=\"volume_mount\"} 1",
             "volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"desired_state_of_world\"} 2",
             "volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"actual_state_of_world\"} 1",
+            "kubelet_volume_stats_capacity_bytes{namespace=\"ns\",persistentvolumeclaim=\"data\"} 1024",
+            "kubelet_volume_stats_inodes_used{namespace=\"ns\",persistentvolumeclaim=\"data\"} 1",
         ] {
             assert!(text.lines().any(|l| l == want), "{want:?} missing:\n{text}");
         }
+        assert!(!text.contains("kubelet_volume_stats_health_status_abnormal{"), "no condition, no series:\n{text}");
     }
 }

@@ -106,7 +106,11 @@ pub struct NodeInputs {
     pub frequencies: watch::Receiver<crate::reload::LiveSettings>,
     /// The device manager's capacity and allocatable, once connected.
     pub devices: DevicesSource,
+    /// The volume manager's attachable volumes in use, once connected.
+    pub volumes_in_use: VolumesSource,
 }
+
+pub type VolumesSource = watch::Receiver<Option<watch::Receiver<Vec<String>>>>;
 
 pub type DevicesSource = watch::Receiver<Option<watch::Receiver<crate::deviceplugin::devices::ExtendedResources>>>;
 
@@ -158,6 +162,7 @@ impl NodeAgent {
         kept: &mut RuntimeFacts,
         pressure: BTreeSet<NodeCondition>,
         extended: crate::deviceplugin::devices::ExtendedResources,
+        volumes_in_use: Vec<String>,
     ) -> NodeFacts {
         let s = &self.settings;
         if let Ok(Ok(v)) = tokio::time::timeout(RUNTIME_TIMEOUT, inputs.runtime.version()).await {
@@ -194,6 +199,7 @@ impl NodeAgent {
             kubelet_port: i32::from(s.port),
             images: kept.images.clone(),
             extended,
+            volumes_in_use,
         }
     }
 
@@ -279,6 +285,7 @@ impl NodeAgent {
         let mut failing = false;
         let mut pressure_rx: Option<watch::Receiver<BTreeSet<NodeCondition>>> = None;
         let mut devices_rx: Option<watch::Receiver<crate::deviceplugin::devices::ExtendedResources>> = None;
+        let mut volumes_rx: Option<watch::Receiver<Vec<String>>> = None;
         let mut tick = status_ticker(inputs.frequencies.borrow().node_status_update_frequency);
         tick.tick().await;
         loop {
@@ -300,7 +307,11 @@ impl NodeAgent {
                 devices_rx = inputs.devices.borrow_and_update().clone();
             }
             let extended = devices_rx.as_mut().map(|r| r.borrow_and_update().clone()).unwrap_or_default();
-            let facts = self.facts(&inputs, &mut kept, pressure, extended).await;
+            if inputs.volumes_in_use.has_changed().unwrap_or(false) || volumes_rx.is_none() {
+                volumes_rx = inputs.volumes_in_use.borrow_and_update().clone();
+            }
+            let in_use = volumes_rx.as_mut().map(|r| r.borrow_and_update().clone()).unwrap_or_default();
+            let facts = self.facts(&inputs, &mut kept, pressure, extended, in_use).await;
             let round = async {
                 if !registered && self.settings.register {
                     let n = self.register(&api, &facts).await?;
@@ -362,6 +373,18 @@ impl NodeAgent {
                     None => std::future::pending().await,
                 }
             };
+            // The attach-detach controller detaches a volume only once it
+            // has left volumesInUse: report that without waiting a period.
+            let changed_volumes = async {
+                match volumes_rx.as_mut() {
+                    Some(r) => {
+                        if r.changed().await.is_err() {
+                            std::future::pending::<()>().await
+                        }
+                    }
+                    None => std::future::pending().await,
+                }
+            };
             let changed_pressure = async {
                 match pressure_rx.as_mut() {
                     Some(r) => {
@@ -376,6 +399,8 @@ impl NodeAgent {
                 _ = async { match wait { Some(w) => tokio::time::sleep(w).await, None => { tick.tick().await; } } } => {}
                 _ = changed_pressure => debug!("pressure conditions changed"),
                 _ = changed_devices => debug!("device plugin resources changed"),
+                _ = changed_volumes => debug!("volumes in use changed"),
+                _ = async { if inputs.volumes_in_use.changed().await.is_err() { std::future::pending::<()>().await } } => {}
                 _ = async { if inputs.devices.changed().await.is_err() { std::future::pending::<()>().await } } => {}
                 _ = async { if inputs.pressure.changed().await.is_err() { std::future::pending::<()>().await } } => {}
                 _ = async { if inputs.frequencies.changed().await.is_err() { std::future::pending::<()>().await } } => {}

@@ -55,6 +55,8 @@ pub struct NodeFacts {
     pub images: Vec<ContainerImage>,
     /// Device plugin resources (the device manager's figures).
     pub extended: crate::deviceplugin::devices::ExtendedResources,
+    /// The attachable volumes mounted or being mounted, sorted.
+    pub volumes_in_use: Vec<String>,
 }
 
 /// A node event to record for a condition transition (all `Normal`, as
@@ -255,6 +257,7 @@ pub fn node_status(current: Option<&NodeStatus>, facts: &NodeFacts, now: Timesta
         ..Default::default()
     });
     status.images = Some(facts.images.clone());
+    status.volumes_in_use = (!facts.volumes_in_use.is_empty()).then(|| facts.volumes_in_use.clone());
     status.runtime_handlers = (!facts.runtime_handlers.is_empty()).then(|| facts.runtime_handlers.clone());
     // Only what the runtime reports: a runtime without the feature (as
     // containerd 1.6) leaves it false, so Strict pods are not sent here.

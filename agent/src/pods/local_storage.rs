@@ -312,7 +312,8 @@ impl LocalStorageMonitor {
         let log_dir = self.pod_logs_dir.join(format!("{}_{}_{}", id.namespace, id.name, id.uid));
         let paths: Vec<(String, PathBuf, bool)> = vols
             .iter()
-            .filter(|v| v.kind != VolumeKind::HostPath)
+            // Persistent volumes are not the node's ephemeral storage.
+            .filter(|v| v.kind != VolumeKind::HostPath && !v.kind.persistent())
             .map(|v| (v.name.clone(), v.path.clone(), v.kind.counts_as_ephemeral_storage()))
             .collect();
         let names: Vec<String> = pod.spec.iter().flat_map(|s| s.containers.iter()).map(|c| c.name.clone()).collect();

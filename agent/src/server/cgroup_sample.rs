@@ -303,9 +303,12 @@ fn parse_usage_all(text: &str) -> Option<(u64, u64)> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reads {
     /// Block I/O. On cgroup v1 since Linux 6.9 the blkio statistics are
-    /// kept only for disks with a throttle limit: when the pods' cgroup
-    /// (whose recursive statistics hold every pod's) has none, no pod's
-    /// are read.
+    /// kept only for disks blk-throttle was switched on for, by a write to
+    /// a throttle file; the agent makes one per disk, setting no limit, at
+    /// start and as volumes bring new disks (`cm::blkio`, done by
+    /// `PodCgroups::account_block_io`). When the pods' cgroup (whose
+    /// recursive statistics hold every pod's) names no disk, none of the
+    /// pods' are read.
     pub io: bool,
 }
 

@@ -132,6 +132,8 @@ pub struct Server {
     cadvisor_scraped: std::sync::atomic::AtomicBool,
     /// The configuration in effect after reloads (/configz).
     running: Option<watch::Receiver<Arc<Config>>>,
+    /// The mounted claims' usage, for the summary's PVC entries.
+    volumes: Option<Arc<dyn VolumeStates>>,
     /// Open `/containerLogs?follow=true` streams per user.
     follows: log_route::Follows,
     client_ca: Option<Arc<tls::ClientCa>>,
@@ -179,7 +181,7 @@ impl Server {
         if let Some(e) = p.ebpf {
             extra.register_collector(Box::new(collectors::EbpfProgramCollector(e)));
         }
-        if let Some(v) = p.volumes {
+        if let Some(v) = p.volumes.clone() {
             extra.register_collector(Box::new(crate::metrics::storage::VolumeManagerCollector(v)));
         }
         let node: Family<NodeLabels, Gauge> = Family::default();
@@ -207,6 +209,7 @@ impl Server {
             streaming: Default::default(),
             cadvisor_scraped: Default::default(),
             running: p.running,
+            volumes: p.volumes,
             follows: Default::default(),
             client_ca: p.client_ca,
             serving: p.serving,
@@ -334,8 +337,11 @@ impl Server {
         let snap = self.stats.latest().await;
         // metrics-server's older query: only CPU and memory.
         let only = query.iter().any(|(k, v)| k == "only_cpu_and_memory" && v == "true");
+        let claims = if only { vec![] } else { self.volumes.as_ref().map(|v| v.claim_stats()).unwrap_or_default() };
         let body = self.encoded("summary", u8::from(only), &snap, || {
-            serde_json::to_vec(&summary_body(&snap, only)).unwrap_or_default()
+            let mut s = summary_body(&snap, only);
+            summary::add_claims(&mut s, &claims);
+            serde_json::to_vec(&s).unwrap_or_default()
         });
         http::respond(StatusCode::OK, "application/json", body)
     }

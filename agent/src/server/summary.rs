@@ -208,6 +208,38 @@ pub struct VolumeStats {
     pub fs: FsStats,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
+    /// The claim behind the volume (persistent volumes only).
+    #[serde(default, rename = "pvcRef", skip_serializing_if = "Option::is_none")]
+    pub pvc_ref: Option<PvcReference>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PvcReference {
+    pub name: String,
+    pub namespace: String,
+}
+
+/// The mounted claims' usage as the pods' `volume` entries with `pvcRef`
+/// (as last read, every volumeStatsAggPeriod).
+pub fn add_claims(s: &mut Summary, claims: &[crate::metrics::storage::ClaimStatsRow]) {
+    let u = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
+    for p in &mut s.pods {
+        for c in claims.iter().filter(|c| c.pod_uid == p.pod_ref.uid) {
+            p.volume_stats.push(VolumeStats {
+                fs: FsStats {
+                    time: c.time.map(Time).unwrap_or_else(|| Time(Timestamp::now())),
+                    available_bytes: u(c.available_bytes),
+                    capacity_bytes: u(c.capacity_bytes),
+                    used_bytes: u(c.used_bytes),
+                    inodes_free: u(c.inodes_free),
+                    inodes: u(c.inodes),
+                    inodes_used: u(c.inodes_used),
+                },
+                name: c.volume.clone(),
+                pvc_ref: Some(PvcReference { name: c.persistentvolumeclaim.clone(), namespace: c.namespace.clone() }),
+            });
+        }
+    }
 }
 
 fn network_stats(default: &InterfaceSample, all: &[InterfaceSample], at: Timestamp) -> NetworkStats {

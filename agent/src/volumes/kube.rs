@@ -1,6 +1,8 @@
 //! [`ObjectSource`] over the API server: GETs of ConfigMaps and Secrets in
-//! the pod's namespace, and TokenRequests (`POST
-//! .../serviceaccounts/<name>/token`) bound to the pod. Build it with the
+//! the pod's namespace, TokenRequests (`POST
+//! .../serviceaccounts/<name>/token`) bound to the pod, and the storage
+//! objects persistent volumes are resolved through (claims, volumes, CSI
+//! drivers, attachments; a claim's status patched after a node expansion). Build it with the
 //! agent's `kube::Client` and hand it to `VolumeManager::set_objects`.
 //!
 //! The kubelet watches each referenced object; here the volume manager
@@ -10,11 +12,12 @@
 use async_trait::async_trait;
 use k8s_openapi::api::{
     authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
-    core::v1::{ConfigMap, Secret, Service, ServiceAccount},
+    core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret, Service, ServiceAccount},
+    storage::v1::{CSIDriver, VolumeAttachment},
 };
 use kube::{
     Api,
-    api::{ListParams, PostParams},
+    api::{ListParams, Patch, PatchParams, PostParams},
 };
 use parking_lot::Mutex;
 
@@ -125,6 +128,39 @@ impl ObjectSource for KubeObjects {
             out.extend(self.services_in(ns).await?);
         }
         Ok(out)
+    }
+
+    async fn get_pvc(&self, namespace: &str, name: &str) -> Result<PersistentVolumeClaim, ObjectError> {
+        Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace)
+            .get(name)
+            .await
+            .map_err(|e| map_err(ObjectKind::PersistentVolumeClaim, name, e))
+    }
+
+    async fn get_pv(&self, name: &str) -> Result<PersistentVolume, ObjectError> {
+        Api::<PersistentVolume>::all(self.client.clone())
+            .get(name)
+            .await
+            .map_err(|e| map_err(ObjectKind::PersistentVolume, name, e))
+    }
+
+    async fn get_csi_driver(&self, name: &str) -> Result<CSIDriver, ObjectError> {
+        Api::<CSIDriver>::all(self.client.clone()).get(name).await.map_err(|e| map_err(ObjectKind::CsiDriver, name, e))
+    }
+
+    async fn get_volume_attachment(&self, name: &str) -> Result<VolumeAttachment, ObjectError> {
+        Api::<VolumeAttachment>::all(self.client.clone())
+            .get(name)
+            .await
+            .map_err(|e| map_err(ObjectKind::VolumeAttachment, name, e))
+    }
+
+    async fn patch_pvc_status(&self, namespace: &str, name: &str, patch: serde_json::Value) -> Result<(), ObjectError> {
+        Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace)
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map(drop)
+            .map_err(|e| map_err(ObjectKind::PersistentVolumeClaim, name, e))
     }
 }
 

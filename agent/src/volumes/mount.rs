@@ -136,6 +136,12 @@ pub fn bind(source: &Path, target: &Path, recursive: bool) -> io::Result<()> {
     }
 }
 
+/// `mount -o remount,bind,ro target`: a bind mount made read-only.
+pub fn remount_read_only(target: &Path) -> io::Result<()> {
+    use rustix::mount::{MountFlags, mount_remount};
+    Ok(mount_remount(target, MountFlags::BIND | MountFlags::RDONLY, "")?)
+}
+
 /// `mount --make-rshared target`.
 pub fn make_rshared(target: &Path) -> io::Result<()> {
     Ok(rustix::mount::mount_change(target, MountPropagationFlags::SHARED | MountPropagationFlags::REC)?)

@@ -1,6 +1,8 @@
 //! Where the API-backed volume sources and environment references get
 //! their objects: ConfigMaps, Secrets and service account tokens
-//! (TokenRequest), behind one small trait.
+//! (TokenRequest), and what persistent volumes are resolved through
+//! (PersistentVolumeClaims, PersistentVolumes, CSIDrivers,
+//! VolumeAttachments), behind one small trait.
 //!
 //! - [`NoApiServer`]: standalone mode. Objects are not found (with the
 //!   kubelet's wording, `configmap "x" not found`), so `optional` sources
@@ -18,8 +20,12 @@ use std::{
 };
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, Service};
+use k8s_openapi::api::{
+    core::v1::{ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service},
+    storage::v1::{CSIDriver, VolumeAttachment},
+};
 use parking_lot::Mutex;
+use serde_json::Value;
 use tokio::sync::broadcast;
 
 /// The kinds of object volumes and environments read.
@@ -27,14 +33,24 @@ use tokio::sync::broadcast;
 pub enum ObjectKind {
     ConfigMap,
     Secret,
+    PersistentVolumeClaim,
+    PersistentVolume,
+    CsiDriver,
+    VolumeAttachment,
 }
 
 impl ObjectKind {
     /// The word the kubelet's errors use (`configmap "x" not found`).
+    /// The storage objects' errors are the API server's, which names the
+    /// resource (`persistentvolumeclaims "x" not found`).
     pub fn noun(self) -> &'static str {
         match self {
             ObjectKind::ConfigMap => "configmap",
             ObjectKind::Secret => "secret",
+            ObjectKind::PersistentVolumeClaim => "persistentvolumeclaims",
+            ObjectKind::PersistentVolume => "persistentvolumes",
+            ObjectKind::CsiDriver => "csidrivers.storage.k8s.io",
+            ObjectKind::VolumeAttachment => "volumeattachments.storage.k8s.io",
         }
     }
 }
@@ -106,6 +122,34 @@ pub trait ObjectSource: Send + Sync {
     fn subscribe(&self) -> Option<broadcast::Receiver<ObjectKey>> {
         None
     }
+
+    async fn get_pvc(&self, _namespace: &str, _name: &str) -> Result<PersistentVolumeClaim, ObjectError> {
+        Err(no_storage_api())
+    }
+
+    async fn get_pv(&self, _name: &str) -> Result<PersistentVolume, ObjectError> {
+        Err(no_storage_api())
+    }
+
+    /// NotFound is an answer: a driver without a CSIDriver object gets the
+    /// defaults (attach required, no pod info).
+    async fn get_csi_driver(&self, _name: &str) -> Result<CSIDriver, ObjectError> {
+        Err(no_storage_api())
+    }
+
+    async fn get_volume_attachment(&self, _name: &str) -> Result<VolumeAttachment, ObjectError> {
+        Err(no_storage_api())
+    }
+
+    /// A JSON merge patch of the claim's status subresource (the node's
+    /// part of a volume expansion).
+    async fn patch_pvc_status(&self, _namespace: &str, _name: &str, _patch: Value) -> Result<(), ObjectError> {
+        Err(no_storage_api())
+    }
+}
+
+fn no_storage_api() -> ObjectError {
+    ObjectError::Unavailable("persistent volumes need the API server (this node runs standalone)".into())
 }
 
 /// Standalone mode: no API server.
@@ -138,6 +182,18 @@ pub struct MemoryObjects {
     token_requests: Mutex<Vec<TokenSpec>>,
     services: Mutex<Vec<Service>>,
     changes: broadcast::Sender<ObjectKey>,
+    storage: Mutex<StorageObjects>,
+}
+
+/// The storage objects of a [`MemoryObjects`], by namespace and name (""
+/// for the cluster-scoped ones).
+#[derive(Default)]
+struct StorageObjects {
+    claims: HashMap<(String, String), PersistentVolumeClaim>,
+    volumes: HashMap<String, PersistentVolume>,
+    drivers: HashMap<String, CSIDriver>,
+    attachments: HashMap<String, VolumeAttachment>,
+    status_patches: Vec<(String, String, Value)>,
 }
 
 impl Default for MemoryObjects {
@@ -149,6 +205,7 @@ impl Default for MemoryObjects {
             token_requests: Mutex::default(),
             services: Mutex::default(),
             changes: broadcast::channel(256).0,
+            storage: Mutex::default(),
         }
     }
 }
@@ -196,6 +253,27 @@ impl MemoryObjects {
     pub fn token_requests(&self) -> Vec<TokenSpec> {
         self.token_requests.lock().clone()
     }
+
+    pub fn put_pvc(&self, c: PersistentVolumeClaim) {
+        self.storage.lock().claims.insert(key_of(&c.metadata), c);
+    }
+
+    pub fn put_pv(&self, v: PersistentVolume) {
+        self.storage.lock().volumes.insert(v.metadata.name.clone().unwrap_or_default(), v);
+    }
+
+    pub fn put_csi_driver(&self, d: CSIDriver) {
+        self.storage.lock().drivers.insert(d.metadata.name.clone().unwrap_or_default(), d);
+    }
+
+    pub fn put_volume_attachment(&self, a: VolumeAttachment) {
+        self.storage.lock().attachments.insert(a.metadata.name.clone().unwrap_or_default(), a);
+    }
+
+    /// The claim status patches made so far: (namespace, name, patch).
+    pub fn pvc_status_patches(&self) -> Vec<(String, String, Value)> {
+        self.storage.lock().status_patches.clone()
+    }
 }
 
 #[async_trait]
@@ -239,6 +317,61 @@ impl ObjectSource for MemoryObjects {
 
     fn subscribe(&self) -> Option<broadcast::Receiver<ObjectKey>> {
         Some(self.changes.subscribe())
+    }
+
+    async fn get_pvc(&self, namespace: &str, name: &str) -> Result<PersistentVolumeClaim, ObjectError> {
+        let found = self.storage.lock().claims.get(&(namespace.to_owned(), name.to_owned())).cloned();
+        found.ok_or_else(|| ObjectError::NotFound { kind: ObjectKind::PersistentVolumeClaim, name: name.into() })
+    }
+
+    async fn get_pv(&self, name: &str) -> Result<PersistentVolume, ObjectError> {
+        let found = self.storage.lock().volumes.get(name).cloned();
+        found.ok_or_else(|| ObjectError::NotFound { kind: ObjectKind::PersistentVolume, name: name.into() })
+    }
+
+    async fn get_csi_driver(&self, name: &str) -> Result<CSIDriver, ObjectError> {
+        let found = self.storage.lock().drivers.get(name).cloned();
+        found.ok_or_else(|| ObjectError::NotFound { kind: ObjectKind::CsiDriver, name: name.into() })
+    }
+
+    async fn get_volume_attachment(&self, name: &str) -> Result<VolumeAttachment, ObjectError> {
+        let found = self.storage.lock().attachments.get(name).cloned();
+        found.ok_or_else(|| ObjectError::NotFound { kind: ObjectKind::VolumeAttachment, name: name.into() })
+    }
+
+    async fn patch_pvc_status(&self, namespace: &str, name: &str, patch: Value) -> Result<(), ObjectError> {
+        let mut st = self.storage.lock();
+        let key = (namespace.to_owned(), name.to_owned());
+        let Some(claim) = st.claims.get(&key).cloned() else {
+            return Err(ObjectError::NotFound { kind: ObjectKind::PersistentVolumeClaim, name: name.into() });
+        };
+        let mut json = serde_json::to_value(&claim).map_err(|e| ObjectError::Failed(e.to_string()))?;
+        if let Some(status) = patch.get("status") {
+            merge(&mut json["status"], status);
+        }
+        let patched = serde_json::from_value(json).map_err(|e| ObjectError::Failed(e.to_string()))?;
+        st.claims.insert(key, patched);
+        st.status_patches.push((namespace.to_owned(), name.to_owned(), patch));
+        Ok(())
+    }
+}
+
+/// A JSON merge patch (RFC 7386) of `patch` into `target`.
+fn merge(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(Default::default());
+    }
+    let t = target.as_object_mut().expect("made an object above");
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
     }
 }
 

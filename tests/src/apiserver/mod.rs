@@ -10,10 +10,23 @@
 //! objects kept (an API server outage). Run it by hand with
 //! `cargo run -p swiftlet-tests --bin fake-apiserver`.
 //!
+//! Storage ([`storage`]): PersistentVolumes, PersistentVolumeClaims and
+//! storage.k8s.io/v1 (StorageClasses, CSIDrivers, CSINodes,
+//! VolumeAttachments), with the API server's defaults and claim validation.
+//! [`FakeApiServer::start_storage_controllers`] adds the control plane's
+//! storage controllers: the PV controller (binding, Released, reclaim), and
+//! for the CSI drivers added with [`FakeApiServer::add_csi_controller`]
+//! the external-provisioner (CreateVolume → PV, DeleteVolume), the
+//! attach-detach controller with the external-attacher (VolumeAttachments,
+//! ControllerPublishVolume, node.status.volumesAttached), the
+//! external-resizer (ControllerExpandVolume), and the ephemeral volume
+//! controller (a generic ephemeral volume's claim, deleted with its pod).
+//!
 //! What it does not do: authentication is recorded, not enforced (every
 //! request is allowed); no protobuf, no server-side apply, no admission
-//! beyond pod defaults; no controllers (no scheduler, no garbage collector,
-//! no node lifecycle controller).
+//! beyond pod defaults and storage; no controllers but the storage ones
+//! (no scheduler, no general garbage collector, no node lifecycle
+//! controller).
 
 pub mod admission;
 pub mod auth;
@@ -26,6 +39,7 @@ pub mod proxy;
 pub mod resources;
 pub mod selectors;
 mod server;
+pub mod storage;
 pub mod store;
 pub mod table;
 
@@ -40,6 +54,7 @@ use std::{
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 pub use server::{Fault, RequestRecord};
+pub use storage::StorageOptions;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use self::{
@@ -106,6 +121,7 @@ pub struct FakeApiServer {
     commands: mpsc::UnboundedSender<Command>,
     thread: Option<thread::JoinHandle<()>>,
     dir: tempfile::TempDir,
+    storage: storage::Storage,
 }
 
 impl FakeApiServer {
@@ -201,7 +217,7 @@ impl FakeApiServer {
                 }
             });
         })?;
-        Ok(FakeApiServer { state, addr, stop_tx, commands, thread: Some(thread), dir })
+        Ok(FakeApiServer { state, addr, stop_tx, commands, thread: Some(thread), dir, storage: Default::default() })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -343,6 +359,19 @@ impl FakeApiServer {
     /// Makes every older resourceVersion expire (watches get 410 Gone).
     pub fn compact(&self) {
         self.state.store.compact();
+    }
+
+    /// Starts the storage controllers (see [`storage`]); they run until the
+    /// server is dropped. Called again, they restart with `opts`.
+    pub fn start_storage_controllers(&self, opts: StorageOptions) {
+        self.storage.start(self.state.clone(), opts);
+    }
+
+    /// Makes `driver`'s CSI Controller service, served on the unix socket
+    /// `socket`, the provisioner, attacher and resizer of its volumes
+    /// (before or after the controllers start; again: a new socket).
+    pub fn add_csi_controller(&self, driver: &str, socket: &Path) {
+        self.storage.add_driver(driver, socket);
     }
 
     /// Polls `f` every 50 ms until it returns Some or `timeout` passes.

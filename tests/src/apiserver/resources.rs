@@ -90,6 +90,18 @@ pub const SERVICE_ACCOUNTS: ResourceType =
 pub const RUNTIME_CLASSES: ResourceType =
     rt("node.k8s.io", "v1", "runtimeclasses", "runtimeclass", "RuntimeClass", false, &[], false);
 
+pub const PVS: ResourceType =
+    rt("", "v1", "persistentvolumes", "persistentvolume", "PersistentVolume", false, &["pv"], true);
+pub const PVCS: ResourceType =
+    rt("", "v1", "persistentvolumeclaims", "persistentvolumeclaim", "PersistentVolumeClaim", true, &["pvc"], true);
+pub const STORAGE_CLASSES: ResourceType =
+    rt("storage.k8s.io", "v1", "storageclasses", "storageclass", "StorageClass", false, &["sc"], false);
+pub const CSIDRIVERS: ResourceType =
+    rt("storage.k8s.io", "v1", "csidrivers", "csidriver", "CSIDriver", false, &[], false);
+pub const CSINODES: ResourceType = rt("storage.k8s.io", "v1", "csinodes", "csinode", "CSINode", false, &[], false);
+pub const VOLUME_ATTACHMENTS: ResourceType =
+    rt("storage.k8s.io", "v1", "volumeattachments", "volumeattachment", "VolumeAttachment", false, &[], true);
+
 pub const ALL: &[ResourceType] = &[
     NAMESPACES,
     NODES,
@@ -99,9 +111,16 @@ pub const ALL: &[ResourceType] = &[
     SECRETS,
     SERVICES,
     SERVICE_ACCOUNTS,
+    PVS,
+    PVCS,
     LEASES,
     CSRS,
     RUNTIME_CLASSES,
+    // One group's resources stay together: discovery lists each group once.
+    STORAGE_CLASSES,
+    CSIDRIVERS,
+    CSINODES,
+    VOLUME_ATTACHMENTS,
     TOKEN_REVIEWS,
     SUBJECT_ACCESS_REVIEWS,
 ];

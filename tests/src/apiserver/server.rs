@@ -332,6 +332,7 @@ async fn dispatch(state: &Arc<State>, req: Request<Incoming>, user: &UserInfo) -
                         defaults::pod(&mut obj);
                         super::admission::pod(&state.store, &ns_str, &mut obj)?;
                     }
+                    super::storage::admission::on_create(&state.store, &rt, &mut obj)?;
                     if rt.kind == "CertificateSigningRequest" {
                         obj["spec"]["username"] = user.username.clone().into();
                         obj["spec"]["groups"] = json!(user.groups);
@@ -508,9 +509,14 @@ fn update(
     ns: &str,
     name: &str,
     sub: Option<&str>,
-    obj: Value,
+    mut obj: Value,
 ) -> ApiResult<Value> {
     check_sub(rt, sub)?;
+    if super::storage::admission::applies_to(rt)
+        && let Ok(old) = state.store.get(rt, ns, name)
+    {
+        super::storage::admission::on_update(&state.store, rt, sub, &old, &mut obj)?;
+    }
     state.store.update(rt, ns, name, obj, merge_for(rt, sub))
 }
 
@@ -528,7 +534,8 @@ fn patch_object(
     // is current: retry when another write slipped in between.
     for _ in 0..10 {
         let current = state.store.get(rt, ns, name)?;
-        let patched = patch::apply(kind, &current, p).map_err(|e| ApiError::new(422, "Invalid", e))?;
+        let mut patched = patch::apply(kind, &current, p).map_err(|e| ApiError::new(422, "Invalid", e))?;
+        super::storage::admission::on_update(&state.store, rt, sub, &current, &mut patched)?;
         match state.store.update(rt, ns, name, patched.clone(), merge_for(rt, sub)) {
             Err(e)
                 if e.code == 409

@@ -1,24 +1,25 @@
 //! Server-side printing: the `meta.k8s.io/v1` Table kubectl asks for
 //! (`Accept: application/json;as=Table;v=v1;g=meta.k8s.io`), with the
 //! columns and cell logic of the API server's printers for nodes, pods,
-//! events, leases, namespaces and CSRs, and Name/Created At for the rest.
+//! events, leases, namespaces, CSRs and the storage kinds (in
+//! storage::printers), and Name/Created At for the rest.
 
 use serde_json::{Value, json};
 
 use super::resources::ResourceType;
 
-struct Column {
-    name: &'static str,
-    ty: &'static str,
-    format: &'static str,
-    priority: i64,
+pub(crate) struct Column {
+    pub(crate) name: &'static str,
+    pub(crate) ty: &'static str,
+    pub(crate) format: &'static str,
+    pub(crate) priority: i64,
 }
 
-const fn col(name: &'static str, ty: &'static str, priority: i64) -> Column {
+pub(crate) const fn col(name: &'static str, ty: &'static str, priority: i64) -> Column {
     Column { name, ty, format: "", priority }
 }
 
-const NAME: Column = Column { name: "Name", ty: "string", format: "name", priority: 0 };
+pub(crate) const NAME: Column = Column { name: "Name", ty: "string", format: "name", priority: 0 };
 
 /// The API server's duration.HumanDuration.
 pub fn human_duration(secs: i64) -> String {
@@ -70,7 +71,7 @@ fn now() -> i64 {
 }
 
 /// "5m", "<unknown>" for a missing time.
-fn age(obj: &Value, pointer: &str) -> String {
+pub(crate) fn age(obj: &Value, pointer: &str) -> String {
     match obj.pointer(pointer).and_then(Value::as_str).and_then(parse_time) {
         Some(t) => human_duration(now() - t),
         None => "<unknown>".into(),
@@ -365,6 +366,12 @@ fn row_for(rt: &ResourceType, obj: &Value) -> (Vec<Column>, Vec<Value>) {
         "Lease" => lease_row(obj),
         "Namespace" => namespace_row(obj),
         "CertificateSigningRequest" => csr_row(obj),
+        "PersistentVolume" => super::storage::printers::pv_row(obj),
+        "PersistentVolumeClaim" => super::storage::printers::pvc_row(obj),
+        "StorageClass" => super::storage::printers::storage_class_row(obj),
+        "CSIDriver" => super::storage::printers::csi_driver_row(obj),
+        "CSINode" => super::storage::printers::csi_node_row(obj),
+        "VolumeAttachment" => super::storage::printers::volume_attachment_row(obj),
         _ => default_row(obj),
     }
 }

@@ -5,6 +5,7 @@
 //!     [--kubeconfig PATH] [--token TOKEN=USER[:GROUP,GROUP...]]...
 //!     [--rule allow|deny:user=U,group=G,verb=V,resource=R,subresource=S,path=P]...
 //!     [--bookmark-interval SECONDS] [--history N]
+//!     [--storage] [--csi-controller DRIVER=SOCKET]...
 //! ```
 //!
 //! It writes a kubeconfig (default: fake-apiserver.kubeconfig in the
@@ -15,18 +16,24 @@
 //! by the `--rule`s in order, then, as RBAC does for its superusers, by an
 //! allow for the group `system:masters` (the kubeconfig's admin); anything
 //! else is denied. TokenReviews know the `--token`s.
+//!
+//! `--storage` runs the storage controllers (PV binding and reclaim,
+//! generic ephemeral volumes, and for the `--csi-controller` drivers
+//! dynamic provisioning, attach/detach and expansion through the CSI
+//! Controller service on SOCKET); see `swiftlet_tests::apiserver::storage`.
 
 use std::{path::PathBuf, time::Duration};
 
 use swiftlet_tests::apiserver::{
-    Credentials, FakeApiServer, Options,
+    Credentials, FakeApiServer, Options, StorageOptions,
     auth::{AccessRule, UserInfo},
 };
 
 fn usage() -> ! {
     eprintln!(
         "usage: fake-apiserver [--port N] [--tls] [--kubeconfig PATH] [--token TOKEN=USER[:GROUP,...]]... \
-         [--rule allow|deny:key=value,...]... [--bookmark-interval SECONDS] [--history N]\n\
+         [--rule allow|deny:key=value,...]... [--bookmark-interval SECONDS] [--history N] \
+         [--storage] [--csi-controller DRIVER=SOCKET]...\n\
          SubjectAccessReviews: the --rules in order, then allow group system:masters (the kubeconfig's admin)"
     );
     std::process::exit(2)
@@ -35,6 +42,8 @@ fn usage() -> ! {
 fn main() {
     let mut options = Options::default();
     let mut kubeconfig = PathBuf::from("fake-apiserver.kubeconfig");
+    let mut storage = false;
+    let mut csi_controllers: Vec<(String, PathBuf)> = vec![];
     let mut args = std::env::args().skip(1);
     let value = |flag: &str, args: &mut dyn Iterator<Item = String>| {
         args.next().unwrap_or_else(|| {
@@ -70,6 +79,12 @@ fn main() {
                     usage()
                 }
             },
+            "--storage" => storage = true,
+            "--csi-controller" => {
+                let spec = v(&mut args);
+                let (driver, socket) = spec.split_once('=').unwrap_or_else(|| usage());
+                csi_controllers.push((driver.to_owned(), socket.into()));
+            }
             "-h" | "--help" => usage(),
             other => {
                 eprintln!("fake-apiserver: unknown flag {other}");
@@ -86,6 +101,16 @@ fn main() {
             std::process::exit(1)
         }
     };
+    for (driver, socket) in &csi_controllers {
+        server.add_csi_controller(driver, socket);
+        println!("fake-apiserver: CSI driver {driver}: controller at {}", socket.display());
+    }
+    if storage {
+        server.start_storage_controllers(StorageOptions::default());
+        println!("fake-apiserver: storage controllers running");
+    } else if !csi_controllers.is_empty() {
+        eprintln!("fake-apiserver: --csi-controller without --storage: the drivers are not used");
+    }
     let credentials = match server.client_cert("admin", &["system:masters"]) {
         Some((cert, key)) => Credentials::ClientCert { cert, key },
         None => Credentials::None,

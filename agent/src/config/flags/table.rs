@@ -586,6 +586,6 @@ pub static FLAGS: &[FlagDef] = &[
         "volume-stats-agg-period",
         &["volumeStatsAggPeriod"],
         Duration,
-        "How often volume disk usage is computed (not implemented: logged when set)",
+        "Specifies interval for kubelet to calculate and cache the volume disk usage for all pods and volumes",
     ),
 ];

@@ -35,6 +35,9 @@ pub struct KubeletConfiguration {
     pub static_pod_path: Option<PathBuf>,
     pub pod_logs_dir: PathBuf,
     pub sync_frequency: Duration,
+    /// volumeStatsAggPeriod: how often persistent volumes' usage is read
+    /// (kubelet_volume_stats_*, the summary's PVC entries); 0 disables.
+    pub volume_stats_agg_period: Duration,
     pub file_check_frequency: Duration,
     pub address: IpAddr,
     pub port: u16,
@@ -163,6 +166,7 @@ impl Default for KubeletConfiguration {
             static_pod_path: None,
             pod_logs_dir: "/var/log/pods".into(),
             sync_frequency: MINUTE,
+            volume_stats_agg_period: MINUTE,
             file_check_frequency: 20 * SECOND,
             address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             port: 10250,

@@ -29,6 +29,7 @@ impl KubeletConfiguration {
         put("podLogsDir", json!(self.pod_logs_dir.display().to_string()));
         put("syncFrequency", d(self.sync_frequency));
         put("fileCheckFrequency", d(self.file_check_frequency));
+        put("volumeStatsAggPeriod", d(self.volume_stats_agg_period));
         put("address", json!(self.address.to_string()));
         put("port", json!(self.port));
         put("readOnlyPort", json!(self.read_only_port));

@@ -21,6 +21,7 @@ pub(super) fn read(cx: &Ctx, o: &mut Object, c: &mut KubeletConfiguration) -> Re
     }
     c.sync_frequency = o.duration_or("syncFrequency", c.sync_frequency)?;
     c.file_check_frequency = o.duration_or("fileCheckFrequency", c.file_check_frequency)?;
+    c.volume_stats_agg_period = o.duration_or("volumeStatsAggPeriod", c.volume_stats_agg_period)?;
     read_dns(cx, o, c)?;
     if let Some(v) = o.boolean("seccompDefault")? {
         c.seccomp_default = v;

@@ -125,6 +125,17 @@ impl Worker {
             }
             Err(e) => Err(e),
         };
+        // Block volumes (volumeDevices) as devices.
+        let config = match config {
+            Ok(mut cfg) => match self.deps.volumes.container_devices(&self.pod, &c).await {
+                Ok(devices) => {
+                    cfg.devices.extend(devices);
+                    Ok(cfg)
+                }
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
         // Devices from the device plugins (Allocate, PreStartContainer).
         let config = match (config, &self.deps.devices) {
             (Ok(mut cfg), Some(devices)) => match devices.container_options(&self.pod, &c.name).await {

@@ -51,6 +51,8 @@ use crate::{
 
 /// Retry period after a failed sync (the kubelet's workerBackOffPeriod).
 const SYNC_RETRY: Duration = Duration::from_secs(10);
+const TEARDOWN_RETRY_FIRST: Duration = Duration::from_secs(1);
+const TEARDOWN_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Sees every probe result (for prober_probe_total): pod, container, type.
 pub type ProbeObserver = Arc<dyn Fn(&Pod, &str, ProbeType, &probe::Outcome) + Send + Sync>;
@@ -141,6 +143,10 @@ pub struct Worker {
     next_wake: Option<Instant>,
     /// The delay before the next volume set-up attempt after a failure.
     mount_retry: Option<Duration>,
+    /// The back-off of a volume teardown that failed (a CSI driver away).
+    teardown_retry: Option<Duration>,
+    /// The volumes of a finished pod are torn down.
+    volumes_released: bool,
 }
 
 fn pod_name(pod: &Pod) -> String {
@@ -226,6 +232,8 @@ impl Worker {
             wake: wake.clone(),
             next_wake: None,
             mount_retry: None,
+            teardown_retry: None,
+            volumes_released: false,
         };
         let task = tokio::spawn(worker.run(rx, shutdown));
         WorkerHandle { tx, wake, task }
@@ -320,11 +328,22 @@ impl Worker {
             }
             Lifecycle::Terminating { grace, remove } => match self.terminate(grace).await {
                 Ok(()) => {
-                    self.lifecycle = Lifecycle::Terminated;
-                    // Nothing will run again: free the volumes (tmpfs, emptyDir).
+                    // Nothing will run again: free the volumes (tmpfs,
+                    // emptyDir, CSI volumes through their drivers). Until
+                    // they are gone the pod stays terminating and is not
+                    // removed from the API (the kubelet's
+                    // podResourcesAreReclaimed): a volume still mounted
+                    // here must not be attached elsewhere.
                     if let Err(e) = self.deps.volumes.teardown(&self.uid).await {
-                        warn!(pod = pod_name(&self.pod), "tearing down volumes: {e}");
+                        warn!(pod = pod_name(&self.pod), "tearing down volumes, retrying: {e}");
+                        let delay =
+                            self.teardown_retry.map_or(TEARDOWN_RETRY_FIRST, |d| (d * 2).min(TEARDOWN_RETRY_MAX));
+                        self.teardown_retry = Some(delay);
+                        self.next_wake = Some(Instant::now() + delay);
+                        return false;
                     }
+                    self.teardown_retry = None;
+                    self.lifecycle = Lifecycle::Terminated;
                     self.finished = true;
                     self.refresh_status().await;
                     if self.pod.metadata.deletion_timestamp.is_some() {

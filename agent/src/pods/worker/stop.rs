@@ -122,6 +122,27 @@ impl Worker {
         futures::future::join_all(stops).await;
     }
 
+    /// Tears down the volumes of a pod that will not run again (once; a
+    /// failure is retried with a back-off).
+    pub(super) async fn release_volumes(&mut self) {
+        if self.volumes_released {
+            return;
+        }
+        match self.deps.volumes.teardown(&self.uid).await {
+            Ok(()) => {
+                self.volumes_released = true;
+                self.teardown_retry = None;
+            }
+            Err(e) => {
+                warn!(pod = pod_name(&self.pod), "releasing the volumes of a finished pod, retrying: {e}");
+                let delay =
+                    self.teardown_retry.map_or(super::TEARDOWN_RETRY_FIRST, |d| (d * 2).min(super::TEARDOWN_RETRY_MAX));
+                self.teardown_retry = Some(delay);
+                self.next_wake = Some(Instant::now() + delay);
+            }
+        }
+    }
+
     pub(super) async fn terminate(&mut self, grace: Duration) -> crate::cri::Result<()> {
         for (_, t) in self.probes.drain() {
             t.abort();

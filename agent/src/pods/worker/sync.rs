@@ -40,8 +40,10 @@ impl Worker {
         // under restartPolicy Never) is terminal, as the kubelet's pod
         // worker: garbage collection or disk reclaim may remove its dead
         // containers and sandbox, which must not read as "never ran" and
-        // start it again. Its last status stands.
+        // start it again. Its last status stands, and its volumes are
+        // released (the API server deletes a terminal pod at once).
         if self.finished {
+            self.release_volumes().await;
             return Ok(());
         }
         let rt = self.deps.runtime.clone();
@@ -94,6 +96,7 @@ impl Worker {
                     sandbox_id = Some(id);
                     sandbox_ip = ip;
                     self.finished = false;
+                    self.volumes_released = false;
                 }
                 Err(e) => {
                     self.next_wake = Some(Instant::now() + SYNC_RETRY);
@@ -148,6 +151,9 @@ impl Worker {
         }
         self.reconcile_probes(&observed);
         self.report(&observed).await;
+        if self.finished {
+            self.release_volumes().await;
+        }
         Ok(())
     }
 

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::{VolumeKind, VolumeManager, VolumeUsage, kinds::quantity_bytes, uid_of};
+use super::{MountedVolume, VolumeKind, VolumeManager, VolumeUsage, kinds::quantity_bytes, uid_of};
 use crate::{
     cri::api,
     volumes::{
@@ -34,13 +34,23 @@ impl VolumeManager {
         };
         let volumes: BTreeMap<String, VolumePath> = {
             let st = state.lock().await;
+            for m in c.volume_mounts.iter().flatten() {
+                if st.volumes.get(&m.name).is_some_and(MountedVolume::block) {
+                    return Err(format!(
+                        "volume {:?} has volumeMode Block, but is specified in volumeMounts of container {:?}",
+                        m.name, c.name
+                    ));
+                }
+            }
             st.volumes
                 .values()
                 .map(|m| {
+                    // A claim mounted read-only (by the pod or its PV) is
+                    // read-only in every container.
                     let read_only = matches!(
                         m.kind,
                         VolumeKind::ConfigMap | VolumeKind::Secret | VolumeKind::DownwardApi | VolumeKind::Projected
-                    );
+                    ) || m.persistent.as_ref().is_some_and(|p| p.read_only);
                     (m.name.clone(), VolumePath { path: m.path.clone(), read_only })
                 })
                 .collect()
@@ -72,6 +82,33 @@ impl VolumeManager {
             out.push(mounts::cri_mount(&p, &host));
         }
         Ok(out)
+    }
+
+    /// The container's `volumeDevices`: block volumes given as devices.
+    pub async fn container_devices(&self, pod: &Pod, c: &Container) -> Result<Vec<api::Device>, String> {
+        let wanted = c.volume_devices.as_deref().unwrap_or(&[]);
+        if wanted.is_empty() {
+            return Ok(vec![]);
+        }
+        let Some(state) = self.state(&uid_of(pod)) else {
+            return Err("the pod's volumes are not set up".into());
+        };
+        let st = state.lock().await;
+        wanted
+            .iter()
+            .map(|d| match st.volumes.get(&d.name) {
+                Some(m) if m.block() => Ok(api::Device {
+                    container_path: d.device_path.clone(),
+                    host_path: m.path.display().to_string(),
+                    permissions: if m.persistent.as_ref().is_some_and(|p| p.read_only) { "mr" } else { "mrw" }.into(),
+                }),
+                Some(_) => Err(format!(
+                    "volume {:?} has volumeMode Filesystem, but is specified in volumeDevices of container {:?}",
+                    d.name, c.name
+                )),
+                None => Err(format!("volumeDevices of container {:?}: no volume {:?} is set up", c.name, d.name)),
+            })
+            .collect()
     }
 
     /// What a container's environment refers to, from the object source.

@@ -14,6 +14,8 @@ pub const CONFIG_MAP: &str = "kubernetes.io~configmap";
 pub const SECRET: &str = "kubernetes.io~secret";
 pub const DOWNWARD_API: &str = "kubernetes.io~downward-api";
 pub const PROJECTED: &str = "kubernetes.io~projected";
+pub const CSI: &str = "kubernetes.io~csi";
+pub const LOCAL_VOLUME: &str = "kubernetes.io~local-volume";
 
 /// A service account token's default lifetime (the API's
 /// expirationSeconds default).
@@ -25,11 +27,17 @@ const TOKEN_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VolumeKind {
     HostPath,
-    EmptyDir { memory: bool },
+    EmptyDir {
+        memory: bool,
+    },
     ConfigMap,
     Secret,
     DownwardApi,
     Projected,
+    /// A claim (or generic ephemeral volume) before its PV is known.
+    Claim,
+    Local,
+    Csi,
 }
 
 impl VolumeKind {
@@ -41,6 +49,9 @@ impl VolumeKind {
             VolumeKind::Secret => Some(SECRET),
             VolumeKind::DownwardApi => Some(DOWNWARD_API),
             VolumeKind::Projected => Some(PROJECTED),
+            VolumeKind::Claim => None,
+            VolumeKind::Local => Some(LOCAL_VOLUME),
+            VolumeKind::Csi => Some(CSI),
         }
     }
 
@@ -63,7 +74,16 @@ impl VolumeKind {
             VolumeKind::Secret => "kubernetes.io/secret",
             VolumeKind::DownwardApi => "kubernetes.io/downward-api",
             VolumeKind::Projected => "kubernetes.io/projected",
+            VolumeKind::Claim => "kubernetes.io/persistent-claim",
+            VolumeKind::Local => "kubernetes.io/local-volume",
+            VolumeKind::Csi => "kubernetes.io/csi",
         }
+    }
+
+    /// Lives on a volume of its own, not on the node's ephemeral storage
+    /// (never measured by walking it).
+    pub fn persistent(self) -> bool {
+        matches!(self, VolumeKind::Claim | VolumeKind::Local | VolumeKind::Csi)
     }
 
     /// Counts toward the pod's ephemeral storage (the kubelet's
@@ -96,6 +116,12 @@ pub fn kind_of(v: &Volume) -> Result<VolumeKind, String> {
     }
     if v.projected.is_some() {
         return Ok(VolumeKind::Projected);
+    }
+    if v.persistent_volume_claim.is_some() || v.ephemeral.is_some() {
+        return Ok(VolumeKind::Claim);
+    }
+    if v.csi.is_some() {
+        return Ok(VolumeKind::Csi);
     }
     let json = serde_json::to_value(v).unwrap_or_default();
     let source =

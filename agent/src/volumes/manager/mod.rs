@@ -22,11 +22,19 @@
 //!
 //! hostPath volumes are the host path itself (checked, created for the
 //! `OrCreate` types); nothing is made for them under the pod.
+//!
+//! Claims (`persistentVolumeClaim`, `ephemeral`) and inline `csi` volumes
+//! are resolved through the API and set up by `persistent` (local volumes
+//! under `kubernetes.io~local-volume`, CSI volumes as `volumes::csi`
+//! lays them out); `storage` reports their stats, expands them online and
+//! lists the attached ones in use.
 
 mod containers;
 mod kinds;
+mod persistent;
 mod refresh;
 mod setup;
+mod storage;
 mod teardown;
 #[cfg(test)]
 mod tests;
@@ -48,9 +56,11 @@ pub use self::kinds::{
     CONFIG_MAP, DOWNWARD_API, EMPTY_DIR, PROJECTED, SECRET, VolumeKind, kind_of, memory_volume_size,
     token_needs_refresh,
 };
+pub use self::storage::{ClaimStats, PERSISTENT_SYNC};
 
 use super::downward::DownwardContext;
 use super::{
+    csi::CsiDrivers,
     mount,
     objects::{ObjectSource, Token, TokenSpec},
 };
@@ -74,6 +84,13 @@ pub struct VolumeConfig {
     pub refresh_period: Duration,
     /// How often pod directories nobody owns are looked for.
     pub sweep_period: Duration,
+    /// How often the usage of persistent volumes is read
+    /// (volumeStatsAggPeriod; zero: never).
+    pub stats_period: Duration,
+    /// This node's name (VolumeAttachments, `vol_data.json`).
+    pub node_name: String,
+    /// This node's labels, for the node affinity of local volumes.
+    pub node_labels: BTreeMap<String, String>,
 }
 
 /// A volume that could not be set up.
@@ -92,6 +109,35 @@ pub struct MountedVolume {
     pub path: PathBuf,
     /// The last refresh error reported (not reported again until it changes).
     last_error: Option<String>,
+    /// What a claim-backed or CSI volume came from.
+    pub persistent: Option<PersistentInfo>,
+}
+
+impl MountedVolume {
+    fn new(name: &str, kind: VolumeKind, path: PathBuf) -> MountedVolume {
+        MountedVolume { name: name.to_owned(), kind, path, last_error: None, persistent: None }
+    }
+
+    fn persistent(name: &str, kind: VolumeKind, path: PathBuf, info: PersistentInfo) -> MountedVolume {
+        MountedVolume { persistent: Some(info), ..MountedVolume::new(name, kind, path) }
+    }
+
+    /// A raw block device (`volumeMode: Block`), for `volumeDevices`.
+    pub fn block(&self) -> bool {
+        self.persistent.as_ref().is_some_and(|p| p.block)
+    }
+}
+
+/// Where a claim-backed or CSI volume came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PersistentInfo {
+    /// (namespace, name) of the claim.
+    pub claim: Option<(String, String)>,
+    pub pv: Option<String>,
+    pub read_only: bool,
+    pub block: bool,
+    /// How the driver was asked (CSI volumes).
+    pub csi: Option<crate::volumes::csi::mounter::CsiVolume>,
 }
 
 /// What the volume manager keeps for one pod.
@@ -100,6 +146,10 @@ struct PodState {
     volumes: BTreeMap<String, MountedVolume>,
     tokens: HashMap<TokenSpec, Token>,
 }
+
+/// The claims' usage: when it was read (monotonic, and as a timestamp for
+/// the summary), and what was read.
+type ClaimStatsCache = (Option<std::time::Instant>, Option<k8s_openapi::jiff::Timestamp>, Vec<storage::ClaimStats>);
 
 /// The pods that exist for the agent (the pod manager), for the orphan sweep.
 pub trait PodsInUse: Send + Sync {
@@ -128,6 +178,15 @@ pub struct VolumeManager {
     generation: watch::Sender<u64>,
     /// storage_operation_* (set once by the composition root).
     metrics: std::sync::OnceLock<crate::metrics::storage::StorageMetrics>,
+    /// The CSI drivers registered on this node (the plugin watcher's).
+    csi: RwLock<Arc<CsiDrivers>>,
+    /// CSI stage, publish and their undoing, one at a time: whether a
+    /// volume is unstaged depends on the other pods' directories.
+    csi_lock: AsyncMutex<()>,
+    /// The attachable volumes in use (node.status.volumesInUse).
+    in_use: watch::Sender<Vec<String>>,
+    /// The claims' usage as last read, and when.
+    claim_stats: Mutex<ClaimStatsCache>,
 }
 
 fn uid_of(pod: &Pod) -> String {
@@ -147,7 +206,25 @@ impl VolumeManager {
             pods: Mutex::new(HashMap::new()),
             generation: watch::channel(0).0,
             metrics: std::sync::OnceLock::new(),
+            csi: RwLock::new(Arc::new(CsiDrivers::default())),
+            csi_lock: AsyncMutex::new(()),
+            in_use: watch::channel(vec![]).0,
+            claim_stats: Mutex::new((None, None, vec![])),
         }
+    }
+
+    /// The registered CSI drivers (the plugin watcher fills them).
+    pub fn set_csi_drivers(&self, drivers: Arc<CsiDrivers>) {
+        *self.csi.write() = drivers;
+    }
+
+    pub fn csi_drivers(&self) -> Arc<CsiDrivers> {
+        self.csi.read().clone()
+    }
+
+    /// The kubelet's root dir (the pods dir's parent).
+    pub fn root_dir(&self) -> PathBuf {
+        self.cfg.pods_dir.parent().map(Path::to_path_buf).unwrap_or_default()
     }
 
     /// Times every volume set-up and tear-down from now on in `metrics`
@@ -213,7 +290,7 @@ impl VolumeManager {
         self.cfg.pods_dir.join(uid)
     }
 
-    fn volume_dir(&self, uid: &str, kind: VolumeKind, name: &str) -> Option<PathBuf> {
+    pub(super) fn volume_dir(&self, uid: &str, kind: VolumeKind, name: &str) -> Option<PathBuf> {
         kind.plugin_dir().map(|p| self.pod_dir(uid).join("volumes").join(p).join(name))
     }
 

@@ -111,6 +111,8 @@ impl VolumeManager {
         refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut sweep = tokio::time::interval(self.cfg.sweep_period);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut persistent = tokio::time::interval(super::storage::PERSISTENT_SYNC);
+        persistent.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let token_due = self
                 .next_token_refresh()
@@ -118,6 +120,7 @@ impl VolumeManager {
                 .map(|at| tokio::time::Instant::now() + at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO));
             tokio::select! {
                 _ = refresh.tick() => self.refresh(None).await,
+                _ = persistent.tick() => self.sync_persistent().await,
                 _ = sweep.tick() => {
                     self.sweep(in_use.as_ref(), runtime.as_ref()).await;
                 }

@@ -57,7 +57,8 @@ impl VolumeManager {
             }
             let started = std::time::Instant::now();
             let result = self.setup_volume(&mut st, v).await;
-            if let Ok(kind) = kind_of(v) {
+            let kind = result.as_ref().map(|m| m.kind).ok().or_else(|| kind_of(v).ok());
+            if let Some(kind) = kind {
                 self.observe(kind, crate::metrics::storage::VolumeOperation::Mount, started.elapsed(), result.is_err());
             }
             match result {
@@ -77,6 +78,7 @@ impl VolumeManager {
         drop(st);
         if added {
             self.generation.send_modify(|g| *g += 1);
+            self.refresh_in_use().await;
         }
         match first_error {
             Some(e) => Err(e),
@@ -85,6 +87,10 @@ impl VolumeManager {
     }
 
     pub(super) async fn setup_volume(&self, st: &mut PodState, v: &Volume) -> Result<MountedVolume, String> {
+        if let Some(resolved) = self.resolve(&st.pod, v).await {
+            let pod = st.pod.clone();
+            return self.setup_resolved(&pod, v, resolved?).await;
+        }
         let kind = kind_of(v)?;
         let uid = uid_of(&st.pod);
         if let Some(h) = &v.host_path {
@@ -93,9 +99,11 @@ impl VolumeManager {
             tokio::task::spawn_blocking(move || hostpath::prepare(&path, ty.as_deref()))
                 .await
                 .map_err(|e| e.to_string())??;
-            return Ok(MountedVolume { name: v.name.clone(), kind, path: h.path.clone().into(), last_error: None });
+            return Ok(MountedVolume::new(&v.name, kind, h.path.clone().into()));
         }
-        let dir = self.volume_dir(&uid, kind, &v.name).expect("every kind but hostPath has a directory");
+        let Some(dir) = self.volume_dir(&uid, kind, &v.name) else {
+            return Err(format!("volume {:?} has no directory of its own", v.name));
+        };
         fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let mut mounted_here = false;
         if kind.tmpfs() {
@@ -113,7 +121,7 @@ impl VolumeManager {
         } else if matches!(kind, VolumeKind::EmptyDir { .. }) {
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).map_err(|e| e.to_string())?;
         }
-        let mut m = MountedVolume { name: v.name.clone(), kind, path: dir.clone(), last_error: None };
+        let mut m = MountedVolume::new(&v.name, kind, dir.clone());
         if kind.refreshed() {
             let written = match self.payload(st, v).await {
                 Ok(p) => {

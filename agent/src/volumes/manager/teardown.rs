@@ -1,6 +1,7 @@
 //! Tearing volumes down: a pod's mounts and volume directories once it is
-//! gone, its whole directory, and the sweep of directories no pod owns (an
-//! agent killed mid-way, a pod removed while the agent was down).
+//! gone (CSI volumes unpublished and unstaged by their drivers first), its
+//! whole directory, and the sweep of directories no pod owns (an agent
+//! killed mid-way, a pod removed while the agent was down).
 
 use std::{collections::BTreeSet, fs, path::Path};
 
@@ -25,7 +26,18 @@ impl VolumeManager {
         }
         let dir = self.pod_dir(uid);
         let started = std::time::Instant::now();
-        let result = tokio::task::spawn_blocking(move || teardown_dir(&dir)).await.map_err(|e| e.to_string())?;
+        // CSI volumes through their drivers first: what the driver mounted
+        // is the driver's to unmount (and the staged volume goes when no
+        // other pod has it). What is left is unmounted below.
+        let csi = {
+            let _serial = self.csi_lock.lock().await;
+            crate::volumes::csi::mounter::unmount_pod(&self.csi_drivers(), &self.root_dir(), &dir).await
+        };
+        let result = match csi {
+            Ok(()) => tokio::task::spawn_blocking(move || teardown_dir(&dir)).await.map_err(|e| e.to_string())?,
+            Err(e) => Err(e),
+        };
+        self.refresh_in_use().await;
         // The pod's volumes go together: each is timed with the whole tear-down.
         for kind in kinds {
             self.observe(kind, crate::metrics::storage::VolumeOperation::Unmount, started.elapsed(), result.is_err());

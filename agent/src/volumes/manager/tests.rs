@@ -35,6 +35,9 @@ fn manager(dir: &Path, objects: Arc<dyn ObjectSource>) -> (Arc<VolumeManager>, A
         downward: DownwardContext::default(),
         refresh_period: Duration::from_secs(60),
         sweep_period: Duration::from_secs(60),
+        node_name: "node-a".into(),
+        node_labels: Default::default(),
+        stats_period: Duration::from_secs(60),
     };
     (Arc::new(VolumeManager::new(cfg, objects, events.clone())), events)
 }
@@ -73,7 +76,17 @@ fn kinds_and_unsupported_sources() {
         persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource { claim_name: "c".into(), read_only: None }),
         ..Default::default()
     };
-    assert_eq!(kind_of(&pvc).unwrap_err(), "volume type persistentVolumeClaim is not supported by this node");
+    assert_eq!(kind_of(&pvc), Ok(VolumeKind::Claim));
+    let nfs = Volume {
+        name: "n".into(),
+        nfs: Some(k8s_openapi::api::core::v1::NFSVolumeSource {
+            server: "s".into(),
+            path: "/".into(),
+            read_only: None,
+        }),
+        ..Default::default()
+    };
+    assert_eq!(kind_of(&nfs).unwrap_err(), "volume type nfs is not supported by this node");
     let huge = Volume {
         name: "h".into(),
         empty_dir: Some(EmptyDirVolumeSource { medium: Some("HugePages".into()), ..Default::default() }),
