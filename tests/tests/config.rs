@@ -115,7 +115,7 @@ evictionHard:
   memory.available: 100Mi
 hairpinMode: hairpin-veth
 cpuManagerReconcilePeriod: 5s
-volumeStatsAggPeriod: 30s
+kubeletCgroups: /kubelet.slice
 featureGates:
   MemoryQoS: true
 ";
@@ -131,7 +131,7 @@ featureGates:
     for line in [
         "KubeletConfiguration hairpinMode: \"hairpin-veth\" is not implemented (the runtime's CNI network configures hairpin traffic); in effect: \"none\"",
         "KubeletConfiguration cpuManagerReconcilePeriod: \"5s\" is not implemented (swiftlet has no CPU manager); in effect: \"10s\"",
-        "KubeletConfiguration volumeStatsAggPeriod: \"30s\" is not implemented (volume statistics are not collected); in effect: \"1m0s\"",
+        "KubeletConfiguration kubeletCgroups: \"/kubelet.slice\" is not implemented (swiftlet stays in the cgroup it was started in)",
         "KubeletConfiguration featureGates: MemoryQoS=true is not implemented",
         "--lock-file is not implemented (no lock file is taken)",
     ] {

@@ -180,12 +180,19 @@ fn create_filling_claim(api: &FakeApiServer, disk: &Path) {
                          "resources": {"requests": {"storage": "8Mi"}}}}),
         )
         .unwrap();
+    // Bound before the pod exists: a first mount attempt on an unbound
+    // claim would count in storage_operation_errors_total, which this test
+    // expects empty.
+    api.wait_for(Duration::from_secs(30), |a| {
+        (a.get(&PVCS, "monitored", "data")?["status"]["phase"] == "Bound").then_some(())
+    })
+    .expect("the claim bound");
     store
         .create(
             &PODS,
             "monitored",
             serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "filler"},
-                "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 1,
+                "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 1, "automountServiceAccountToken": false,
                          "containers": [{"name": "app", "image": cri::BUSYBOX_IMAGE, "imagePullPolicy": "Never",
                              "command": ["sh", "-c", "dd if=/dev/zero of=/data/fill bs=1k count=8000; sleep 3600"],
                              "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
@@ -512,6 +519,14 @@ fn kube_prometheus_dashboards_and_alerts_see_the_kubelets_metrics() {
     failures.extend(down.iter().map(|p| format!("target down: job kubelet, metrics_path {p}")));
     for f in &failures {
         println!("{f}");
+    }
+    if !failures.is_empty() {
+        // What the node warned about explains most unexpected series.
+        let log = agent.log_text();
+        println!("--- the agent's warnings ---");
+        for line in log.lines().filter(|l| l.contains("WARN")) {
+            println!("{line}");
+        }
     }
     assert!(failures.is_empty(), "{} entries of the mixin fixture disagree (see above)", failures.len());
     drop(prom);

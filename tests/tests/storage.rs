@@ -87,12 +87,12 @@ impl StorageNode {
         create(
             &STORAGE_CLASSES,
             "",
-            json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": CLASS},
-                   "provisioner": DRIVER, "reclaimPolicy": "Delete", "allowVolumeExpansion": true,
-                   "volumeBindingMode": "WaitForFirstConsumer",
-                   "parameters": {"csi.storage.k8s.io/fstype": "ext4",
-                                  "csi.storage.k8s.io/node-stage-secret-name": "stage-creds",
-                                  "csi.storage.k8s.io/node-stage-secret-namespace": "${pvc.namespace}"}}),
+            storage_class(
+                CLASS,
+                json!({"csi.storage.k8s.io/fstype": "ext4",
+                       "csi.storage.k8s.io/node-stage-secret-name": "stage-creds",
+                       "csi.storage.k8s.io/node-stage-secret-namespace": "${pvc.namespace}"}),
+            ),
         );
         // The secret NodeStageVolume gets (the PV's nodeStageSecretRef).
         create(
@@ -103,14 +103,7 @@ impl StorageNode {
         );
         // btrfs grows while mounted with CAP_SYS_ADMIN; ext4 needs
         // CAP_SYS_RESOURCE, which containers on this host's kind lack.
-        create(
-            &STORAGE_CLASSES,
-            "",
-            json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": GROWABLE},
-                   "provisioner": DRIVER, "reclaimPolicy": "Delete", "allowVolumeExpansion": true,
-                   "volumeBindingMode": "WaitForFirstConsumer",
-                   "parameters": {"csi.storage.k8s.io/fstype": "btrfs"}}),
-        );
+        create(&STORAGE_CLASSES, "", storage_class(GROWABLE, json!({"csi.storage.k8s.io/fstype": "btrfs"})));
         let sn = StorageNode { cleanup: PodCleanup::new(), driver, node, api, name: name.into() };
         sn.wait("the driver in the CSINode", |s| {
             let n = s.api.get(&CSINODES, "", &s.name)?;
@@ -235,6 +228,13 @@ impl StorageNode {
     fn calls(&self, prefix: &str) -> Vec<String> {
         self.driver.calls().into_iter().filter(|c| c.starts_with(prefix)).collect()
     }
+}
+
+/// A class of the test driver's, provisioning on first use, expandable.
+fn storage_class(name: &str, parameters: Value) -> Value {
+    json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": name},
+           "provisioner": DRIVER, "reclaimPolicy": "Delete", "allowVolumeExpansion": true,
+           "volumeBindingMode": "WaitForFirstConsumer", "parameters": parameters})
 }
 
 fn mount_points() -> Vec<PathBuf> {

@@ -106,26 +106,31 @@ impl Agent {
             tasks.push(tokio::spawn(monitor.run(self.shutdown.clone())));
         }
         // ---- API server ----
+        // ConfigMaps, Secrets, service account tokens and the storage
+        // objects for volumes and environments, and RuntimeClasses, come
+        // from the API server once connected, before its first pod.
+        if let Some(api) = &self.api {
+            let volumes = self.volumes.clone();
+            let runtime_classes = self.runtime_classes.clone();
+            api.on_connect(move |client| {
+                runtime_classes
+                    .set_source(Arc::new(crate::kubeapi::runtime_class::KubeRuntimeClasses::new(client.clone())));
+                volumes.set_objects(Arc::new(crate::volumes::kube::KubeObjects::new(client)));
+            });
+        }
         let mut api_task = self.api.clone().map(|api| {
             let runtime: Arc<dyn RuntimeService> = self.cri.clone();
             let images: Arc<dyn ImageService> = self.cri.clone();
             tokio::spawn(api.run(runtime, images, self.live.subscribe(), self.shutdown.clone()))
         });
-        // ConfigMaps, Secrets and service account tokens for volumes and
-        // environments come from the API server once connected.
+        // The CSINode, once connected.
         if let Some(api) = self.api.clone() {
-            let volumes = self.volumes.clone();
-            let runtime_classes = self.runtime_classes.clone();
             let stop = self.shutdown.clone();
             let csi = csi.clone();
             let node_name = self.node_name.clone();
             tasks.push(tokio::spawn(async move {
                 loop {
                     if let Some(client) = api.client() {
-                        runtime_classes.set_source(Arc::new(crate::kubeapi::runtime_class::KubeRuntimeClasses::new(
-                            client.clone(),
-                        )));
-                        volumes.set_objects(Arc::new(crate::volumes::kube::KubeObjects::new(client.clone())));
                         // The CSINode exists from the start, with no driver
                         // yet (as the kubelet makes it).
                         let node_info =

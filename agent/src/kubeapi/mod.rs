@@ -68,6 +68,9 @@ pub enum ApiError {
     Bootstrap(String),
 }
 
+/// What is handed the client when the agent connects.
+type ConnectHook = Box<dyn FnOnce(kube::Client) + Send>;
+
 /// Everything that talks to the API server.
 pub struct ApiAgent {
     pub node_name: String,
@@ -83,6 +86,8 @@ pub struct ApiAgent {
     devices: watch::Sender<Option<watch::Receiver<crate::deviceplugin::devices::ExtendedResources>>>,
     volumes_in_use: watch::Sender<Option<watch::Receiver<Vec<String>>>>,
     client: OnceLock<kube::Client>,
+    /// Called with the client once connected, before the pod watch starts.
+    on_connect: parking_lot::Mutex<Vec<ConnectHook>>,
     /// The connection every client of the agent goes through (replaced
     /// when the client certificate rotates).
     connection: SwappableClient,
@@ -137,6 +142,7 @@ impl ApiAgent {
             devices: watch::channel(None).0,
             volumes_in_use: watch::channel(None).0,
             client: OnceLock::new(),
+            on_connect: Default::default(),
             connection,
             limiter,
             limited: OnceLock::new(),
@@ -195,6 +201,12 @@ impl ApiAgent {
     /// (`VolumeManager::volumes_in_use()`): node status reports them.
     pub fn connect_volumes(&self, in_use: watch::Receiver<Vec<String>>) {
         self.volumes_in_use.send_replace(Some(in_use));
+    }
+
+    /// Runs `hook` with the client once `run` has connected, before the
+    /// pod watch starts (register before `run`).
+    pub fn on_connect(&self, hook: impl FnOnce(kube::Client) + Send + 'static) {
+        self.on_connect.lock().push(Box::new(hook));
     }
 
     /// The client, once `run` has connected.
@@ -273,6 +285,12 @@ impl ApiAgent {
         }
         let client = self.limited();
         let _ = self.client.set(client.clone());
+        // What pods read from the API (their volumes' objects, RuntimeClasses)
+        // is connected before the first API pod arrives.
+        let hooks: Vec<ConnectHook> = std::mem::take(&mut *self.on_connect.lock());
+        for hook in hooks {
+            hook(client.clone());
+        }
         info!(node = self.node_name, qps = self.event_qps.0, "connected to the API server");
         self.recorder.record(
             &recorder::node_ref(&self.node_name),

@@ -52,8 +52,11 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+        let octal = b.get(i + 1..i + 4).filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        // Escapes above \377 are not bytes: kept as they are.
+        let value = octal.map(|d| u32::from(d[0] - b'0') * 64 + u32::from(d[1] - b'0') * 8 + u32::from(d[2] - b'0'));
+        if let Some(v) = value.and_then(|v| u8::try_from(v).ok()) {
+            out.push(v);
             i += 4;
         } else {
             out.push(b[i]);
@@ -221,6 +224,9 @@ mod tests {
         assert!(t[4].read_only() && t[4].slave());
         assert_eq!(t[4].mount_point, Path::new("/var/lib/kubelet/pods/u1/volume-subpaths/v/c/0"));
         assert_eq!(parse_mountinfo("91 90 0:60 / /a\\040b rw - tmpfs tmpfs rw")[0].mount_point, Path::new("/a b"));
+        // An escape at the end, and one that is no byte, do not panic.
+        assert_eq!(unescape("/a\\040"), "/a ");
+        assert_eq!(unescape("/a\\777b"), "/a\\777b");
     }
 
     #[test]
