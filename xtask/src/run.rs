@@ -170,7 +170,8 @@ pub fn run(args: Args) -> Result<()> {
     note(format!("  kubectl --kubeconfig {} get nodes,pods -w", kubeconfig.display()));
     note(format!("  kubectl --kubeconfig {} get events", kubeconfig.display()));
     note("try: curl http://127.0.0.1:8080/   and   ls target/run/logs/");
-    note("the notes pod writes to a PersistentVolumeClaim; delete and re-create it, and its log shows both runs:");
+    note("the notes pod writes to a PersistentVolumeClaim; delete and re-create it, and its log shows both runs");
+    note("  (target/run/logs/default_notes_*/notes/0.log):");
     note(format!("  kubectl --kubeconfig {} get pvc,pv", kubeconfig.display()));
     note(format!(
         "  kubectl --kubeconfig {k} delete pod notes && kubectl --kubeconfig {k} create -f examples/notes.yaml",
