@@ -41,6 +41,9 @@ pub struct CsiVolume {
     pub ephemeral: bool,
     /// The VolumeAttachment's name when the driver needs one.
     pub attachment_id: Option<String>,
+    /// The CSIDriver's `requiresRepublish`: NodePublishVolume again every
+    /// few seconds while mounted.
+    pub requires_republish: bool,
 }
 
 fn is_mounted(path: &Path) -> Result<bool, String> {

@@ -416,6 +416,7 @@ impl VolumeManager {
             stage_secrets: secrets(c.stage_secret.clone()).await?,
             ephemeral: c.inline,
             attachment_id,
+            requires_republish: driver.as_ref().and_then(|d| d.spec.requires_republish).unwrap_or(false),
         })
     }
 }

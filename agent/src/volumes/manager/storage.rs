@@ -180,20 +180,27 @@ impl VolumeManager {
             *self.claim_stats.lock() =
                 (Some(std::time::Instant::now()), Some(k8s_openapi::jiff::Timestamp::now()), stats);
         }
+        // The driver is dialed only when there is something to ask it: a
+        // claim the controller grew, or a volume to publish again.
         let drivers = self.csi_drivers();
         for (pod, m) in self.persistent_volumes().await {
             let (Some(info), VolumeKind::Csi) = (&m.persistent, m.kind) else { continue };
             let Some(csi) = &info.csi else { continue };
+            let grown = match &info.claim {
+                Some((ns, claim)) => self.grown_size(&m, ns, claim).await,
+                None => None,
+            };
+            if grown.is_none() && !csi.requires_republish {
+                continue;
+            }
             let Ok(client) = drivers.client(&csi.driver).await else { continue };
             let Ok(caps) = client.capabilities().await else { continue };
-            if let Some((ns, claim)) = &info.claim
+            if let (Some((pvc, bytes)), Some((ns, claim))) = (grown, &info.claim)
                 && caps.expand
             {
-                self.expand_if_grown(&pod, &m, ns, claim, &client, caps).await;
+                self.expand(&pod, &m, ns, claim, &pvc, bytes, &client, caps).await;
             }
-            let republish =
-                self.objects().get_csi_driver(&csi.driver).await.ok().and_then(|d| d.spec.requires_republish);
-            if republish == Some(true) {
+            if csi.requires_republish {
                 let _serial = self.csi_lock.lock().await;
                 let pod_dir = self.pod_dir(pod.metadata.uid.as_deref().unwrap_or_default());
                 if let Err(e) = mounter::republish(&client, caps, &self.root_dir(), &pod_dir, csi).await {
@@ -203,24 +210,34 @@ impl VolumeManager {
         }
     }
 
-    async fn expand_if_grown(
+    /// The claim and the size to grow its filesystem to, when the
+    /// controller has grown the volume.
+    async fn grown_size(&self, m: &MountedVolume, ns: &str, claim: &str) -> Option<(PersistentVolumeClaim, i64)> {
+        let objects = self.objects();
+        let pvc = objects.get_pvc(ns, claim).await.ok()?;
+        let pv_name = m.persistent.as_ref().and_then(|p| p.pv.clone()).unwrap_or_default();
+        let pv = objects.get_pv(&pv_name).await.ok()?;
+        let pv_capacity =
+            quantity_bytes(pv.spec.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")));
+        pending_node_expansion(&pvc, pv_capacity).map(|bytes| (pvc, bytes))
+    }
+
+    /// NodeExpandVolume to `bytes`, then the claim's status.
+    #[allow(clippy::too_many_arguments)]
+    async fn expand(
         &self,
         pod: &Pod,
         m: &MountedVolume,
         ns: &str,
         claim: &str,
+        pvc: &PersistentVolumeClaim,
+        bytes: i64,
         client: &crate::volumes::csi::client::CsiClient,
         caps: crate::volumes::csi::client::NodeCapabilities,
     ) {
         let Some(csi) = m.persistent.as_ref().and_then(|p| p.csi.as_ref()) else { return };
         let objects = self.objects();
-        let Ok(pvc) = objects.get_pvc(ns, claim).await else { return };
         let pv_name = m.persistent.as_ref().and_then(|p| p.pv.clone()).unwrap_or_default();
-        let pv_capacity = match objects.get_pv(&pv_name).await {
-            Ok(pv) => quantity_bytes(pv.spec.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage"))),
-            Err(_) => return,
-        };
-        let Some(bytes) = pending_node_expansion(&pvc, pv_capacity) else { return };
         let staging =
             caps.stage_unstage.then(|| paths::staging_path(&self.root_dir(), &csi.driver, &csi.volume_handle));
         let result = client.expand(&csi.request, &m.path, staging.as_deref(), &csi.capability, bytes).await;
@@ -229,7 +246,7 @@ impl VolumeManager {
                 // The claim's capacity is the volume's (the PV's), whatever
                 // the filesystem rounded it to.
                 debug!(claim, bytes, reported = got, "NodeExpandVolume");
-                let patch = expanded_status_patch(&pvc, bytes);
+                let patch = expanded_status_patch(pvc, bytes);
                 if let Err(e) = objects.patch_pvc_status(ns, claim, patch).await {
                     warn!(claim, "the volume grew, but the claim's status could not be updated: {e}");
                     return;
