@@ -20,6 +20,11 @@ use rustix::{
 pub struct MountEntry {
     pub id: u32,
     pub parent: u32,
+    /// (major, minor) of the mounted filesystem.
+    pub dev: (u32, u32),
+    /// The directory of the filesystem that is mounted (`/loop0` for a
+    /// bind mount of /dev/loop0), unescaped.
+    pub root: String,
     /// The mount point, unescaped.
     pub mount_point: PathBuf,
     /// Per-mount options (`rw`, `ro`, `nosuid`, ...).
@@ -74,8 +79,9 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
             let mut l = left.split(' ');
             let id = l.next()?.parse().ok()?;
             let parent = l.next()?.parse().ok()?;
-            let _dev = l.next()?;
-            let _root = l.next()?;
+            let (major, minor) = l.next()?.split_once(':')?;
+            let dev = (major.parse().ok()?, minor.parse().ok()?);
+            let root = unescape(l.next()?);
             let mount_point = PathBuf::from(unescape(l.next()?));
             let options = l.next()?.split(',').map(str::to_owned).collect();
             let optional = l.filter(|s| !s.is_empty()).map(str::to_owned).collect();
@@ -83,7 +89,7 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
             let fs_type = r.next()?.to_owned();
             let source = unescape(r.next().unwrap_or(""));
             let super_options = r.next().unwrap_or("").split(',').map(str::to_owned).collect();
-            Some(MountEntry { id, parent, mount_point, options, optional, fs_type, source, super_options })
+            Some(MountEntry { id, parent, dev, root, mount_point, options, optional, fs_type, source, super_options })
         })
         .collect()
 }
@@ -227,6 +233,9 @@ mod tests {
         // An escape at the end, and one that is no byte, do not panic.
         assert_eq!(unescape("/a\\040"), "/a ");
         assert_eq!(unescape("/a\\777b"), "/a\\777b");
+        assert_eq!(unescape("a\\040b\\134c\\011"), "a b\\c\t");
+        assert_eq!(unescape("trailing\\04"), "trailing\\04");
+        assert_eq!(unescape("\\999"), "\\999");
     }
 
     #[test]

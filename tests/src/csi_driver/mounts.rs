@@ -3,72 +3,13 @@
 use std::{
     ffi::OsStr,
     os::unix::fs::{FileTypeExt, MetadataExt},
-    path::{Path, PathBuf},
+    path::Path,
 };
 
 use super::{HostError, run};
 
-/// One line of mountinfo.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MountEntry {
-    pub id: u32,
-    /// (major, minor) of the mounted filesystem.
-    pub dev: (u32, u32),
-    /// The directory of the filesystem that is mounted (`/loop0` for a
-    /// bind of /dev/loop0).
-    pub root: String,
-    pub mount_point: PathBuf,
-    pub options: String,
-    pub fs_type: String,
-    pub source: String,
-}
-
-impl MountEntry {
-    pub fn read_only(&self) -> bool {
-        self.options.split(',').any(|o| o == "ro")
-    }
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            let v = (b[i + 1] - b'0') as u32 * 64 + (b[i + 2] - b'0') as u32 * 8 + (b[i + 3] - b'0') as u32;
-            if let Ok(v) = u8::try_from(v) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn parse_line(line: &str) -> Option<MountEntry> {
-    let (left, right) = line.split_once(" - ")?;
-    let f: Vec<&str> = left.split(' ').collect();
-    let r: Vec<&str> = right.split(' ').collect();
-    let (major, minor) = f.get(2)?.split_once(':')?;
-    Some(MountEntry {
-        id: f.first()?.parse().ok()?,
-        dev: (major.parse().ok()?, minor.parse().ok()?),
-        root: unescape(f.get(3)?),
-        mount_point: PathBuf::from(unescape(f.get(4)?)),
-        options: (*f.get(5)?).to_owned(),
-        fs_type: (*r.first()?).to_owned(),
-        source: unescape(r.get(1)?),
-    })
-}
-
-/// Parses mountinfo text, in mount order.
-pub fn parse(text: &str) -> Vec<MountEntry> {
-    text.lines().filter_map(parse_line).collect()
-}
+/// One line of mountinfo, as the agent reads it.
+pub use swiftlet::volumes::mount::{MountEntry, parse_mountinfo as parse};
 
 /// This process's mount table.
 pub fn table() -> Vec<MountEntry> {
@@ -87,21 +28,19 @@ pub fn device_node(path: &Path) -> Option<(u32, u32)> {
     meta.file_type().is_block_device().then(|| (rustix::fs::major(meta.rdev()), rustix::fs::minor(meta.rdev())))
 }
 
-impl MountEntry {
-    /// Whether this mounts the block device `dev`: its filesystem (an ext4
-    /// mount carries the device's numbers, a btrfs one an anonymous device,
-    /// so the source device is asked too), or the device node itself
-    /// bind-mounted onto a file (a block volume).
-    pub fn is_of(&self, dev: (u32, u32)) -> bool {
-        self.dev == dev
-            || (self.source.starts_with("/dev/") && device_node(Path::new(&self.source)) == Some(dev))
-            || device_node(&self.mount_point) == Some(dev)
-    }
+/// Whether `m` mounts the block device `dev`: its filesystem (an ext4
+/// mount carries the device's numbers, a btrfs one an anonymous device,
+/// so the source device is asked too), or the device node itself
+/// bind-mounted onto a file (a block volume).
+pub fn is_of(m: &MountEntry, dev: (u32, u32)) -> bool {
+    m.dev == dev
+        || (m.source.starts_with("/dev/") && device_node(Path::new(&m.source)) == Some(dev))
+        || device_node(&m.mount_point) == Some(dev)
 }
 
 /// The mounts of the block device `dev` (see [`MountEntry::is_of`]).
 pub fn of_device(table: &[MountEntry], dev: (u32, u32)) -> Vec<MountEntry> {
-    table.iter().filter(|m| m.is_of(dev)).cloned().collect()
+    table.iter().filter(|m| is_of(m, dev)).cloned().collect()
 }
 
 /// `mount [-t fs_type] [-o options] source target`.
@@ -172,19 +111,12 @@ bogus line
         let s = &t[2];
         assert_eq!(s.id, 90);
         assert_eq!(s.dev, (7, 0));
-        assert_eq!(s.mount_point, PathBuf::from("/tmp/x/staging dir"));
+        assert_eq!(s.mount_point, std::path::PathBuf::from("/tmp/x/staging dir"));
         assert_eq!((s.fs_type.as_str(), s.source.as_str()), ("ext4", "/dev/loop0"));
         assert!(!s.read_only());
         assert!(t[3].read_only());
         assert_eq!(t[4].root, "/loop1");
         let on_loop0: Vec<u32> = of_device(&t, (7, 0)).iter().map(|m| m.id).collect();
         assert_eq!(on_loop0, [90, 91]);
-    }
-
-    #[test]
-    fn unescapes() {
-        assert_eq!(unescape("a\\040b\\134c\\011"), "a b\\c\t");
-        assert_eq!(unescape("trailing\\04"), "trailing\\04");
-        assert_eq!(unescape("\\999"), "\\999");
     }
 }

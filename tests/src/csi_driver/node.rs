@@ -211,7 +211,7 @@ impl Driver {
         let staged = || -> Result<(), Status> {
             if let Access::Mount { fs, flags } = &access {
                 match mounts::mounted_at(&staging) {
-                    Some(m) if mounts::device_node(&dev).is_some_and(|d| m.is_of(d)) => {}
+                    Some(m) if mounts::device_node(&dev).is_some_and(|d| mounts::is_of(&m, d)) => {}
                     Some(m) => {
                         return Err(Status::already_exists(format!(
                             "{} is already mounted from {}",
@@ -442,7 +442,7 @@ impl Driver {
             .iter()
             .filter_map(|p| mounts::mounted_at(p))
             .chain(mounts::of_device(&mounts::table(), dev.dev))
-            .filter(|m| m.is_of(dev.dev) && m.fs_type == FsType::Btrfs.name())
+            .filter(|m| mounts::is_of(m, dev.dev) && m.fs_type == FsType::Btrfs.name())
             .collect();
         if let Some(m) = on_dev.iter().find(|m| !m.read_only()) {
             return grow_btrfs(&m.mount_point, &dev.device);
