@@ -104,6 +104,28 @@ pub struct Conn {
 }
 
 impl Https {
+    /// Waits until the agent's /pods lists a pod whose name starts with
+    /// `name` with its container `app` running; returns its (namespace,
+    /// name).
+    pub async fn wait_running(&self, name: &str) -> (String, String) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            let r = self.get("/pods").await.unwrap();
+            let list: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+            for p in list["items"].as_array().cloned().unwrap_or_default() {
+                let pname = p["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+                let running = p["status"]["containerStatuses"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().any(|c| c["name"] == "app" && c["state"]["running"].is_object()));
+                if pname.starts_with(name) && running {
+                    return (p["metadata"]["namespace"].as_str().unwrap_or("default").to_owned(), pname);
+                }
+            }
+            assert!(std::time::Instant::now() < deadline, "pod {name} did not run within 90s; /pods: {}", r.text());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     pub fn new(addr: SocketAddr, identity: Option<Identity>) -> Https {
         let p = ring::default_provider();
         let algs = p.signature_verification_algorithms;

@@ -17,7 +17,7 @@ use std::{
 };
 
 use swiftlet::cgroups::Version;
-use swiftlet_tests::{cri, https::Https, kubelet::RunningAgent, pki::TestCa, prereq};
+use swiftlet_tests::{cri, kubelet::RunningAgent, pki::TestCa, prereq};
 
 const MIB: f64 = 1_048_576.0;
 const LOOP_CTL_ADD: libc::c_ulong = 0x4C80;
@@ -180,26 +180,6 @@ fn series<'a>(text: &'a str, name: &str, labels: &[&str]) -> Vec<(&'a str, f64)>
         .collect()
 }
 
-/// The pod's name as the agent lists it, once its container runs.
-async fn wait_running(c: &Https) -> String {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let r = c.get("/pods").await.unwrap();
-        let list: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
-        for p in list["items"].as_array().cloned().unwrap_or_default() {
-            let name = p["metadata"]["name"].as_str().unwrap_or_default().to_owned();
-            let running = p["status"]["containerStatuses"]
-                .as_array()
-                .is_some_and(|cs| cs.iter().any(|c| c["name"] == "app" && c["state"]["running"].is_object()));
-            if name.starts_with("dio") && running {
-                return name;
-            }
-        }
-        assert!(Instant::now() < deadline, "the pod did not run within 90s; /pods: {}", r.text());
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 #[test]
 fn a_containers_direct_io_is_reported_per_device() {
     prereq::require_root();
@@ -243,7 +223,7 @@ fn a_containers_direct_io_is_reported_per_device() {
     let disks: Vec<&str> = root_disk.iter().map(String::as_str).chain([fresh_disk.as_str()]).collect();
     let c = agent.https(Some(ca.client("admin", &[])));
     rt().block_on(async {
-        let pod = wait_running(&c).await;
+        let (_, pod) = c.wait_running("dio").await;
         let pod_label = format!("pod=\"{pod}\"");
         let at_least = |text: &str, name: &str, disk: &str, min: f64| {
             let device = format!("device=\"{disk}\"");

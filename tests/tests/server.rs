@@ -314,27 +314,6 @@ spec:
     std::fs::write(dir.join(format!("{name}.yaml")), manifest).unwrap();
 }
 
-/// Waits until /pods lists `name` with its container running; returns
-/// the pod's (namespace, name).
-async fn wait_running(c: &Https, name: &str) -> (String, String) {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let r = c.get("/pods").await.unwrap();
-        let list: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
-        for p in list["items"].as_array().cloned().unwrap_or_default() {
-            let pname = p["metadata"]["name"].as_str().unwrap_or_default().to_owned();
-            let running = p["status"]["containerStatuses"]
-                .as_array()
-                .is_some_and(|cs| cs.iter().any(|c| c["name"] == "app" && c["state"]["running"].is_object()));
-            if pname.starts_with(name) && running {
-                return (p["metadata"]["namespace"].as_str().unwrap_or("default").to_owned(), pname);
-            }
-        }
-        assert!(Instant::now() < deadline, "pod {name} did not run within 90s; /pods: {}", r.text());
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 /// Starts the agent on a static pod (a real containerd is needed), with
 /// client certificates from the returned CA and AlwaysAllow.
 fn agent_with_static_pod(name: &str) -> (RunningAgent, tempfile::TempDir, TestCa) {
@@ -372,7 +351,7 @@ fn metrics_endpoints_pass_promtool_in_the_text_format_whatever_is_asked() {
     let (agent, _dir, ca) = agent_with_static_pod("metrics-pod");
     let c = agent.https(Some(ca.client("admin", &[])));
     rt().block_on(async {
-        let (ns, pod) = wait_running(&c, "metrics-pod").await;
+        let (ns, pod) = c.wait_running("metrics-pod").await;
         let pod_label = format!("pod=\"{pod}\"");
         let ns_label = format!("namespace=\"{ns}\"");
         // Wait for a housekeeping pass that saw the container.
@@ -555,7 +534,7 @@ fn stats_summary_parses_into_the_metrics_server_types() {
     let (agent, _dir, ca) = agent_with_static_pod("stats-pod");
     let c = agent.https(Some(ca.client("admin", &[])));
     rt().block_on(async {
-        let (ns, pod) = wait_running(&c, "stats-pod").await;
+        let (ns, pod) = c.wait_running("stats-pod").await;
         let deadline = Instant::now() + Duration::from_secs(30);
         let (ms, ours) = loop {
             let r = c.get("/stats/summary").await.unwrap();
@@ -708,7 +687,7 @@ fn container_logs_tail_timestamps_limits_and_follow() {
     let (agent, _dir, ca) = agent_with_static_pod("logs-pod");
     let c = agent.https(Some(ca.client("admin", &[])));
     rt().block_on(async {
-        let (ns, pod) = wait_running(&c, "logs-pod").await;
+        let (ns, pod) = c.wait_running("logs-pod").await;
         let base = format!("/containerLogs/{ns}/{pod}/app");
         // Wait for a few lines.
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -774,7 +753,7 @@ fn prometheus_scrapes_the_resource_metrics() {
     std::fs::write(dir.path().join("prom.crt"), cert).unwrap();
     std::fs::write(dir.path().join("prom.key"), key).unwrap();
     let c = agent.https(Some(ca.client("admin", &[])));
-    let (_, pod) = rt().block_on(wait_running(&c, "scraped-pod"));
+    let (_, pod) = rt().block_on(c.wait_running("scraped-pod"));
     let port = free_port();
     let config = format!(
         r#"global:
