@@ -6,6 +6,7 @@
 //! behind, and never touches a cgroup, process or mount it did not create.
 
 pub mod agent;
+pub mod api_node;
 pub mod apiserver;
 pub mod bench;
 pub mod cgroup;
@@ -23,10 +24,12 @@ pub mod pki;
 pub mod pods;
 pub mod prereq;
 pub mod process;
+pub mod prometheus;
 pub mod recorder;
 pub mod registry;
 pub mod review_stub;
 pub mod sandbox;
+pub mod storage_objects;
 pub mod streaming;
 pub mod tmpfs;
 pub mod workload;

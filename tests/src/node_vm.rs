@@ -294,6 +294,29 @@ impl Node {
         })
     }
 
+    /// The ids of the pod's sandboxes and containers, sorted: the same
+    /// list before and after means nothing was recreated.
+    pub fn runtime_ids(&self, uid: &str) -> Vec<String> {
+        let (sandboxes, containers) = self.runtime(uid);
+        let mut ids: Vec<String> =
+            sandboxes.into_iter().map(|s| s.id).chain(containers.into_iter().map(|c| c.id)).collect();
+        ids.sort();
+        ids
+    }
+
+    /// SIGKILLs the agent, as a crash: systemd restarts it (Restart=always)
+    /// and the Node is Ready again.
+    pub fn kill_agent(&self) {
+        let main_pid = || unit_property("swiftlet.service", "MainPID");
+        let old = main_pid();
+        sh_ok("systemctl", &["kill", "-s", "KILL", "swiftlet.service"]);
+        wait("systemd to restart swiftlet", Duration::from_secs(60), || {
+            let pid = main_pid();
+            (pid != old && pid != "0").then_some(())
+        });
+        self.wait_ready(Duration::from_secs(180));
+    }
+
     /// A GET on the node's :10250 with a token the fake authorizes; None
     /// while it does not answer 200.
     pub fn try_kubelet_get(&self, path: &str) -> Option<String> {

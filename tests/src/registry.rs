@@ -2,7 +2,8 @@
 //! serves generated images (an empty layer and a config whose digest, the
 //! image id, can be given a prefix), answers 404 MANIFEST_UNKNOWN for
 //! anything else, and records every request. containerd reaches
-//! 127.0.0.1 registries over plain HTTP.
+//! 127.0.0.1 registries over plain HTTP (containerd 2 after an HTTPS
+//! attempt, see `serve`).
 
 use std::{
     collections::HashMap,
@@ -172,6 +173,13 @@ fn respond(conn: &mut TcpStream, status: &str, headers: &[(&str, String)], body:
 
 fn serve(mut conn: TcpStream, content: &Mutex<Content>) {
     let mut reader = BufReader::new(conn.try_clone().expect("clone a TCP stream"));
+    // containerd 2 tries HTTPS first even for 127.0.0.1 and falls back to
+    // plain HTTP only on the answer Go's HTTP server gives a TLS handshake
+    // (containerd 1.x went straight to HTTP): answer it the same way.
+    if reader.fill_buf().is_ok_and(|b| b.first() == Some(&0x16)) {
+        let _ = conn.write_all(b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n");
+        return;
+    }
     let mut request_line = String::new();
     if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
         return;

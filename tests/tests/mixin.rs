@@ -20,9 +20,8 @@
 use std::{
     collections::BTreeMap,
     io::{Read, Write},
-    net::{SocketAddr, TcpListener},
+    net::TcpListener,
     path::Path,
-    process::{Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -34,9 +33,10 @@ use serde::Deserialize;
 use swiftlet_tests::{
     apiserver::{Credentials, FakeApiServer, Options},
     cri,
-    kubelet::{RunningAgent, free_port, plain_get},
+    kubelet::RunningAgent,
     pki::TestCa,
     prereq,
+    prometheus::Prometheus,
 };
 
 const NODE: &str = "test-node";
@@ -257,67 +257,6 @@ impl Drop for KubeStateMetrics {
             let _ = t.join();
         }
     }
-}
-
-/// Prometheus, started by this test and stopped (by its PID) when dropped.
-struct Prometheus {
-    child: std::process::Child,
-    port: u16,
-    log: std::path::PathBuf,
-}
-
-impl Prometheus {
-    fn start(dir: &Path, config: &str) -> Prometheus {
-        if Command::new("prometheus").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
-            panic!("this test needs prometheus (Debian package prometheus; `cargo xtask test` installs it)");
-        }
-        let port = free_port();
-        std::fs::write(dir.join("prometheus.yml"), config).unwrap();
-        let log = dir.join("prometheus.log");
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start prometheus");
-        Prometheus { child, port, log }
-    }
-
-    /// The result vector of an instant query (None: Prometheus did not answer).
-    fn query(&self, expr: &str) -> Option<Vec<serde_json::Value>> {
-        let path = format!("/api/v1/query?query={}", encode(expr));
-        let (status, body) = plain_get(SocketAddr::from(([127, 0, 0, 1], self.port)), &path).ok()?;
-        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-        assert!(status == 200 && v["status"] == "success", "Prometheus refused {expr}: {body}");
-        v["data"]["result"].as_array().cloned()
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        // SAFETY: signalling the Prometheus this test started, by its PID.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
-/// Percent-encodes a query value.
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 /// Grafana's template variables, as a dashboard on this node sets them.

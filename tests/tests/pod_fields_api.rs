@@ -4,20 +4,14 @@
 //! RuntimeClass whose handler the runtime does not have fails the
 //! sandbox with the runtime's error.
 
-use std::{
-    path::PathBuf,
-    time::{Duration, Instant},
-};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use swiftlet_tests::{
-    apiserver::{
-        Credentials, FakeApiServer, Options,
-        resources::{EVENTS, NODES, PODS, RUNTIME_CLASSES},
-    },
-    kubectl::Kubectl,
-    node_process::{NodeProcess, PodCleanup},
-    prereq,
+    api_node::{ApiNode, condition},
+    apiserver::resources::{EVENTS, PODS, RUNTIME_CLASSES},
+    e2e::wait,
+    node_process::PodCleanup,
 };
 
 const NODE_CONFIG: &str = "apiVersion: kubelet.config.k8s.io/v1beta1
@@ -28,62 +22,12 @@ evictionHard:
   nodefs.available: 1%
 ";
 
-struct Cluster {
-    server: FakeApiServer,
-    kubectl: Kubectl,
-    node: NodeProcess,
-    name: String,
+fn cluster(tag: &str) -> ApiNode {
+    ApiNode::start(tag, NODE_CONFIG)
 }
 
-fn wait<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn condition<'a>(obj: &'a Value, t: &str) -> Option<&'a Value> {
-    obj.pointer("/status/conditions")?.as_array()?.iter().find(|c| c["type"] == t)
-}
-
-/// A TLS fake API server, kubectl 1.32 as admin, and swiftlet as a Ready node.
-fn cluster(tag: &str) -> Cluster {
-    prereq::require_root();
-    let name = format!("swl-{tag}-{}", std::process::id());
-    let server = FakeApiServer::start(Options { tls: true, ..Default::default() }).unwrap();
-    let node_kubeconfig = server.dir().join("kubelet.kubeconfig");
-    let (cert, key) = server.client_cert(&format!("system:node:{name}"), &["system:nodes"]).unwrap();
-    server.write_kubeconfig(&node_kubeconfig, &Credentials::ClientCert { cert, key }).unwrap();
-    let admin = server.dir().join("admin.kubeconfig");
-    let (cert, key) = server.client_cert("admin", &["system:masters"]).unwrap();
-    server.write_kubeconfig(&admin, &Credentials::ClientCert { cert, key }).unwrap();
-    let mut kubectl = Kubectl::new(&admin);
-    // --subresource=status needs kubectl 1.24 or later.
-    kubectl.bin = PathBuf::from("/usr/bin/kubectl");
-    assert!(kubectl.bin.exists(), "kubectl 1.32 is expected at /usr/bin/kubectl");
-    let extra = vec![format!("--kubeconfig={}", node_kubeconfig.display()), format!("--hostname-override={name}")];
-    let mut node = NodeProcess::start(Some(NODE_CONFIG), &extra);
-    wait("the node to be Ready", Duration::from_secs(60), || {
-        node.assert_running();
-        server.get(&NODES, "", &name).filter(|n| condition(n, "Ready").is_some_and(|c| c["status"] == "True"))
-    });
-    Cluster { server, kubectl, node, name }
-}
-
-fn create_pod(c: &Cluster, cleanup: &PodCleanup, name: &str, spec: Value) -> String {
-    let mut pod = json!({"metadata": {"name": name}, "spec": spec});
-    pod["spec"]["nodeName"] = c.name.clone().into();
-    pod["spec"]["hostNetwork"] = true.into();
-    pod["spec"]["terminationGracePeriodSeconds"] = 2.into();
-    swiftlet_tests::apiserver::defaults::pod(&mut pod);
-    let created = c.server.store().create(&PODS, "default", pod).unwrap();
-    let uid = created["metadata"]["uid"].as_str().unwrap().to_owned();
-    cleanup.track(&uid);
-    uid
+fn create_pod(c: &ApiNode, cleanup: &PodCleanup, name: &str, spec: Value) -> String {
+    c.create_pod(cleanup, name, spec, 2)
 }
 
 fn sleeper() -> Value {

@@ -33,6 +33,7 @@ use swiftlet_tests::{
     kubelet::{InProcess, RunningAgent, free_port, plain_get},
     pki::TestCa,
     prereq,
+    prometheus::{encode, promtool},
     review_stub::ReviewStub,
 };
 
@@ -262,14 +263,6 @@ fn statvfs(path: &Path) -> (u64, u64, u64, u64) {
     // SAFETY: `c` is NUL-terminated and `st` a valid statvfs to fill.
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0, "statvfs {}", path.display());
     (st.f_frsize as u64, st.f_blocks as u64, st.f_bfree as u64, st.f_bavail as u64)
-}
-
-/// promtool, from Debian's prometheus package.
-fn promtool() -> &'static str {
-    if Command::new("promtool").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
-        panic!("this test needs promtool (Debian package prometheus; `cargo xtask test` installs it)");
-    }
-    "promtool"
 }
 
 fn promtool_check(name: &str, text: &str) {
@@ -822,17 +815,4 @@ scrape_configs:
 
 fn prom_take(c: &mut std::process::Child) -> std::process::Child {
     std::mem::replace(c, Command::new("true").spawn().unwrap())
-}
-
-/// Percent-encodes a query value.
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }

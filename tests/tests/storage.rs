@@ -20,8 +20,7 @@
 //!   with a FailedMount event, and recover once the cause is gone.
 
 use std::{
-    path::{Path, PathBuf},
-    process::Command,
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -37,6 +36,10 @@ use swiftlet_tests::{
     },
     csi::{CsiDriverOptions, CsiDriverProcess},
     node_process::{NodeProcess, PodCleanup, free_port},
+    storage_objects::{
+        LoopDevice, assert_no_duplicate, claim, claim_volume, csi_driver, csi_handle, local_claim, local_pv,
+        mount_points, storage_class, volume_spec,
+    },
 };
 
 const BUSYBOX: &str = "swiftlet.local/busybox:1.35";
@@ -77,13 +80,7 @@ impl StorageNode {
         let driver = CsiDriverProcess::start(&opts).expect("start the CSI driver");
         api.add_csi_controller(DRIVER, driver.socket());
         let create = |rt, ns: &str, obj: Value| api.store().create(rt, ns, obj).expect("create");
-        create(
-            &CSIDRIVERS,
-            "",
-            json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": DRIVER},
-                   "spec": {"attachRequired": true, "podInfoOnMount": true, "fsGroupPolicy": "File",
-                            "volumeLifecycleModes": ["Persistent", "Ephemeral"]}}),
-        );
+        create(&CSIDRIVERS, "", csi_driver());
         create(
             &STORAGE_CLASSES,
             "",
@@ -136,41 +133,13 @@ impl StorageNode {
     }
 
     fn claim_of(&self, class: &str, name: &str, size: &str) {
-        self.api
-            .store()
-            .create(
-                &PVCS,
-                "default",
-                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
-                       "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class,
-                                "resources": {"requests": {"storage": size}}}}),
-            )
-            .expect("create the claim");
+        self.api.store().create(&PVCS, "default", claim(name, class, size)).expect("create the claim");
     }
 
     /// A pod on this node running `script` with `volumes`, each mounted at
     /// /<name> (block volumes at /dev/<name>).
     fn pod(&self, name: &str, volumes: Value, script: &str, restart: &str) -> String {
-        let mut mounts = vec![];
-        let mut devices = vec![];
-        for v in volumes.as_array().expect("volumes") {
-            let n = v["name"].as_str().expect("volume name");
-            if v.get("block").is_some() {
-                devices.push(json!({"name": n, "devicePath": format!("/dev/{n}")}));
-            } else {
-                mounts.push(json!({"name": n, "mountPath": format!("/{n}")}));
-            }
-        }
-        let volumes: Vec<Value> = volumes
-            .as_array()
-            .expect("volumes")
-            .iter()
-            .map(|v| {
-                let mut v = v.clone();
-                v.as_object_mut().expect("object").remove("block");
-                v
-            })
-            .collect();
+        let (volumes, mounts, devices) = volume_spec(&volumes);
         let pod = json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default"},
@@ -230,18 +199,6 @@ impl StorageNode {
     }
 }
 
-/// A class of the test driver's, provisioning on first use, expandable.
-fn storage_class(name: &str, parameters: Value) -> Value {
-    json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": name},
-           "provisioner": DRIVER, "reclaimPolicy": "Delete", "allowVolumeExpansion": true,
-           "volumeBindingMode": "WaitForFirstConsumer", "parameters": parameters})
-}
-
-fn mount_points() -> Vec<PathBuf> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    text.lines().filter_map(|l| l.split(' ').nth(4)).map(|p| PathBuf::from(p.replace("\\040", " "))).collect()
-}
-
 /// A storage quantity in bytes (plain, or with a binary suffix).
 fn bytes(q: &str) -> Option<u64> {
     let (n, unit) = q.find(|c: char| !c.is_ascii_digit()).map_or((q, ""), |i| q.split_at(i));
@@ -253,21 +210,6 @@ fn bytes(q: &str) -> Option<u64> {
         _ => return None,
     };
     n.parse::<u64>().ok().map(|n| n << shift)
-}
-
-fn assert_no_duplicate(mounts: &[PathBuf]) {
-    let mut unique = mounts.to_vec();
-    unique.sort();
-    unique.dedup();
-    assert_eq!(unique.len(), mounts.len(), "a path mounted twice: {mounts:?}");
-}
-
-fn claim_volume(name: &str, claim: &str) -> Value {
-    json!({"name": name, "persistentVolumeClaim": {"claimName": claim}})
-}
-
-fn csi_handle(pv: &Value) -> String {
-    pv["spec"]["csi"]["volumeHandle"].as_str().expect("a CSI PV").to_owned()
 }
 
 #[test]
@@ -325,41 +267,6 @@ fn a_provisioned_claim_keeps_its_data_across_pods_and_leaves_no_mount() {
     n.api.store().delete(&PVCS, "default", "data", &DeleteOptions::default()).unwrap();
     n.wait("the volume deleted", |s| s.api.get(&PVS, "", &pv_name).is_none().then_some(()));
     assert!(n.driver.wait_for_call(&format!("DeleteVolume {handle}"), T).is_some());
-}
-
-/// A loop device over a file of the test's, detached on drop.
-struct LoopDevice(String);
-
-impl LoopDevice {
-    fn new(file: &Path) -> LoopDevice {
-        std::fs::write(file, vec![0u8; 4 << 20]).unwrap();
-        let out = Command::new("losetup").args(["--find", "--show"]).arg(file).output().expect("losetup");
-        assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
-        LoopDevice(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    }
-}
-
-impl Drop for LoopDevice {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.0]).status();
-    }
-}
-
-fn local_pv(name: &str, path: &str, block: bool, node: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
-           "spec": {"capacity": {"storage": "4Mi"}, "accessModes": ["ReadWriteOnce"],
-                    "storageClassName": "local", "persistentVolumeReclaimPolicy": "Retain",
-                    "volumeMode": if block { "Block" } else { "Filesystem" },
-                    "local": {"path": path},
-                    "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                        {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}}})
-}
-
-fn local_claim(name: &str, pv: &str, block: bool) -> Value {
-    json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
-           "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "local", "volumeName": pv,
-                    "volumeMode": if block { "Block" } else { "Filesystem" },
-                    "resources": {"requests": {"storage": "4Mi"}}}})
 }
 
 #[test]

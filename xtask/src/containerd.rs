@@ -2,6 +2,13 @@
 //! CRI plugin with the cgroupfs driver and overlayfs, and our pause image as
 //! the sandbox image. Nothing system-wide is touched.
 //!
+//! Two versions: this host's containerd 1.6 (Debian 12's package, config
+//! version 2) and containerd 2.1 from Debian sid, unpacked under
+//! ~/.cache/swiftlet (see `debian`) and run from there (config version 3,
+//! where the CRI plugin is split into `io.containerd.cri.v1.runtime` and
+//! `io.containerd.cri.v1.images`). `--version` of `cargo xtask containerd`,
+//! or `SWIFTLET_CONTAINERD_VERSION` for every command, picks one.
+//!
 //! On drop it stops the containers first, through containerd (`ctr`: every
 //! task killed and deleted, so runc removes their cgroups, then every
 //! container deleted), then containerd itself (by the PID it started) and
@@ -23,11 +30,103 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::{
     cmd::{note, step},
-    images,
+    debian, images,
 };
+
+/// The containerd versions xtask can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Version {
+    /// This host's package (Debian 12).
+    #[value(name = "1.6")]
+    V1_6,
+    /// Debian 13's package, unpacked, never installed.
+    #[value(name = "1.7")]
+    V1_7,
+    /// Debian sid's package, unpacked, never installed.
+    #[value(name = "2.1")]
+    V2_1,
+}
+
+/// The version used when neither `--version` nor the environment names one:
+/// what new nodes run.
+pub const DEFAULT_VERSION: Version = Version::V2_1;
+/// The older versions `cargo xtask test` keeps a smoke subset for.
+pub const SMOKE_VERSIONS: [Version; 2] = [Version::V1_7, Version::V1_6];
+/// Names the version for every command that starts a containerd (`test`,
+/// `run`, `bench`, `containerd`), e.g. `SWIFTLET_CONTAINERD_VERSION=2.1`.
+pub const VERSION_ENV: &str = "SWIFTLET_CONTAINERD_VERSION";
+/// Debian sid's containerd 2.1 (pinned by version prefix; see `debian`).
+const SID_CONTAINERD_PREFIX: &str = "2.1.";
+/// Debian 13's containerd 1.7.
+const TRIXIE_CONTAINERD_PREFIX: &str = "1.7.";
+
+impl Version {
+    /// `SWIFTLET_CONTAINERD_VERSION`, else the default.
+    pub fn from_env() -> Result<Version> {
+        match std::env::var(VERSION_ENV) {
+            Ok(v) if !v.trim().is_empty() => <Version as clap::ValueEnum>::from_str(v.trim(), false).map_err(|_| {
+                anyhow::anyhow!("{VERSION_ENV}={v} is not a containerd version xtask runs (1.6, 1.7, 2.1)")
+            }),
+            _ => Ok(DEFAULT_VERSION),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Version::V1_6 => "1.6",
+            Version::V1_7 => "1.7",
+            Version::V2_1 => "2.1",
+        }
+    }
+}
+
+/// Where a version's binaries are.
+struct Binaries {
+    containerd: PathBuf,
+    ctr: PathBuf,
+    /// Put first on containerd's PATH, so it starts the shim of its own
+    /// version (`containerd-shim-runc-v2` is looked up on PATH, and the
+    /// host's 1.6 shim is in /usr/bin); None for the host's package.
+    bin_dir: Option<PathBuf>,
+    /// For messages, e.g. `2.1.9+ds1-5`.
+    label: String,
+}
+
+impl Binaries {
+    /// A Debian suite's containerd, unpacked (never installed).
+    fn unpacked(suite: &str, prefix: &str, what: &str) -> Result<Binaries> {
+        let u = debian::unpack(suite, "containerd", prefix)
+            .with_context(|| format!("cannot fetch containerd {prefix}x from {what}"))?;
+        let bin = u.root.join("usr/bin");
+        Ok(Binaries {
+            containerd: bin.join("containerd"),
+            ctr: bin.join("ctr"),
+            bin_dir: Some(bin),
+            label: format!("{} ({what})", u.version),
+        })
+    }
+
+    fn of(version: Version) -> Result<Binaries> {
+        match version {
+            Version::V1_6 => Ok(Binaries {
+                containerd: "containerd".into(),
+                ctr: "ctr".into(),
+                bin_dir: None,
+                label: "1.6 (this host's package)".into(),
+            }),
+            Version::V1_7 => Binaries::unpacked("trixie", TRIXIE_CONTAINERD_PREFIX, "Debian 13"),
+            Version::V2_1 => Binaries::unpacked("sid", SID_CONTAINERD_PREFIX, "Debian sid"),
+        }
+    }
+}
 
 pub struct Containerd {
     child: Option<Child>,
+    pub version: Version,
+    /// `ctr` of the same version, for the cleanup on drop.
+    ctr: PathBuf,
+    /// Where its binaries are, when not on the host's PATH (see [`Containerd::path_env`]).
+    pub bin_dir: Option<PathBuf>,
     /// Root, state and config live here (root on disk, state on /run).
     pub disk_dir: PathBuf,
     pub run_dir: PathBuf,
@@ -43,19 +142,41 @@ impl Containerd {
         format!("unix://{}", self.socket.display())
     }
 
-    /// Starts containerd, waits for its socket, imports the images.
+    /// A PATH with this version's binaries first, for processes that start
+    /// a containerd or `ctr` of their own from this one's configuration (the
+    /// runtime-restart tests): `base` when they are the host's.
+    pub fn path_env(&self, base: &std::ffi::OsStr) -> std::ffi::OsString {
+        let Some(bin) = &self.bin_dir else { return base.to_owned() };
+        let mut paths = vec![bin.clone()];
+        paths.extend(std::env::split_paths(base));
+        std::env::join_paths(paths).unwrap_or_else(|_| base.to_owned())
+    }
+
+    /// Starts containerd of the version `SWIFTLET_CONTAINERD_VERSION`
+    /// names (else the default), waits for its socket, imports the images.
     pub fn start(workspace: &Path, purpose: &str) -> Result<Containerd> {
-        Containerd::start_in(workspace, purpose, false)
+        Containerd::start_in(workspace, purpose, Version::from_env()?, false)
     }
 
     /// [`Containerd::start`] for a caller that handles SIGINT itself and
     /// drops this on it: containerd is kept out of the terminal's process
     /// group, so it is still up to stop its containers.
     pub fn start_interruptible(workspace: &Path, purpose: &str) -> Result<Containerd> {
-        Containerd::start_in(workspace, purpose, true)
+        Containerd::start_in(workspace, purpose, Version::from_env()?, true)
     }
 
-    fn start_in(workspace: &Path, purpose: &str, own_group: bool) -> Result<Containerd> {
+    /// [`Containerd::start`] of a given version.
+    pub fn start_version(workspace: &Path, purpose: &str, version: Version) -> Result<Containerd> {
+        Containerd::start_in(workspace, purpose, version, false)
+    }
+
+    /// [`Containerd::start_interruptible`] of a given version.
+    pub fn start_version_interruptible(workspace: &Path, purpose: &str, version: Version) -> Result<Containerd> {
+        Containerd::start_in(workspace, purpose, version, true)
+    }
+
+    fn start_in(workspace: &Path, purpose: &str, version: Version, own_group: bool) -> Result<Containerd> {
+        let bins = Binaries::of(version)?;
         let images = images::ensure(workspace)?;
         let id = format!("{purpose}-{}", std::process::id());
         let disk_dir = workspace.join("target").join("containerd").join(&id);
@@ -68,11 +189,87 @@ impl Containerd {
         }
         let bridge = write_cni_config(&cni_dir, &run_dir)?;
         let snapshotter = if overlay_supported() { "overlayfs" } else { "native" };
-        let config = format!(
-            r#"version = 2
+        let paths = ConfigPaths {
+            root: disk_dir.join("root"),
+            state: run_dir.join("state"),
+            socket: socket.clone(),
+            cni: cni_dir.clone(),
+            snapshotter,
+        };
+        let config = match version {
+            Version::V1_6 | Version::V1_7 => config_v2(&paths),
+            Version::V2_1 => config_v3(&paths),
+        };
+        let config_path = disk_dir.join("config.toml");
+        fs::write(&config_path, config)?;
+        let log = disk_dir.join("containerd.log");
+        step(format!("starting containerd {} ({snapshotter}) on {}", bins.label, socket.display()));
+        let mut command = Command::new(&bins.containerd);
+        if let Some(bin) = &bins.bin_dir {
+            let mut paths = vec![bin.clone()];
+            paths.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()));
+            command.env("PATH", std::env::join_paths(paths).context("a PATH entry holds ':'")?);
+        }
+        command
+            .arg("--config")
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(&log)?)
+            .stderr(fs::File::create(&log)?.try_clone()?);
+        if own_group {
+            // Not in the terminal's foreground group: a Ctrl-C must leave it
+            // up until its containers are stopped (see Drop).
+            std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        }
+        let child =
+            command.spawn().context("cannot start containerd (package containerd; `cargo xtask setup` installs it)")?;
+        let mut c = Containerd {
+            child: Some(child),
+            version,
+            ctr: bins.ctr,
+            bin_dir: bins.bin_dir,
+            disk_dir,
+            run_dir,
+            socket,
+            log,
+            bridge,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !c.socket.exists() {
+            if let Some(status) = c.child.as_mut().and_then(|ch| ch.try_wait().ok().flatten()) {
+                bail!("containerd exited ({status}); its log is {}", c.log.display());
+            }
+            if Instant::now() > deadline {
+                bail!("containerd did not open {} within 20s; its log is {}", c.socket.display(), c.log.display());
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        images::import(&c.socket, &images)?;
+        note(format!("imported {}", images.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")));
+        Ok(c)
+    }
+}
+
+/// What a config names.
+struct ConfigPaths {
+    root: PathBuf,
+    state: PathBuf,
+    socket: PathBuf,
+    cni: PathBuf,
+    snapshotter: &'static str,
+}
+
+/// Plugins neither version needs here: snapshotters for other filesystems,
+/// tracing exporters.
+const DISABLED_PLUGINS_V1: &str = r#""io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing""#;
+
+/// containerd 1.x: config version 2, one CRI plugin.
+fn config_v2(p: &ConfigPaths) -> String {
+    format!(
+        r#"version = 2
 root = "{root}"
 state = "{state}"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+disabled_plugins = [{DISABLED_PLUGINS_V1}]
 
 [grpc]
   address = "{socket}"
@@ -106,45 +303,71 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni}"
 "#,
-            root = disk_dir.join("root").display(),
-            state = run_dir.join("state").display(),
-            socket = socket.display(),
-            pause = images::PAUSE_IMAGE,
-            cni = cni_dir.display(),
-        );
-        let config_path = disk_dir.join("config.toml");
-        fs::write(&config_path, config)?;
-        let log = disk_dir.join("containerd.log");
-        step(format!("starting containerd ({snapshotter}) on {}", socket.display()));
-        let mut command = Command::new("containerd");
-        command
-            .arg("--config")
-            .arg(&config_path)
-            .stdin(Stdio::null())
-            .stdout(fs::File::create(&log)?)
-            .stderr(fs::File::create(&log)?.try_clone()?);
-        if own_group {
-            // Not in the terminal's foreground group: a Ctrl-C must leave it
-            // up until its containers are stopped (see Drop).
-            std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        }
-        let child =
-            command.spawn().context("cannot start containerd (package containerd; `cargo xtask setup` installs it)")?;
-        let mut c = Containerd { child: Some(child), disk_dir, run_dir, socket, log, bridge };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !c.socket.exists() {
-            if let Some(status) = c.child.as_mut().and_then(|ch| ch.try_wait().ok().flatten()) {
-                bail!("containerd exited ({status}); its log is {}", c.log.display());
-            }
-            if Instant::now() > deadline {
-                bail!("containerd did not open {} within 20s; its log is {}", c.socket.display(), c.log.display());
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
-        images::import(&c.socket, &images)?;
-        note(format!("imported {}", images.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")));
-        Ok(c)
-    }
+        root = p.root.display(),
+        state = p.state.display(),
+        socket = p.socket.display(),
+        pause = images::PAUSE_IMAGE,
+        cni = p.cni.display(),
+        snapshotter = p.snapshotter,
+    )
+}
+
+/// containerd 2.x: config version 3. The CRI plugin is split in three: the
+/// runtime side (`io.containerd.cri.v1.runtime`: runtimes, CNI, OOM score
+/// handling), the image side (`io.containerd.cri.v1.images`: snapshotter,
+/// the sandbox image as a pinned image) and the gRPC service
+/// (`io.containerd.grpc.v1.cri`: the stream server). The same features as
+/// [`config_v2`]; NRI (new in 1.7) is disabled, since its socket is
+/// machine-wide, as are 2.x's new snapshotters.
+fn config_v3(p: &ConfigPaths) -> String {
+    format!(
+        r#"version = 3
+root = "{root}"
+state = "{state}"
+disabled_plugins = [{DISABLED_PLUGINS_V1}, "io.containerd.snapshotter.v1.blockfile", "io.containerd.snapshotter.v1.erofs", "io.containerd.differ.v1.erofs", "io.containerd.nri.v1.nri"]
+
+[grpc]
+  address = "{socket}"
+
+[ttrpc]
+  address = "{state}/containerd.sock.ttrpc"
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{root}/opt"
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "{snapshotter}"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{pause}"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  enable_selinux = false
+  # As in version 2: this kind of machine withholds CAP_SYS_RESOURCE.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "{cni}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+"#,
+        root = p.root.display(),
+        state = p.state.display(),
+        socket = p.socket.display(),
+        pause = images::PAUSE_IMAGE,
+        cni = p.cni.display(),
+        snapshotter = p.snapshotter,
+    )
 }
 
 /// A pod network, so the runtime reports NetworkReady (a node is Ready
@@ -223,8 +446,8 @@ fn mounts_under(dir: &Path) -> Vec<String> {
 }
 
 /// `ctr` against this containerd, in the CRI's namespace; its stdout.
-fn ctr(socket: &Path, args: &[&str]) -> Option<String> {
-    let out = Command::new("ctr")
+fn ctr(ctr: &Path, socket: &Path, args: &[&str]) -> Option<String> {
+    let out = Command::new(ctr)
         .arg("--address")
         .arg(socket)
         .args(["--namespace", "k8s.io"])
@@ -238,7 +461,8 @@ fn ctr(socket: &Path, args: &[&str]) -> Option<String> {
 /// Kills every container's processes and deletes the tasks and containers,
 /// through containerd: runc removes each container's cgroup as its task is
 /// deleted. Returns how many tasks were left.
-fn stop_containers(socket: &Path) -> usize {
+fn stop_containers(ctr_bin: &Path, socket: &Path) -> usize {
+    let ctr = |socket: &Path, args: &[&str]| ctr(ctr_bin, socket, args);
     let Some(list) = ctr(socket, &["tasks", "list", "--quiet"]) else { return usize::MAX };
     let tasks: Vec<String> = list.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned).collect();
     for t in &tasks {
@@ -287,7 +511,7 @@ impl Drop for Containerd {
     fn drop(&mut self) {
         let alive = self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none());
         if alive {
-            let left = stop_containers(&self.socket);
+            let left = stop_containers(&self.ctr, &self.socket);
             if left > 0 {
                 eprintln!("warning: containerd left {left} tasks running; stopping their processes by hand");
             }

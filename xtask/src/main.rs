@@ -4,9 +4,11 @@
 mod bench;
 mod cmd;
 mod containerd;
+mod debian;
 mod fuzz;
 mod images;
 mod modgraph;
+mod package;
 mod run;
 mod setup;
 mod test;
@@ -39,11 +41,23 @@ enum Task {
     Bench(bench::Args),
     /// Run the parsers' property tests with fresh seeds for a bounded time.
     Fuzz(fuzz::Args),
+    /// Build the Debian package (binary, systemd unit and drop-in, alerts,
+    /// dashboard, maintainer scripts) into target/package.
+    Package(package::Args),
     /// Start a project-local containerd and wait (for manual experiments).
-    Containerd,
+    Containerd(ContainerdArgs),
     /// The kernel matrix: signal, eviction and kill tests on Debian's 6.1 and
     /// 6.12 kernels in qemu, and on this host.
     Vmtest(vm::Args),
+}
+
+#[derive(clap::Args)]
+struct ContainerdArgs {
+    /// Which containerd: 2.1 (Debian sid's), 1.7 (Debian 13's), both
+    /// unpacked under ~/.cache/swiftlet, or 1.6 (this host's package).
+    /// Default: $SWIFTLET_CONTAINERD_VERSION, else 2.1.
+    #[arg(long, value_enum)]
+    version: Option<containerd::Version>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -70,12 +84,21 @@ fn run(task: Task) -> Result<()> {
         Task::Bench(args) => bench::run(args),
         Task::Fuzz(args) => fuzz::run(args),
         Task::Vmtest(args) => vm::run(args),
-        Task::Containerd => {
+        Task::Package(args) => package::run(args).map(|_| ()),
+        Task::Containerd(args) => {
             setup::all()?;
+            let version = match args.version {
+                Some(v) => v,
+                None => containerd::Version::from_env()?,
+            };
             // Ctrl-C from here on stops the containers, then containerd.
             run::install_handlers();
-            let c = containerd::Containerd::start_interruptible(cmd::workspace_root(), "manual")?;
-            cmd::step(format!("containerd is running: CONTAINER_RUNTIME_ENDPOINT={}", c.endpoint()));
+            let c = containerd::Containerd::start_version_interruptible(cmd::workspace_root(), "manual", version)?;
+            cmd::step(format!(
+                "containerd {} is running: CONTAINER_RUNTIME_ENDPOINT={}",
+                c.version.name(),
+                c.endpoint()
+            ));
             cmd::note("press Ctrl-C to stop it");
             run::wait_for_interrupt();
             Ok(())

@@ -84,7 +84,12 @@ pub fn run(args: Args) -> Result<()> {
     };
     let csi_socket = run_root.join("root/plugins").join(CSI_DRIVER).join("csi.sock");
     let cgroup_root = cleanup.cgroup.clone();
-    let config = demo_config(&run_root)?;
+    // The fake API server's CA: it signs the client certificate the server
+    // proxies `kubectl exec`, `logs`, `port-forward` and `debug` with, which
+    // swiftlet trusts through the configuration's clientCAFile.
+    let ca = run_root.join("apiserver-ca.crt");
+    let _ = std::fs::remove_file(&ca);
+    let config = demo_config(&run_root, &ca)?;
 
     step("starting the fake API server");
     let kubeconfig = run_root.join("kubeconfig");
@@ -93,11 +98,12 @@ pub fn run(args: Args) -> Result<()> {
         Command::new(root.join("target/debug/fake-apiserver"))
             .arg("--tls")
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--ca-file={}", ca.display()))
             .arg("--storage")
             .arg(format!("--csi-controller={CSI_DRIVER}={}", csi_socket.display()))
             .stdout(Stdio::null()),
     )?));
-    wait_for("the fake API server's kubeconfig", Duration::from_secs(30), || kubeconfig.exists())?;
+    wait_for("the fake API server's kubeconfig", Duration::from_secs(30), || kubeconfig.exists() && ca.exists())?;
 
     step(format!("starting swiftlet as node {NODE} (Ctrl-C stops everything)"));
     note(format!("kubelet configuration: {}", config.display()));
@@ -313,7 +319,7 @@ fn with_node(manifest: &str, node: &str) -> Option<String> {
 /// in seconds instead of filling the whole machine. Image GC is off
 /// (imageGCHighThresholdPercent 100): the demo's images are built locally
 /// and could not be pulled back after a GC on a nearly full disk.
-fn demo_config(run_root: &std::path::Path) -> Result<std::path::PathBuf> {
+fn demo_config(run_root: &std::path::Path, client_ca: &std::path::Path) -> Result<std::path::PathBuf> {
     const PODS_MIB: u64 = 1536;
     let meminfo = std::fs::read_to_string("/proc/meminfo")?;
     let total_kib: u64 = meminfo
@@ -330,12 +336,14 @@ fn demo_config(run_root: &std::path::Path) -> Result<std::path::PathBuf> {
         format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
              podLogsDir: {logs}\n\
+             authentication:\n  x509:\n    clientCAFile: {client_ca}\n\
              enforceNodeAllocatable: [pods]\n\
              systemReserved:\n  memory: {reserved_mib}Mi\n\
              evictionHard:\n  memory.available: 768Mi\n\
              evictionPressureTransitionPeriod: 30s\n\
              imageGCHighThresholdPercent: 100\n",
-            logs = run_root.join("logs").display()
+            logs = run_root.join("logs").display(),
+            client_ca = client_ca.display(),
         ),
     )?;
     Ok(path)

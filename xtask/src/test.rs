@@ -36,6 +36,9 @@ pub struct Args {
     filters: Vec<String>,
 }
 
+/// The integration test targets every older containerd runs.
+const SMOKE_TARGETS: [&str; 3] = ["pods", "streaming", "pod_eviction"];
+
 pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     if !args.unit_only {
@@ -56,6 +59,9 @@ pub fn run(args: Args) -> Result<()> {
         let ok = succeeded(crate::modgraph::check_tree());
         results.push(("module graph (no import cycle)", ok, t.elapsed().as_secs_f64()));
     }
+    // Stages whose containerd did not start, added to the results after
+    // the last stage run through `stage` (which holds them meanwhile).
+    let mut not_started: Vec<(&str, bool, f64)> = vec![];
     let mut stage = |name: &'static str, c: &mut Command| {
         step(name);
         let t = Instant::now();
@@ -89,6 +95,8 @@ pub fn run(args: Args) -> Result<()> {
                 c.env("SWIFTLET_TEST_CRI_ENDPOINT", ctd.endpoint());
                 // Tests that restart the runtime start their own from this one's configuration.
                 c.env("SWIFTLET_TEST_CONTAINERD_CONFIG", ctd.disk_dir.join("config.toml"));
+                // ... with the same version's binaries.
+                c.env("PATH", ctd.path_env(&path));
                 match setup::ensure_kubectl() {
                     Ok(k) => {
                         c.env("SWIFTLET_TEST_KUBECTL", k);
@@ -100,10 +108,46 @@ pub fn run(args: Args) -> Result<()> {
             }
             Err(e) => {
                 eprintln!("\x1b[1;31merror:\x1b[0m cannot start containerd for the integration tests: {e:#}");
-                results.push(("integration tests (containerd did not start)", false, 0.0));
+                not_started.push(("integration tests (containerd did not start)", false, 0.0));
             }
         }
     }
+
+    // The older containerds nodes still run: a smoke subset each (pod
+    // lifecycle, streaming, the in-kernel eviction), on the binaries and
+    // config of that version.
+    if !args.unit_only && args.filters.is_empty() {
+        for version in crate::containerd::SMOKE_VERSIONS {
+            let name = match version {
+                crate::containerd::Version::V1_7 => "containerd 1.7 smoke (pods, streaming, eviction)",
+                _ => "containerd 1.6 smoke (pods, streaming, eviction)",
+            };
+            match Containerd::start_version(cmd::workspace_root(), "smoke", version) {
+                Ok(ctd) => {
+                    let mut args = vec!["test", "-p", "swiftlet-tests", "--no-fail-fast"];
+                    for t in SMOKE_TARGETS {
+                        args.extend(["--test", t]);
+                    }
+                    args.extend(["--", "--test-threads=1"]);
+                    let mut c = cargo(&args);
+                    c.env("SWIFTLET_TEST_CRI_ENDPOINT", ctd.endpoint());
+                    c.env("SWIFTLET_TEST_CONTAINERD_CONFIG", ctd.disk_dir.join("config.toml"));
+                    c.env("PATH", ctd.path_env(&path));
+                    if let Ok(k) = setup::ensure_kubectl() {
+                        c.env("SWIFTLET_TEST_KUBECTL", k);
+                    }
+                    stage(name, &mut c);
+                    drop(ctd);
+                }
+                Err(e) => {
+                    eprintln!("\x1b[1;31merror:\x1b[0m cannot start containerd {}: {e:#}", version.name());
+                    not_started.push((name, false, 0.0));
+                }
+            }
+        }
+    }
+
+    results.append(&mut not_started);
 
     // The kernel matrix in qemu: one kernel by default (it fits CI's budget),
     // every kernel with --vm. Name filters narrow it as they narrow the

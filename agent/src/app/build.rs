@@ -16,7 +16,7 @@ use crate::{
         hierarchy::kubepods_limits,
         pod_cgroups::PodCgroups,
     },
-    config::Config,
+    config::{CgroupDriver, Config},
     cri::{CriClient, RuntimeService},
     events::{EventRecorder, LogRecorder},
     eviction::{
@@ -108,6 +108,61 @@ async fn host_support(config: &Config, cri: &CriClient) -> Result<crate::pods::a
     })
 }
 
+/// The runtime's client and name; sets the cgroup driver to the one the
+/// runtime reports through RuntimeConfig, as the kubelet does (containerd
+/// 2.x answers; 1.x does not, and the configured driver stays).
+async fn connect_runtime(config: &mut Config) -> Result<(Arc<CriClient>, String), StartError> {
+    let k = &config.kubelet;
+    let cri = Arc::new(CriClient::with_image_endpoint(
+        &k.container_runtime_endpoint,
+        k.image_endpoint(),
+        k.runtime_request_timeout,
+    )?);
+    let runtime_name = match cri.version().await {
+        Ok(v) => {
+            info!(
+                runtime = v.runtime_name,
+                version = v.runtime_version,
+                api = v.runtime_api_version,
+                "container runtime"
+            );
+            v.runtime_name
+        }
+        Err(e) => {
+            // Not asked for its driver either: the configured one is used
+            // (the kubelet would not start without an answer).
+            warn!("container runtime not reachable yet (retrying in the background): {e}");
+            return Ok((cri, "containerd".into()));
+        }
+    };
+    let configured = config.kubelet.cgroup_driver;
+    let driver = match crate::cri::runtime_config::cgroup_driver(cri.as_ref(), crate::cri::runtime_config::RETRY_DELAY)
+        .await
+    {
+        Ok(Some(crate::cri::api::CgroupDriver::Systemd)) => CgroupDriver::Systemd,
+        Ok(Some(crate::cri::api::CgroupDriver::Cgroupfs)) => CgroupDriver::Cgroupfs,
+        Ok(None) => {
+            info!(
+                "the container runtime does not support RuntimeConfig; using cgroupDriver from the configuration ({configured:?})"
+            );
+            configured
+        }
+        Err(e) => return Err(StartError::Refused(format!("cannot learn the runtime's cgroup driver: {e}"))),
+    };
+    if driver != configured {
+        info!(cgroup_driver = ?driver, configured = ?configured, "using the cgroup driver the container runtime reports");
+    }
+    if driver == CgroupDriver::Systemd
+        && let Err(e) = crate::config::systemd_root_parts(&config.kubelet.cgroup_root)
+    {
+        return Err(StartError::Refused(format!(
+            "the container runtime uses the systemd cgroup driver, but cgroupRoot: {e}"
+        )));
+    }
+    config.kubelet.cgroup_driver = driver;
+    Ok((cri, runtime_name))
+}
+
 impl Agent {
     /// Reads the machine, prepares the pods' cgroup hierarchy, opens the
     /// signal source and the runtime client, and builds the managers.
@@ -130,12 +185,15 @@ impl Agent {
     /// client, or an in-memory store); `VolumeManager::set_objects`
     /// replaces it later.
     pub async fn build_with(
-        config: Config,
+        mut config: Config,
         shutdown: CancellationToken,
         recorder: Arc<dyn EventRecorder>,
         objects: Arc<dyn ObjectSource>,
     ) -> Result<Agent, StartError> {
         let node_name = config.node_name()?;
+        // The runtime first: the cgroup driver it reports decides how the
+        // pods' cgroups are named.
+        let (cri, runtime_name) = connect_runtime(&mut config).await?;
         let k = &config.kubelet;
         // protectKernelDefaults: the kubelet's tunables, checked first.
         match crate::kernel_tunables::check(k.protect_kernel_defaults) {
@@ -177,27 +235,6 @@ impl Agent {
             &ebpf_opts,
             config.swiftlet.housekeeping_interval,
         )?;
-        let cri = Arc::new(CriClient::with_image_endpoint(
-            &k.container_runtime_endpoint,
-            k.image_endpoint(),
-            k.runtime_request_timeout,
-        )?);
-        let runtime_name = match cri.version().await {
-            Ok(v) => {
-                info!(
-                    runtime = v.runtime_name,
-                    version = v.runtime_version,
-                    api = v.runtime_api_version,
-                    "container runtime"
-                );
-                v.runtime_name
-            }
-            Err(e) => {
-                warn!("container runtime not reachable yet (retrying in the background): {e}");
-                "containerd".into()
-            }
-        };
-
         // ---- API server ----
         // Not standalone: events also go to the API server.
         let api = (!config.standalone()).then(|| Arc::new(ApiAgent::new(&config, &node_name, &allocatable)));
@@ -356,6 +393,7 @@ impl Agent {
             devices: Some(devices.clone()),
             runtime_classes: runtime_classes.clone(),
             metrics: pod_metrics.clone(),
+            allocations: Arc::new(crate::pods::resize::Allocator::load(&config.flags.root_dir)),
         });
         let mut expected = HashSet::new();
         if k.static_pod_path.is_some() {

@@ -5,17 +5,17 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::core::v1::PodSpec;
 
 use super::{
     allocatable::{Resource, ResourceList},
     naming::{MIN_SHARES, QUOTA_PERIOD_US, milli_cpu_to_quota, milli_cpu_to_shares},
-    qos::{QosClass, container_resources, qos_class},
+    pod_level,
+    qos::{QosClass, qos_class},
 };
 use crate::{
     cgroups::CpuLimits,
     config::{Reservation, ReservedResource},
-    quantity::Quantity,
 };
 
 /// Settings of one cgroup, in the kubelet's terms (its ResourceConfig).
@@ -65,111 +65,50 @@ pub fn reserved_cgroup_limits(reserved: &Reservation, compressible_only: bool) -
     }
 }
 
-/// cpu (milli) and memory (bytes) of a container or a pod.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct CpuMem {
-    cpu_milli: i64,
-    memory: i64,
-}
-
-impl CpuMem {
-    fn add(self, o: CpuMem) -> CpuMem {
-        CpuMem { cpu_milli: self.cpu_milli.saturating_add(o.cpu_milli), memory: self.memory.saturating_add(o.memory) }
-    }
-
-    fn max(self, o: CpuMem) -> CpuMem {
-        CpuMem { cpu_milli: self.cpu_milli.max(o.cpu_milli), memory: self.memory.max(o.memory) }
-    }
-}
-
-fn milli(q: Option<Quantity>) -> i64 {
-    q.map_or(0, |q| q.milli_value().max(0))
-}
-
-fn bytes(q: Option<Quantity>) -> i64 {
-    q.map_or(0, |q| q.value().max(0))
-}
-
-fn is_sidecar(c: &Container) -> bool {
-    c.restart_policy.as_deref() == Some("Always")
-}
-
-/// The pod's effective requests or limits, as the kubelet's PodRequests /
-/// PodLimits: the sum over app containers and sidecars (restartable init
-/// containers), or the largest init container plus the sidecars started
-/// before it if that is more, plus the pod overhead.
-fn pod_total(spec: &PodSpec, of: impl Fn(&Container) -> CpuMem) -> CpuMem {
-    let mut total = spec.containers.iter().map(&of).fold(CpuMem::default(), CpuMem::add);
-    let mut sidecars = CpuMem::default();
-    let mut init_peak = CpuMem::default();
-    for c in spec.init_containers.iter().flatten() {
-        let own = of(c);
-        let running = if is_sidecar(c) {
-            total = total.add(own);
-            sidecars = sidecars.add(own);
-            sidecars
-        } else {
-            own.add(sidecars)
-        };
-        init_peak = init_peak.max(running);
-    }
-    total.max(init_peak)
-}
-
-fn overhead(spec: &PodSpec) -> CpuMem {
-    let get = |k: &str| spec.overhead.as_ref().and_then(|o| o.get(k)).and_then(|q| q.0.parse::<Quantity>().ok());
-    CpuMem { cpu_milli: milli(get("cpu")), memory: bytes(get("memory")) }
-}
-
 /// The pod's effective cpu (milli) and memory (bytes) requests, as the
 /// scheduler and admission count them (PodRequests: regular containers and
-/// sidecars summed, the largest init container's peak, plus overhead).
+/// sidecars summed, the largest init container's peak, pod-level requests
+/// where `spec.resources` sets them, plus overhead).
 pub fn pod_requests(spec: &PodSpec) -> (i64, i64) {
-    let r = pod_total(spec, |c| {
-        let r = container_resources(c);
-        CpuMem { cpu_milli: milli(r.cpu_request), memory: bytes(r.memory_request) }
-    })
-    .add(overhead(spec));
-    (r.cpu_milli, r.memory)
+    let r = pod_level::pod_requests(spec);
+    (pod_level::milli(&r, "cpu"), pod_level::value(&r, "memory"))
 }
 
-/// The pod's effective cpu (milli) and memory (bytes) limits, summed as
-/// the kubelet's PodLimits (containers without a limit add nothing; the
-/// overhead is added only to a limit that is set). Zero: no limit.
+/// The pod's effective cpu (milli) and memory (bytes) limits, as the
+/// kubelet's PodLimits (containers without a limit add nothing, a
+/// pod-level limit replaces the containers' sum, the overhead is added
+/// only to a limit that is set). Zero: no limit.
 pub fn pod_limits(spec: &PodSpec) -> (i64, i64) {
-    let r = pod_total(spec, |c| {
-        let r = container_resources(c);
-        CpuMem { cpu_milli: milli(r.cpu_limit), memory: bytes(r.memory_limit) }
-    });
-    let o = overhead(spec);
-    let plus = |v: i64, extra: i64| if v > 0 { v + extra } else { 0 };
-    (plus(r.cpu_milli, o.cpu_milli), plus(r.memory, o.memory))
+    let l = pod_level::pod_limits(spec);
+    (pod_level::milli(&l, "cpu"), pod_level::value(&l, "memory"))
 }
 
 /// The pod cgroup's settings (the kubelet's ResourceConfigForPod):
-/// - cpu shares from the sum of cpu requests (2 for BestEffort);
-/// - CFS quota from the sum of cpu limits, only when every container has
-///   one (always for Guaranteed) and `cpu_cfs_quota` is on;
-/// - memory limit = the sum of memory limits, only when every container has
-///   one;
+/// - cpu shares from the pod's cpu requests (2 for BestEffort);
+/// - CFS quota from the pod's cpu limit, only when every container has
+///   one or the pod level sets one (always for Guaranteed) and
+///   `cpu_cfs_quota` is on;
+/// - memory limit = the pod's memory limit, only when every container has
+///   one or the pod level sets one;
 /// - pids.max = podPidsLimit when positive.
+///
+/// Requests and limits are PodRequests / PodLimits, so pod-level
+/// resources take the place of the containers' sums.
 pub fn pod_cgroup_config(spec: &PodSpec, cpu_cfs_quota: bool, period: Duration, pod_pids_limit: i64) -> CgroupLimits {
     let period_us = period.as_micros().clamp(1_000, 1_000_000) as u64;
     let all = || spec.containers.iter().chain(spec.init_containers.iter().flatten());
-    let cpu_limits_declared = all().all(|c| milli(container_resources(c).cpu_limit) > 0);
-    let memory_limits_declared = all().all(|c| bytes(container_resources(c).memory_limit) > 0);
-    let over = overhead(spec);
-    let requests = pod_total(spec, |c| {
-        let r = container_resources(c);
-        CpuMem { cpu_milli: milli(r.cpu_request), memory: bytes(r.memory_request) }
-    })
-    .add(over);
-    let limits = pod_total(spec, |c| {
-        let r = container_resources(c);
-        CpuMem { cpu_milli: milli(r.cpu_limit), memory: bytes(r.memory_limit) }
-    })
-    .add(over);
-    let quota = if cpu_cfs_quota { milli_cpu_to_quota(limits.cpu_milli, period_us) } else { None };
+    let declared = |name: &str| all().all(|c| pod_level::milli(&pod_level::container_limits(c), name) > 0);
+    let mut cpu_limits_declared = declared("cpu");
+    let mut memory_limits_declared = declared("memory");
+    if let Some(p) = pod_level::declared(spec).filter(pod_level::PodLevel::is_set) {
+        cpu_limits_declared |= pod_level::milli(&p.limits, "cpu") > 0;
+        memory_limits_declared |= pod_level::milli(&p.limits, "memory") > 0;
+    }
+    let requests = pod_level::pod_requests(spec);
+    let limits = pod_level::pod_limits(spec);
+    let quota = if cpu_cfs_quota { milli_cpu_to_quota(pod_level::milli(&limits, "cpu"), period_us) } else { None };
+    let memory_limit = pod_level::value(&limits, "memory") as u64;
+    let shares = milli_cpu_to_shares(pod_level::milli(&requests, "cpu"));
     let pids = (pod_pids_limit > 0).then_some(pod_pids_limit as u64);
     let mut cfg = CgroupLimits {
         memory: None,
@@ -179,17 +118,17 @@ pub fn pod_cgroup_config(spec: &PodSpec, cpu_cfs_quota: bool, period: Duration, 
     };
     match qos_class(spec) {
         QosClass::Guaranteed => {
-            cfg.cpu.shares = Some(milli_cpu_to_shares(requests.cpu_milli));
+            cfg.cpu.shares = Some(shares);
             cfg.cpu.quota_us = quota;
-            cfg.memory = Some(limits.memory as u64);
+            cfg.memory = Some(memory_limit);
         }
         QosClass::Burstable => {
-            cfg.cpu.shares = Some(milli_cpu_to_shares(requests.cpu_milli));
+            cfg.cpu.shares = Some(shares);
             if cpu_limits_declared {
                 cfg.cpu.quota_us = quota;
             }
             if memory_limits_declared {
-                cfg.memory = Some(limits.memory as u64);
+                cfg.memory = Some(memory_limit);
             }
         }
         QosClass::BestEffort => cfg.cpu.shares = Some(MIN_SHARES),
@@ -198,26 +137,21 @@ pub fn pod_cgroup_config(spec: &PodSpec, cpu_cfs_quota: bool, period: Duration, 
 }
 
 /// The pod cgroup's huge page limits (the kubelet's HugePageLimits of the
-/// pod's requests): for each of the host's page sizes, what the pod's
-/// containers ask for, summed as PodRequests sums them; 0 for a size the
-/// pod does not ask for, so it cannot take pages it did not request.
+/// pod's requests): for each of the host's page sizes, what the pod asks
+/// for (PodRequests: the containers' sum, or the pod-level request); 0 for
+/// a size the pod does not ask for, so it cannot take pages it did not
+/// request.
 pub fn pod_hugetlb_limits(spec: &PodSpec, host_sizes: &[u64]) -> Vec<(u64, u64)> {
+    let requests = pod_level::pod_requests(spec);
     host_sizes
         .iter()
         .map(|&size| {
-            let of = |c: &Container| {
-                let r = c.resources.as_ref();
-                // Huge pages are requested through limits (requests default to them).
-                let q = r
-                    .and_then(|r| r.requests.as_ref())
-                    .into_iter()
-                    .chain(r.and_then(|r| r.limits.as_ref()))
-                    .flatten()
-                    .find(|(name, _)| super::hugepages::page_bytes(name) == Some(size))
-                    .and_then(|(_, q)| q.0.parse::<Quantity>().ok());
-                CpuMem { cpu_milli: 0, memory: bytes(q) }
-            };
-            (size, pod_total(spec, of).memory.max(0) as u64)
+            let bytes: i64 = requests
+                .iter()
+                .filter(|(name, _)| super::hugepages::page_bytes(name) == Some(size))
+                .map(|(_, q)| q.value().max(0))
+                .fold(0, i64::saturating_add);
+            (size, bytes as u64)
         })
         .collect()
 }
@@ -244,8 +178,95 @@ pub fn burstable_cpu_request(spec: &PodSpec) -> i64 {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::core::v1::{Container, ResourceRequirements};
+
     use super::*;
     use crate::cm::test_support::{container, res, reservation, spec};
+
+    fn pod_level(mut s: PodSpec, requests: &[(&str, &str)], limits: &[(&str, &str)]) -> PodSpec {
+        s.resources = Some(ResourceRequirements { requests: res(requests), limits: res(limits), ..Default::default() });
+        s
+    }
+
+    #[test]
+    fn pod_level_resources_table() {
+        let none = || vec![container(&[], &[]), container(&[], &[])];
+        let cases: Vec<(&str, PodSpec, CgroupLimits)> = vec![
+            (
+                "guaranteed at the pod level, best-effort containers",
+                pod_level(spec(none()), &[], &[("cpu", "500m"), ("memory", "96Mi")]),
+                CgroupLimits { memory: Some(96 * MI), cpu: cpu(512, Some(50_000)), pids: None, hugetlb: vec![] },
+            ),
+            (
+                "burstable: memory limit only, shares from the defaulted memory-less cpu request",
+                pod_level(spec(none()), &[], &[("memory", "96Mi")]),
+                CgroupLimits { memory: Some(96 * MI), cpu: cpu(2, None), pids: None, hugetlb: vec![] },
+            ),
+            (
+                "burstable: requests below limits, containers' requests replaced",
+                pod_level(
+                    spec(vec![container(&[("cpu", "100m")], &[]), container(&[], &[])]),
+                    &[("cpu", "250m"), ("memory", "64Mi")],
+                    &[("cpu", "1"), ("memory", "128Mi")],
+                ),
+                CgroupLimits { memory: Some(128 * MI), cpu: cpu(256, Some(100_000)), pids: None, hugetlb: vec![] },
+            ),
+            (
+                "burstable: pod-level requests only, no limits anywhere",
+                pod_level(spec(none()), &[("cpu", "1"), ("memory", "64Mi")], &[]),
+                CgroupLimits { memory: None, cpu: cpu(1024, None), pids: None, hugetlb: vec![] },
+            ),
+            (
+                "pod-level memory limit, containers' cpu limits kept",
+                pod_level(
+                    spec(vec![container(&[], &[("cpu", "200m")]), container(&[], &[("cpu", "300m")])]),
+                    &[],
+                    &[("memory", "1Gi")],
+                ),
+                CgroupLimits { memory: Some(1024 * MI), cpu: cpu(512, Some(50_000)), pids: None, hugetlb: vec![] },
+            ),
+            (
+                "best effort: spec.resources set but empty",
+                pod_level(spec(vec![container(&[], &[("cpu", "1"), ("memory", "1Gi")])]), &[], &[]),
+                CgroupLimits { memory: None, cpu: cpu(2, None), pids: None, hugetlb: vec![] },
+            ),
+            (
+                "overhead on top of the pod level",
+                PodSpec {
+                    overhead: res(&[("cpu", "250m"), ("memory", "120Mi")]),
+                    ..pod_level(spec(none()), &[], &[("cpu", "1"), ("memory", "1Gi")])
+                },
+                CgroupLimits { memory: Some(1144 * MI), cpu: cpu(1280, Some(125_000)), pids: None, hugetlb: vec![] },
+            ),
+        ];
+        for (name, s, want) in cases {
+            assert_eq!(pod_cgroup_config(&s, true, P, -1), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn pod_level_requests_and_limits() {
+        let s = pod_level(
+            spec(vec![container(&[("cpu", "100m"), ("memory", "10Mi")], &[("memory", "20Mi")])]),
+            &[("memory", "96Mi")],
+            &[("memory", "200Mi")],
+        );
+        assert_eq!(pod_requests(&s), (100, 96 * MI as i64), "cpu from the containers, memory from the pod");
+        assert_eq!(pod_limits(&s), (0, 200 * MI as i64));
+        assert_eq!(burstable_cpu_request(&s), 100);
+        let huge = pod_level(
+            spec(vec![container(&[], &[("hugepages-2Mi", "4Mi")])]),
+            &[],
+            &[("memory", "64Mi"), ("hugepages-2Mi", "8Mi")],
+        );
+        assert_eq!(pod_hugetlb_limits(&huge, &[2 << 20]), vec![(2 << 20, 4 << 20)], "defaulted from the containers");
+        let explicit = pod_level(
+            spec(vec![container(&[], &[("hugepages-2Mi", "4Mi")])]),
+            &[("hugepages-2Mi", "8Mi")],
+            &[("memory", "64Mi"), ("hugepages-2Mi", "8Mi")],
+        );
+        assert_eq!(pod_hugetlb_limits(&explicit, &[2 << 20]), vec![(2 << 20, 8 << 20)], "the pod-level request");
+    }
 
     const P: Duration = Duration::from_millis(100);
     const MI: u64 = 1 << 20;

@@ -115,13 +115,24 @@ impl CriClient {
         let _ = self.metrics.set(metrics);
     }
 
-    /// The image the runtime makes sandboxes from (containerd's
-    /// `sandbox_image`, from its verbose status), which image GC must keep.
+    /// The image the runtime makes sandboxes from, which image GC must
+    /// keep: containerd 1.x's `sandbox_image`, from its verbose status;
+    /// containerd 2.x no longer tells it there (the image side of its CRI
+    /// plugin holds it, as `pinned_images.sandbox`), but pins it, so the
+    /// pinned image's name stands in.
     pub async fn sandbox_image(&self) -> Option<String> {
         let mut c = self.runtime.clone();
         let status = self.call("Status", self.timeout, c.status(api::StatusRequest { verbose: true })).await.ok()?;
-        let config: serde_json::Value = serde_json::from_str(status.info.get("config")?).ok()?;
-        config.get("sandboxImage").and_then(|v| v.as_str()).map(str::to_owned)
+        let configured = status
+            .info
+            .get("config")
+            .and_then(|c| serde_json::from_str::<serde_json::Value>(c).ok())
+            .and_then(|config| config.get("sandboxImage").and_then(|v| v.as_str()).map(str::to_owned));
+        if configured.is_some() {
+            return configured;
+        }
+        let images = self.list_images().await.ok()?;
+        images.into_iter().filter(|i| i.pinned).find_map(|i| i.repo_tags.into_iter().next())
     }
 
     pub fn endpoint(&self) -> &str {
@@ -294,6 +305,11 @@ impl RuntimeService for CriClient {
         self.call("Status", self.timeout, c.status(api::StatusRequest { verbose: false })).await
     }
 
+    async fn runtime_config(&self) -> Result<api::RuntimeConfigResponse> {
+        let mut c = self.runtime.clone();
+        self.call("RuntimeConfig", self.timeout, c.runtime_config(api::RuntimeConfigRequest {})).await
+    }
+
     async fn run_pod_sandbox(&self, config: api::PodSandboxConfig, runtime_handler: &str) -> Result<String> {
         let mut c = self.runtime.clone();
         let req = api::RunPodSandboxRequest { config: Some(config), runtime_handler: runtime_handler.to_owned() };
@@ -414,6 +430,20 @@ impl RuntimeService for CriClient {
         self.call("ExecSync", self.timeout + timeout, c.exec_sync(req)).await
     }
 
+    async fn update_container_resources(
+        &self,
+        container_id: &str,
+        resources: api::LinuxContainerResources,
+    ) -> Result<()> {
+        let mut c = self.runtime.clone();
+        let req = api::UpdateContainerResourcesRequest {
+            container_id: container_id.to_owned(),
+            linux: Some(resources),
+            ..Default::default()
+        };
+        self.call("UpdateContainerResources", self.timeout, c.update_container_resources(req)).await.map(drop)
+    }
+
     async fn reopen_container_log(&self, container_id: &str) -> Result<()> {
         let mut c = self.runtime.clone();
         let req = api::ReopenContainerLogRequest { container_id: container_id.to_owned() };
@@ -492,6 +522,11 @@ impl ImageService for CriClient {
         let req =
             api::RemoveImageRequest { image: Some(api::ImageSpec { image: image.to_owned(), ..Default::default() }) };
         self.call("RemoveImage", self.timeout, c.remove_image(req)).await.map(drop)
+    }
+
+    async fn filesystems(&self) -> Result<api::ImageFsInfoResponse> {
+        let mut c = self.images.clone();
+        self.call("ImageFsInfo", self.timeout, c.image_fs_info(api::ImageFsInfoRequest {})).await
     }
 
     async fn image_fs_info(&self) -> Result<Vec<api::FilesystemUsage>> {

@@ -73,6 +73,9 @@ pub mod reason {
     pub const CONTAINER_STATUS_UNKNOWN: &str = "ContainerStatusUnknown";
     /// Event reasons.
     pub const FAILED_CREATE_POD_SANDBOX: &str = "FailedCreatePodSandBox";
+    /// The pod's cgroup could not be created or limited (the kubelet's
+    /// FailedToCreatePodContainer event).
+    pub const FAILED_CREATE_POD_CONTAINER: &str = "FailedCreatePodContainer";
     pub const FAILED_KILL_POD: &str = "FailedKillPod";
     pub const FAILED: &str = "Failed";
     pub const BACK_OFF: &str = "BackOff";

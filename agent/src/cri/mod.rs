@@ -17,6 +17,7 @@ pub mod error;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 pub mod labels;
+pub mod runtime_config;
 
 use std::time::Duration;
 
@@ -44,6 +45,15 @@ pub trait RuntimeService: Send + Sync {
     async fn version(&self) -> Result<api::VersionResponse>;
     /// The runtime's conditions (RuntimeReady, NetworkReady).
     async fn status(&self) -> Result<api::StatusResponse>;
+    /// The runtime's own configuration (its cgroup driver). The default is
+    /// a runtime without the call, as containerd before 2.0.
+    async fn runtime_config(&self) -> Result<api::RuntimeConfigResponse> {
+        Err(CriError::Status {
+            call: "RuntimeConfig",
+            code: tonic::Code::Unimplemented,
+            message: "the runtime does not implement RuntimeConfig".into(),
+        })
+    }
 
     /// Returns the new sandbox's id.
     async fn run_pod_sandbox(&self, config: api::PodSandboxConfig, runtime_handler: &str) -> Result<String>;
@@ -82,6 +92,19 @@ pub trait RuntimeService: Send + Sync {
         ))
     }
     async fn container_status(&self, container_id: &str) -> Result<api::ContainerStatus>;
+    /// Changes a running container's cgroup limits (in-place resize). The
+    /// default is a runtime that cannot.
+    async fn update_container_resources(
+        &self,
+        _container_id: &str,
+        _resources: api::LinuxContainerResources,
+    ) -> Result<()> {
+        Err(CriError::Status {
+            call: "UpdateContainerResources",
+            code: tonic::Code::Unimplemented,
+            message: "the runtime cannot update container resources".into(),
+        })
+    }
     /// Runs `cmd` in the container and waits at most `timeout`.
     async fn exec_sync(&self, container_id: &str, cmd: Vec<String>, timeout: Duration)
     -> Result<api::ExecSyncResponse>;
@@ -107,6 +130,13 @@ pub trait ImageService: Send + Sync {
     ) -> Result<String>;
     async fn remove_image(&self, image: &str) -> Result<()>;
     async fn image_fs_info(&self) -> Result<Vec<api::FilesystemUsage>>;
+    /// ImageFsInfo in full: the image filesystems and, where the runtime
+    /// keeps containers' writable layers apart from images, the container
+    /// filesystems (empty otherwise, as containerd 1.6 and 2.1 answer). The
+    /// default is a runtime that does not split them.
+    async fn filesystems(&self) -> Result<api::ImageFsInfoResponse> {
+        Ok(api::ImageFsInfoResponse { image_filesystems: self.image_fs_info().await?, container_filesystems: vec![] })
+    }
 }
 
 /// The CRI sandbox and container states, readable.

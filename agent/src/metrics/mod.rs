@@ -182,6 +182,11 @@ impl Metrics {
             crossing_to_decision.clone(),
         );
         let crossing_to_kill = Family::new_with_constructor(latency_histogram as fn() -> Histogram);
+        // Every series exists from the start: an alert on `increase()`
+        // sees the first kill by each path, which a series born at 1 hides.
+        for path in ["kernel", "agent", "graceful"] {
+            drop(crossing_to_kill.get_or_create(&KillPathLabels { path: path.into() }));
+        }
         registry.register(
             "swiftlet_eviction_crossing_to_kill_seconds",
             "Time from the kernel seeing a threshold crossed to the victim's processes killed",
@@ -222,7 +227,12 @@ impl Metrics {
             "Eviction decisions that found no evictable pod",
             evictions_without_victim.clone(),
         );
-        let kernel_plan_outcomes = Family::default();
+        let kernel_plan_outcomes: Family<OutcomeLabels, Counter> = Family::default();
+        for outcome in
+            swiftlet_common::KillOutcome::ALL.into_iter().filter(|o| *o != swiftlet_common::KillOutcome::NotAttempted)
+        {
+            kernel_plan_outcomes.get_or_create(&OutcomeLabels { outcome: outcome.name().into() }).inc_by(0);
+        }
         registry.register(
             "swiftlet_kernel_plan_outcomes",
             "Crossings of the hard memory and PID lines, by what the kernel did with the victim plan (executed, or the check that refused it)",

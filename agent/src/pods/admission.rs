@@ -16,17 +16,16 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Toleration};
+use k8s_openapi::api::core::v1::{Pod, PodSpec, Toleration};
 
 use super::{security, sysctl::Allowlist};
 use crate::{
     cm::{
         hierarchy::pod_requests,
-        hugepages,
+        hugepages, pod_level,
         qos::{QosClass, is_critical, qos_class},
     },
     eviction::signal::NodeCondition,
-    quantity::Quantity,
 };
 
 /// The reason of a pod the device manager cannot give its devices.
@@ -87,39 +86,12 @@ pub fn admit_host(pod: &Pod, host: &HostSupport) -> Result<(), Rejection> {
     Ok(())
 }
 
-fn container_request(c: &Container, resource: &str) -> i64 {
-    let r = c.resources.as_ref();
-    let q = r
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|m| m.get(resource))
-        .or_else(|| r.and_then(|r| r.limits.as_ref()).and_then(|m| m.get(resource)));
-    q.and_then(|q| q.0.parse::<Quantity>().ok()).map_or(0, |q| q.value().max(0))
-}
-
-/// A pod's request of one resource as the kubelet's PodRequests sums it:
-/// regular containers and sidecars together, against the largest init
-/// container with the sidecars started before it, plus overhead.
+/// A pod's request of one resource as the kubelet's PodRequests counts
+/// it: regular containers and sidecars together, against the largest init
+/// container with the sidecars started before it, the pod-level request
+/// instead where `spec.resources` sets one, plus overhead.
 pub fn pod_request(spec: &PodSpec, resource: &str) -> i64 {
-    let mut total: i64 = spec.containers.iter().map(|c| container_request(c, resource)).sum();
-    let (mut sidecars, mut init_peak) = (0i64, 0i64);
-    for c in spec.init_containers.iter().flatten() {
-        let r = container_request(c, resource);
-        let at_start = if c.restart_policy.as_deref() == Some("Always") {
-            total += r;
-            sidecars += r;
-            sidecars
-        } else {
-            r + sidecars
-        };
-        init_peak = init_peak.max(at_start);
-    }
-    let overhead = spec
-        .overhead
-        .as_ref()
-        .and_then(|o| o.get(resource))
-        .and_then(|q| q.0.parse::<Quantity>().ok())
-        .map_or(0, |q| q.value().max(0));
-    total.max(init_peak) + overhead
+    pod_level::value(&pod_level::pod_requests(spec), resource)
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,15 +140,14 @@ pub fn admit(pod: &Pod, active: &[&Pod], allocatable: &Capacity) -> Result<(), R
             return Err(reject(&name, want, used, *capacity));
         }
     }
-    // A page size the node does not have at all.
+    // A page size the node does not have at all (asked for by a container
+    // or at the pod level).
     let all = spec.containers.iter().chain(spec.init_containers.iter().flatten());
-    for c in all {
-        for name in c.resources.iter().flat_map(|r| r.limits.iter().chain(r.requests.iter())).flatten().map(|(n, _)| n)
-        {
-            let Some(size) = hugepages::page_bytes(name) else { continue };
-            if !allocatable.hugepages.iter().any(|(s, _)| *s == size) {
-                return Err(reject(name, pod_request(spec, name), 0, 0));
-            }
+    let resources = all.filter_map(|c| c.resources.as_ref()).chain(spec.resources.as_ref());
+    for name in resources.flat_map(|r| r.limits.iter().chain(r.requests.iter())).flatten().map(|(n, _)| n) {
+        let Some(size) = hugepages::page_bytes(name) else { continue };
+        if !allocatable.hugepages.iter().any(|(s, _)| *s == size) {
+            return Err(reject(name, pod_request(spec, name), 0, 0));
         }
     }
     Ok(())
@@ -531,5 +502,39 @@ mod tests {
         assert_eq!(r.reason, "OutOfmemory", "600Mi + 300Mi of RuntimeClass overhead exceed 800Mi");
         p.spec.as_mut().unwrap().overhead = None;
         assert!(admit(&p, &[], &cap).is_ok());
+    }
+
+    #[test]
+    fn pod_level_requests_are_what_admission_counts() {
+        let with_pod_level = |mut p: Pod, requests: &[(&str, &str)], limits: &[(&str, &str)]| {
+            let list = |pairs: &[(&str, &str)]| {
+                (!pairs.is_empty())
+                    .then(|| pairs.iter().map(|(k, v)| (k.to_string(), Quantity(v.to_string()))).collect())
+            };
+            p.spec.as_mut().unwrap().resources =
+                Some(ResourceRequirements { requests: list(requests), limits: list(limits), ..Default::default() });
+            p
+        };
+        let cap = Capacity { pods: 10, cpu_milli: 2000, memory: 1 << 30, hugepages: vec![] };
+        // The containers ask for 100Mi; the pod level for 800Mi.
+        let big = with_pod_level(pod("", "100Mi"), &[("memory", "800Mi")], &[]);
+        let small = pod("", "300Mi");
+        let r = admit(&small, &[&big], &cap).unwrap_err();
+        assert_eq!(
+            r.message,
+            "Pod was rejected: Node didn't have enough resource: memory, requested: 314572800, used: 838860800, capacity: 1073741824",
+            "the active pod counts its pod-level request"
+        );
+        // Limits only: the requests default to them.
+        let limited = with_pod_level(pod("", ""), &[], &[("cpu", "1500m"), ("memory", "64Mi")]);
+        let r = admit(&pod("600m", ""), &[&limited], &cap).unwrap_err();
+        assert_eq!(r.reason, "OutOfcpu");
+        assert_eq!(pod_request(limited.spec.as_ref().unwrap(), "memory"), 64 << 20);
+        let huge = with_pod_level(pod("", ""), &[], &[("memory", "64Mi"), ("hugepages-1Gi", "1Gi")]);
+        assert_eq!(
+            admit(&huge, &[], &cap).unwrap_err().reason,
+            "OutOfhugepages-1Gi",
+            "a pod-level page size the node lacks"
+        );
     }
 }

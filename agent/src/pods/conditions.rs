@@ -141,8 +141,16 @@ pub fn ready(pod: &Pod, containers_ready: &PodCondition, conditions: &[PodCondit
 /// The conditions of a pod that others set (readiness gates' among them):
 /// every one of the pod's API status that the kubelet does not own.
 pub fn foreign(pod: &Pod) -> Vec<PodCondition> {
-    const OWNED: [&str; 6] =
-        ["PodScheduled", "Ready", "Initialized", "ContainersReady", "PodReadyToStartContainers", "DisruptionTarget"];
+    const OWNED: [&str; 8] = [
+        "PodScheduled",
+        "Ready",
+        "Initialized",
+        "ContainersReady",
+        "PodReadyToStartContainers",
+        "DisruptionTarget",
+        "PodResizePending",
+        "PodResizeInProgress",
+    ];
     pod.status
         .iter()
         .flat_map(|s| s.conditions.iter().flatten())

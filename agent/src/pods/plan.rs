@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use super::{
     observed::{ContainerRunState, ContainerState, ObservedPod},
     sidecars,
-    spec::container_hash,
+    spec::hash_matches,
 };
 
 /// Why a running container is killed.
@@ -245,7 +245,7 @@ fn regular_container_actions(
         let latest = observed.latest(&c.name);
         match latest {
             Some(s) if s.state == ContainerRunState::Running => {
-                let (message, probe, restart) = if s.hash != container_hash(c) && !s.hash.is_empty() {
+                let (message, probe, restart) = if !s.hash.is_empty() && !hash_matches(&s.hash, c) {
                     // A changed spec restarts the container whatever the policy.
                     (format!("Container {} definition changed, will be restarted", c.name), None, true)
                 } else {
@@ -335,7 +335,7 @@ mod tests {
             message: String::new(),
             image: "busybox".into(),
             image_ref: "sha256:x".into(),
-            hash: container_hash(c),
+            hash: crate::pods::spec::container_hash(c),
             grace_period_secs: None,
         }
     }

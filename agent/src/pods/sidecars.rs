@@ -24,7 +24,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use super::{
     observed::{ContainerRunState, ObservedPod},
     plan::{KillContainer, ProbeVerdict, restarts_on_failure_of},
-    spec::container_hash,
+    spec::hash_matches,
 };
 
 /// Whether an init container is a sidecar.
@@ -102,7 +102,7 @@ pub fn init_actions(pod: &Pod, observed: &ObservedPod, probes: &HashMap<String, 
                     } else if !previously {
                         start.push(i + 1);
                     }
-                    if !s.hash.is_empty() && s.hash != container_hash(c) {
+                    if !s.hash.is_empty() && !hash_matches(&s.hash, c) {
                         kill(&mut out, &s.id, c, format!("Init container {} definition changed", c.name), None);
                         start.push(i);
                     } else if verdict == Some(&ProbeVerdict::LivenessFailed) {

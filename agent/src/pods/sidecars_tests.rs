@@ -43,7 +43,7 @@ fn ctr(p: &Pod, name: &str, state: ContainerRunState, exit: i32, created: i64) -
         message: String::new(),
         image: "busybox".into(),
         image_ref: "sha256:x".into(),
-        hash: container_hash(c),
+        hash: crate::pods::spec::container_hash(c),
         grace_period_secs: None,
     }
 }

@@ -17,7 +17,7 @@ use crate::{
     cm::{
         hugepages,
         naming::{CgroupNaming, milli_cpu_to_quota, milli_cpu_to_shares},
-        qos::{container_resources, oom_score_adj, qos_class},
+        qos::{oom_score_adj, qos_class},
     },
     cri::{
         api,
@@ -241,16 +241,50 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, settings: &NodeSettings) -> api::
     }
 }
 
-/// A hash of everything in the container spec that, when changed, makes
-/// the kubelet restart the container.
+/// The container hash the runtime's containers carry (the
+/// `io.kubernetes.container.hash` annotation): it changes exactly when the
+/// container must be re-created. As the kubelet's HashContainer, only the
+/// name and the image count: every other field of a running pod's container
+/// is immutable in the API, except the resources, which are resized in
+/// place and must not restart anything. The encoding is ours and fixed
+/// (a JSON object with sorted keys, FNV-1a 32, lowercase hex without
+/// padding), so neither a new k8s-openapi field nor a resize changes it;
+/// the golden table in the tests guards it.
 pub fn container_hash(c: &Container) -> String {
+    let fields = std::collections::BTreeMap::from([("image", c.image.as_deref().unwrap_or("")), ("name", &c.name)]);
+    let json = serde_json::to_vec(&fields).unwrap_or_default();
+    format!("{:x}", fnv1a32(&json))
+}
+
+fn fnv1a32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193))
+}
+
+/// The hash older swiftlets wrote: the first 8 bytes of SHA-256 over the
+/// whole serialized container (16 hex digits, never the length of
+/// [`container_hash`]). Containers created by them are kept while their
+/// spec serializes the same.
+fn legacy_container_hash(c: &Container) -> String {
     let mut h = Sha256::new();
     h.update(serde_json::to_vec(c).unwrap_or_default());
     h.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn resources(pod: &Pod, c: &Container, settings: &NodeSettings) -> api::LinuxContainerResources {
-    let r = container_resources(c);
+/// Whether a running container's hash annotation says it was made from
+/// `c` (an empty annotation, from a container not made by swiftlet,
+/// matches nothing and is handled by the callers).
+pub fn hash_matches(annotation: &str, c: &Container) -> bool {
+    if annotation.len() == 16 {
+        return annotation == legacy_container_hash(c);
+    }
+    annotation == container_hash(c)
+}
+
+/// The CRI resources a container gets from its (allocated) spec: what it
+/// is created with, and what a resize applies with
+/// UpdateContainerResources.
+pub fn resources(pod: &Pod, c: &Container, settings: &NodeSettings) -> api::LinuxContainerResources {
+    let r = crate::cm::qos::container_runtime_resources(pod.spec.as_ref(), c);
     let period_us = settings.cpu_cfs_quota_period.as_micros().clamp(1_000, 1_000_000) as i64;
     let quota = if settings.cpu_cfs_quota {
         r.cpu_limit.and_then(|l| milli_cpu_to_quota(l.milli_value(), period_us as u64)).unwrap_or(0)
@@ -560,12 +594,63 @@ mod tests {
     }
 
     #[test]
-    fn hash_changes_with_the_spec() {
+    fn hash_changes_with_the_image_and_name_only() {
         let p = pod(true);
         let mut c = p.spec.as_ref().unwrap().containers[0].clone();
         let h = container_hash(&c);
         assert_eq!(h, container_hash(&c.clone()));
+        // A resize, or any field the API does not let change, keeps it.
+        c.resources = None;
+        c.env = None;
+        c.resize_policy = Some(vec![k8s_openapi::api::core::v1::ContainerResizePolicy {
+            resource_name: "cpu".into(),
+            restart_policy: "RestartContainer".into(),
+        }]);
+        assert_eq!(h, container_hash(&c));
         c.image = Some("busybox:1.36".into());
         assert_ne!(h, container_hash(&c));
+        let mut renamed = p.spec.as_ref().unwrap().containers[0].clone();
+        renamed.name = "other".into();
+        assert_ne!(h, container_hash(&renamed));
+    }
+
+    /// Golden values: a swiftlet whose hash of an unchanged container
+    /// differs would restart every container on the node when upgraded.
+    /// Never update these; add a migration instead.
+    #[test]
+    fn golden_hashes() {
+        let c = |name: &str, image: Option<&str>| Container {
+            name: name.into(),
+            image: image.map(str::to_owned),
+            ..Default::default()
+        };
+        let mut full = pod(true).spec.unwrap().containers[0].clone();
+        full.name = "app".into();
+        full.image = Some("registry.k8s.io/pause:3.10".into());
+        let table = [
+            (c("app", Some("busybox:1.36")), "47615a6e"),
+            (c("sidecar", Some("docker.io/library/nginx:1.27@sha256:0123")), "85770066"),
+            (c("no-image", None), "77f19524"),
+            (c("ünïcode\"quote", Some("img")), "2724850"),
+            (full, "74657526"),
+        ];
+        for (container, want) in &table {
+            assert_eq!(container_hash(container), *want, "{}", container.name);
+        }
+    }
+
+    #[test]
+    fn legacy_hashes_are_still_recognised() {
+        let p = pod(true);
+        let c = p.spec.as_ref().unwrap().containers[0].clone();
+        let legacy = legacy_container_hash(&c);
+        assert_eq!(legacy.len(), 16);
+        assert!(hash_matches(&legacy, &c), "a container made by an older swiftlet is kept");
+        assert!(hash_matches(&container_hash(&c), &c));
+        let mut changed = c.clone();
+        changed.image = Some("busybox:1.36".into());
+        assert!(!hash_matches(&legacy, &changed));
+        assert!(!hash_matches(&container_hash(&c), &changed));
+        assert!(!hash_matches("", &c));
     }
 }

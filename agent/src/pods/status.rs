@@ -104,6 +104,18 @@ pub(super) fn container_status(input: &StatusInput<'_>, c: &Container, default_w
     };
     let waiting_reason = input.waiting.get(&c.name);
     let Some(latest) = latest else {
+        // The runtime no longer has the container (garbage collection
+        // removes a finished pod's containers: containerd 2 lists them
+        // gone while the pod's status is still reported). As the kubelet's
+        // convertToAPIContainerStatuses: a termination reported before
+        // stays; otherwise the restart count and last state carry over.
+        if let Some(old) = previous_container_status(input.previous, &c.name) {
+            if old.state.as_ref().is_some_and(|st| st.terminated.is_some()) {
+                return old.clone();
+            }
+            s.restart_count = old.restart_count;
+            s.last_state = old.last_state.clone();
+        }
         let (r, m) = waiting_reason.map(|(r, m)| (r.as_str(), Some(m.as_str()))).unwrap_or((default_waiting, None));
         s.state = Some(waiting(r, m));
         return s;
@@ -168,6 +180,16 @@ pub(super) fn container_status(input: &StatusInput<'_>, c: &Container, default_w
         }
     }
     s
+}
+
+/// The status reported before for the container of that name (names are
+/// unique across a pod's init, regular and ephemeral containers).
+fn previous_container_status<'a>(previous: Option<&'a PodStatus>, name: &str) -> Option<&'a ContainerStatus> {
+    let p = previous?;
+    [&p.init_container_statuses, &p.container_statuses, &p.ephemeral_container_statuses]
+        .into_iter()
+        .flat_map(|l| l.iter().flatten())
+        .find(|s| s.name == name)
 }
 
 /// HasAnyRegularContainerStarted.
@@ -580,6 +602,39 @@ mod tests {
         assert_eq!((s.phase.as_deref(), s.reason.as_deref()), (Some("Failed"), Some("Evicted")));
         assert_eq!(cond(&s, "DisruptionTarget").reason.as_deref(), Some("TerminationByKubelet"));
         assert_eq!(cond(&s, "PodScheduled").last_transition_time, cond(&first, "PodScheduled").last_transition_time);
+    }
+
+    #[test]
+    fn a_reported_termination_outlives_the_removed_container() {
+        let p = pod("Never", &[], &["a", "b"]);
+        let w = World::new(vec![obs("a", Exited, 137, 0, 1), obs("b", Exited, 1, 2, 2)]);
+        let evicted = TerminalReason { reason: "Evicted".into(), message: "low on memory".into(), disruption: true };
+        let input = |observed, previous| StatusInput {
+            pod: &p,
+            observed,
+            waiting: &w.waiting,
+            readiness: &w.readiness,
+            not_started: &w.not_started,
+            messages: &w.messages,
+            previous,
+            host_ip: Some("10.0.0.1"),
+            runtime_name: "containerd",
+            now: Timestamp::UNIX_EPOCH,
+            terminal: true,
+            terminal_reason: Some(&evicted),
+        };
+        let before = generate(&input(&w.observed, None));
+        // Garbage collection removed the containers and the sandbox.
+        let gone = ObservedPod::default();
+        let after = generate(&input(&gone, Some(&before)));
+        assert_eq!(after.container_statuses, before.container_statuses, "the terminations stay as reported");
+        let a = &after.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(a.state.as_ref().unwrap().terminated.as_ref().map(|t| t.exit_code), Some(137));
+        assert!(!a.image_id.is_empty(), "the image id stays");
+        // Without a previous status there is nothing to keep.
+        let fresh = generate(&input(&gone, None));
+        let a = &fresh.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(a.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("ContainerCreating"));
     }
 
     #[test]

@@ -71,7 +71,8 @@ struct Harness {
     manager: PodManager,
     events: Arc<Recorder>,
     reporter: Arc<Reporter>,
-    _dir: tempfile::TempDir,
+    /// Stands in for the cgroup tree (and holds the pods' directories).
+    dir: tempfile::TempDir,
     _stop: CancellationToken,
 }
 
@@ -129,6 +130,7 @@ fn harness(pods_capacity: i64) -> Harness {
         devices: None,
         runtime_classes: Default::default(),
         metrics: PodMetrics::default(),
+        allocations: Arc::new(crate::pods::resize::Allocator::in_memory()),
     });
     let stop = CancellationToken::new();
     let shutdown = stop.clone();
@@ -137,7 +139,7 @@ fn harness(pods_capacity: i64) -> Harness {
     let reporter = Arc::new(Reporter::default());
     manager.set_reporter(reporter.clone());
     tokio::spawn(manager.clone().run(Duration::from_millis(100)));
-    Harness { rt, manager, events, reporter, _dir: dir, _stop: stop }
+    Harness { rt, manager, events, reporter, dir, _stop: stop }
 }
 
 fn pod(name: &str, containers: &[&str]) -> Pod {
@@ -368,4 +370,33 @@ async fn orphans_are_stopped_once_every_source_has_spoken() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(h.rt.sandbox_ids().contains(&foreign));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_sandbox_runs_without_its_pod_cgroup_and_the_pod_recovers() {
+    let h = harness(10);
+    // A file where the BestEffort pod's cgroup goes: it cannot be created.
+    let besteffort = h.dir.path().join("kubepods/besteffort");
+    std::fs::create_dir_all(&besteffort).unwrap();
+    let blocker = besteffort.join("poduid-p");
+    std::fs::write(&blocker, "").unwrap();
+    h.set(vec![pod("p", &["c"])]);
+    let s = h
+        .wait("p", "ContainerCreating for its cgroup", |s| {
+            waiting(s, 0)
+                .is_some_and(|(r, m)| r == "ContainerCreating" && m.starts_with("unable to ensure pod container"))
+        })
+        .await;
+    assert_eq!(s.phase.as_deref(), Some("Pending"));
+    assert!(h.has_event("FailedCreatePodContainer"), "{:?}", h.events.0.lock());
+    assert_eq!(h.rt.count(Method::RunPodSandbox), 0, "a sandbox started without its pod cgroup");
+    // The cause goes: the next attempt (after the worker's back-off) runs it.
+    std::fs::remove_file(&blocker).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !h.status("p").is_some_and(|s| running(&s, 0)) {
+        assert!(Instant::now() < deadline, "the pod did not recover: {:?}", h.status("p"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(h.dir.path().join("kubepods/besteffort/poduid-p").is_dir());
+    assert_eq!(h.rt.count(Method::RunPodSandbox), 1);
 }

@@ -156,6 +156,7 @@ pub fn validate(pod: &Pod) -> Vec<FieldError> {
     }
     errs.extend(super::volume_validation::validate(spec));
     errs.extend(super::validation_extra::validate(spec));
+    errs.extend(super::pod_level_validation::validate(spec));
     errs
 }
 

@@ -495,6 +495,7 @@ mod tests {
                 memory_capacity: 4000,
                 fs: None,
                 imagefs: None,
+                containerfs: None,
                 maxpid: None,
                 curproc: None,
                 interfaces: vec![InterfaceSample { name: "ens3".into(), rx_bytes: 99, ..Default::default() }],

@@ -83,6 +83,7 @@ mod tests {
                 memory_capacity: 1,
                 fs: None,
                 imagefs: None,
+                containerfs: None,
                 maxpid: None,
                 curproc: None,
                 interfaces: vec![],

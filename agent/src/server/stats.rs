@@ -99,6 +99,10 @@ pub struct NodeSample {
     pub memory_capacity: u64,
     pub fs: Option<FsSample>,
     pub imagefs: Option<FsSample>,
+    /// Where containers' writable layers live, when the runtime keeps
+    /// them apart from images (CRI ImageFsInfo's container filesystems);
+    /// None: on the image filesystem.
+    pub containerfs: Option<FsSample>,
     pub maxpid: Option<u64>,
     pub curproc: Option<u64>,
     pub interfaces: Vec<InterfaceSample>,
@@ -281,6 +285,7 @@ impl StatsProvider {
                         memory_capacity: 0,
                         fs: None,
                         imagefs: None,
+                        containerfs: None,
                         maxpid: None,
                         curproc: None,
                         interfaces: vec![],
@@ -345,6 +350,8 @@ pub(super) struct RuntimeView {
     /// Writable layer (bytes, inodes) by container id.
     pub writable: HashMap<String, (u64, Option<u64>)>,
     pub imagefs: Option<(String, u64, Option<u64>)>,
+    /// The container filesystem, in the same form, when the runtime reports one.
+    pub containerfs: Option<(String, u64, Option<u64>)>,
     running_sandboxes: u64,
     containers_by_state: BTreeMap<&'static str, u64>,
 }
@@ -396,15 +403,19 @@ impl RuntimeView {
             }
             Err(e) => errors.push(format!("listing container stats: {e}")),
         }
-        match rt.image_fs_info().await {
+        // The first of each list, as the kubelet's CRI stats provider
+        // takes them; no container filesystem means the image one.
+        let usage = |f: api::FilesystemUsage| {
+            (
+                f.fs_id.map(|i| i.mountpoint).unwrap_or_default(),
+                f.used_bytes.map(|u| u.value).unwrap_or(0),
+                f.inodes_used.map(|i| i.value),
+            )
+        };
+        match rt.filesystems().await {
             Ok(fss) => {
-                v.imagefs = fss.into_iter().next().map(|f| {
-                    (
-                        f.fs_id.map(|i| i.mountpoint).unwrap_or_default(),
-                        f.used_bytes.map(|u| u.value).unwrap_or(0),
-                        f.inodes_used.map(|i| i.value),
-                    )
-                })
+                v.imagefs = fss.image_filesystems.into_iter().next().map(usage);
+                v.containerfs = fss.container_filesystems.into_iter().next().map(usage);
             }
             Err(e) => errors.push(format!("image filesystem: {e}")),
         }

@@ -29,7 +29,7 @@ use crate::{
     cgroups::{CgroupFs, Version, subtree_processes},
     cm::{
         naming::CgroupDriver,
-        qos::{QosClass, qos_class},
+        qos::{QosClass, pod_qos},
     },
     cri::api,
     psi,
@@ -161,24 +161,16 @@ fn container_cgroup(driver: CgroupDriver, pod_cgroup: &str, id: &str, exists: im
     candidates.into_iter().find(|c| exists(c))
 }
 
-/// The QoS class a pod's cgroup sits under.
-pub fn pod_qos(pod: &Pod) -> QosClass {
-    match pod.status.as_ref().and_then(|s| s.qos_class.as_deref()) {
-        Some("Guaranteed") => QosClass::Guaranteed,
-        Some("Burstable") => QosClass::Burstable,
-        Some("BestEffort") => QosClass::BestEffort,
-        _ => pod.spec.as_ref().map(qos_class).unwrap_or(QosClass::BestEffort),
-    }
-}
-
 /// Boot time (btime of /proc/stat), the node's and root cgroup's start.
 fn boot_time() -> Option<Timestamp> {
     Timestamp::from_second(i64::try_from(procfs::boot_time_secs().ok()?).ok()?).ok()
 }
 
-/// The image filesystem's capacity and free space, without its usage.
-fn imagefs_base(node: &NodeSample) -> Option<FsSample> {
-    node.imagefs.map(|f| FsSample { used: None, inodes_used: None, ..f })
+/// The capacity and free space of the filesystem containers' writable
+/// layers live on (the container filesystem, else the image one), without
+/// its usage.
+fn rootfs_base(node: &NodeSample) -> Option<FsSample> {
+    node.containerfs.or(node.imagefs).map(|f| FsSample { used: None, inodes_used: None, ..f })
 }
 
 /// Block devices named `/dev/<name>` in place of `major:minor`.
@@ -226,10 +218,12 @@ pub(super) fn read_cgroups(
             None
         }
     };
-    let imagefs = rt.imagefs.as_ref().map(|(mountpoint, used, inodes_used)| {
+    let runtime_fs = |(mountpoint, used, inodes_used): &(String, u64, Option<u64>)| {
         let base = (!mountpoint.is_empty()).then(|| fs_sample(Path::new(mountpoint)).ok()).flatten();
         FsSample::usage_on(base, *used, *inodes_used)
-    });
+    };
+    let imagefs = rt.imagefs.as_ref().map(runtime_fs);
+    let containerfs = rt.containerfs.as_ref().map(runtime_fs);
     let logs_fs = fs_sample(&cfg.pod_logs_dir).ok().or(nodefs);
     let system = sample(&kubepods, specs).map(|s| vec![(SYSTEM_CONTAINER_PODS.to_owned(), s)]).unwrap_or_default();
     let qos = [QosClass::Burstable, QosClass::BestEffort]
@@ -242,6 +236,7 @@ pub(super) fn read_cgroups(
         memory_capacity,
         fs: nodefs,
         imagefs,
+        containerfs,
         maxpid: node::pid_max().ok(),
         curproc: node::tasks().ok(),
         interfaces: std::fs::read_to_string("/proc/net/dev").map(|t| parse_net_dev(&t)).unwrap_or_default(),
@@ -304,7 +299,7 @@ pub(super) fn read_cgroups(
                 .and_then(|p| sample(&p))
                 .unwrap_or_default();
             let rootfs =
-                rt.writable.get(&c.id).map(|(used, inodes)| FsSample::usage_on(imagefs_base(&node), *used, *inodes));
+                rt.writable.get(&c.id).map(|(used, inodes)| FsSample::usage_on(rootfs_base(&node), *used, *inodes));
             let logs = du(&log_dir.join(&cname)).map(|(b, i)| FsSample::usage_on(logs_fs, b, Some(i)));
             // The image as the pod names it (the runtime lists its id).
             let spec_image = pod

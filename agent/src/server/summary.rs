@@ -326,10 +326,12 @@ pub fn summary(s: &StatsSnapshot) -> Summary {
         io: io(&n.root, at),
         network,
         fs: n.fs.as_ref().map(|f| fs_stats(f, at)),
-        runtime: n
-            .imagefs
-            .as_ref()
-            .map(|f| RuntimeStats { image_fs: Some(fs_stats(f, at)), container_fs: Some(fs_stats(f, at)) }),
+        // As the kubelet's CRI stats provider: the container filesystem is
+        // the image filesystem unless the runtime reports one of its own.
+        runtime: n.imagefs.as_ref().map(|f| RuntimeStats {
+            image_fs: Some(fs_stats(f, at)),
+            container_fs: Some(fs_stats(n.containerfs.as_ref().unwrap_or(f), at)),
+        }),
         rlimit: Some(RlimitStats {
             time: t(at),
             maxpid: n.maxpid.map(|v| v as i64),
@@ -408,6 +410,7 @@ mod tests {
                     inodes_used: Some(6),
                 }),
                 imagefs: None,
+                containerfs: None,
                 maxpid: Some(4_194_304),
                 curproc: Some(321),
                 interfaces: vec![],
@@ -478,6 +481,20 @@ mod tests {
         // And it reads back.
         let back: Summary = serde_json::from_value(v).unwrap();
         assert_eq!(back, summary(&snapshot()));
+    }
+
+    #[test]
+    fn the_container_filesystem_is_the_image_one_unless_the_runtime_reports_its_own() {
+        let fs = |used| FsSample { used: Some(used), capacity: Some(1000), ..Default::default() };
+        let mut snap = snapshot();
+        snap.node.imagefs = Some(fs(100));
+        let v = serde_json::to_value(summary(&snap)).unwrap();
+        assert_eq!(v["node"]["runtime"]["imageFs"]["usedBytes"], 100);
+        assert_eq!(v["node"]["runtime"]["containerFs"]["usedBytes"], 100);
+        snap.node.containerfs = Some(fs(300));
+        let v = serde_json::to_value(summary(&snap)).unwrap();
+        assert_eq!(v["node"]["runtime"]["imageFs"]["usedBytes"], 100);
+        assert_eq!(v["node"]["runtime"]["containerFs"]["usedBytes"], 300);
     }
 
     #[test]

@@ -48,7 +48,7 @@ fn default_container(c: &mut Value) {
 }
 
 /// QoS class as the API server computes it for status.qosClass.
-fn qos_class(spec: &Value) -> &'static str {
+pub(super) fn qos_class(spec: &Value) -> &'static str {
     let containers: Vec<&Value> = ["containers", "initContainers"]
         .iter()
         .filter_map(|f| spec.get(*f).and_then(Value::as_array))

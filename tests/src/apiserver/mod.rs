@@ -36,6 +36,7 @@ mod ephemeral;
 pub mod openapi;
 pub mod patch;
 pub mod proxy;
+mod resize;
 pub mod resources;
 pub mod selectors;
 mod server;

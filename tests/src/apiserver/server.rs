@@ -317,6 +317,14 @@ async fn dispatch(state: &Arc<State>, req: Request<Incoming>, user: &UserInfo) -
                 return super::ephemeral::serve(state, &rt, &ns, n, &method, &content_type, parse_body()?)
                     .map(|v| json_response(200, &v));
             }
+            if rt.kind == "Pod"
+                && sub.as_deref() == Some("resize")
+                && let Some(n) = &name
+            {
+                let ns = ns_str.clone();
+                return super::resize::serve(state, &rt, &ns, n, &method, &content_type, parse_body()?)
+                    .map(|v| json_response(200, &v));
+            }
             match (method, name, sub.as_deref()) {
                 (Method::GET, None, None) => {
                     if q.get("watch").is_some_and(|w| w == "true" || w == "1") {

@@ -8,6 +8,7 @@
 
 pub mod kernels;
 pub mod pods;
+pub mod pods_pvc;
 pub mod race;
 pub mod server;
 pub mod signals;
@@ -195,6 +196,11 @@ pub fn all() -> Vec<(&'static str, &'static str, BenchFn)> {
         ),
         ("pod-start", "pod start latency vs the same CRI calls made directly", pods::pod_start),
         ("pods-110", "110 pause pods started, listed, deleted; agent RSS and idle CPU", pods::pods_110),
+        (
+            "pods-110-pvc",
+            "pods-110 through the API server, a tenth of the pods with a provisioned CSI claim; RSS and idle CPU",
+            pods_pvc::pods_110_pvc,
+        ),
         (
             "kernel-matrix",
             "per kernel: crossing → decision and → dead per signal mode, as ratios to cgroupfs polling",

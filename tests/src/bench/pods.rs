@@ -17,7 +17,7 @@ use super::{BenchResult, Ctx, Figure, Table, median};
 use crate::agent::{AgentProcess, AgentSetup, TestAgent, cri_endpoint};
 
 const BUSYBOX: &str = "swiftlet.local/busybox:1.35";
-const PAUSE: &str = "swiftlet.local/pause:3.9";
+pub(super) const PAUSE: &str = "swiftlet.local/pause:3.9";
 
 fn busybox_pod(name: &str) -> String {
     format!(
@@ -149,6 +149,8 @@ pub fn pod_start(ctx: &Ctx) -> Result<BenchResult> {
     })
 }
 
+/// Running containers of the pods whose names end in `-<node>` (a static
+/// pod's mirror name; the API benches name their pods so too).
 fn running_pause_containers(cri: &CriClient, rt: &tokio::runtime::Runtime, node: &str) -> Result<usize> {
     let suffix = format!("-{node}");
     let list = rt.block_on(cri.list_containers(Some(api::ContainerFilter {
@@ -202,86 +204,162 @@ fn usage(pid: u32) -> Result<(Resident, f64)> {
     Ok((resident, ticks / hz))
 }
 
-pub fn pods_110(ctx: &Ctx) -> Result<BenchResult> {
-    let n = ctx.pick(110, 20);
-    let idle = ctx.pick(Duration::from_secs(60), Duration::from_secs(10));
-    let _ = cri_endpoint();
-    let setup = AgentSetup::new("", &[]);
-    let node = setup.node.clone();
-    for i in 0..n {
-        setup.add_manifest(&format!("pause{i}.yaml"), &pause_pod(&format!("pause{i}")));
-    }
-    let started = Instant::now();
-    let mut agent = AgentProcess::start(setup);
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while running_pause_containers(&agent.cri, &agent.rt, &node)? < n {
-        if Instant::now() > deadline {
-            bail!("only {} of {n} pods running after 10 min", running_pause_containers(&agent.cri, &agent.rt, &node)?);
+/// How long the pods-110 benches wait for all pods to run, or to go.
+pub(super) const POD_DEADLINE: Duration = Duration::from_secs(600);
+
+/// What the pods-110 benches measure of an agent running `n` pods of its
+/// node (pods whose names end in `-<node>`).
+pub(super) struct Footprint {
+    pub n: usize,
+    /// From `started` to every pod's container running.
+    pub start_all: Duration,
+    /// CRI list round trips with every pod running, ms.
+    pub lists: Vec<f64>,
+    /// The agent's resident memory, once a second at rest.
+    rss: Vec<Resident>,
+    /// The agent's CPU at rest, % of a core.
+    pub cpu_pct: f64,
+    /// The window at rest.
+    pub idle: Duration,
+    /// From the pods' removal asked to their sandboxes gone (set by
+    /// [`Footprint::wait_gone`]).
+    pub delete_all: Duration,
+}
+
+impl Footprint {
+    /// Waits (from `started`) until the `n` pods of the agent's node run,
+    /// times CRI lists, and lets the agent settle. `explain` says, on a
+    /// time-out, what is holding pods back.
+    pub(super) fn wait_running(
+        agent: &AgentProcess,
+        n: usize,
+        started: Instant,
+        explain: &dyn Fn() -> String,
+    ) -> Result<Footprint> {
+        let node = &agent.setup.node;
+        let deadline = started + POD_DEADLINE;
+        loop {
+            let running = running_pause_containers(&agent.cri, &agent.rt, node)?;
+            if running >= n {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("only {running} of {n} pods running after {POD_DEADLINE:?}{}", explain());
+            }
+            std::thread::sleep(Duration::from_millis(200));
         }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let start_all = started.elapsed();
-    let mut lists = vec![];
-    for _ in 0..20 {
-        let t = Instant::now();
-        let _ = running_pause_containers(&agent.cri, &agent.rt, &node)?;
-        let _ = sandboxes_of(&agent.cri, &agent.rt, &node)?;
-        lists.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    // Settle, then measure the agent at rest with every pod running.
-    std::thread::sleep(Duration::from_secs(5));
-    let pid = agent.pid().context("the agent is not running")?;
-    let (_, cpu0) = usage(pid)?;
-    let mut rss = vec![];
-    let t0 = Instant::now();
-    while t0.elapsed() < idle {
-        rss.push(usage(pid)?.0);
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    let (_, cpu1) = usage(pid)?;
-    let cpu_pct = (cpu1 - cpu0) / t0.elapsed().as_secs_f64() * 100.0;
-    for i in 0..n {
-        agent.setup.remove_manifest(&format!("pause{i}.yaml"));
-    }
-    let t = Instant::now();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while sandboxes_of(&agent.cri, &agent.rt, &node)? > 0 {
-        if Instant::now() > deadline {
-            bail!("pods not removed after 10 min");
+        let start_all = started.elapsed();
+        let mut lists = vec![];
+        for _ in 0..20 {
+            let t = Instant::now();
+            let _ = running_pause_containers(&agent.cri, &agent.rt, node)?;
+            let _ = sandboxes_of(&agent.cri, &agent.rt, node)?;
+            lists.push(t.elapsed().as_secs_f64() * 1e3);
         }
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_secs(5));
+        Ok(Footprint {
+            n,
+            start_all,
+            lists,
+            rss: vec![],
+            cpu_pct: 0.0,
+            idle: Duration::ZERO,
+            delete_all: Duration::ZERO,
+        })
     }
-    let delete_all = t.elapsed();
-    agent.stop();
-    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    // The sample with the most resident memory, and its split.
-    let peak = rss.iter().copied().max_by_key(|r| r.total).unwrap_or_default();
-    let max_rss = mib(peak.total);
-    Ok(BenchResult {
-        name: "pods-110".into(),
-        title: format!("{n} pause pods started, listed and deleted by the swiftlet binary; its RSS and CPU at rest"),
-        figures: vec![
-            Figure::value(format!("{n} pods: agent start → all running"), "s", n, start_all.as_secs_f64()),
-            Figure::value("pods started per second", "pods/s", n, n as f64 / start_all.as_secs_f64()),
-            Figure::distribution("CRI list (sandboxes + containers)", "ms", &lists),
-            Figure::value(
-                format!("{n} pods: manifests removed → all sandboxes gone"),
-                "s",
-                n,
-                delete_all.as_secs_f64(),
-            ),
-            Figure::value(format!("agent RSS with {n} pods (max)"), "MiB", rss.len(), max_rss),
+
+    /// Samples the agent at rest, every pod running, for `idle`: its
+    /// resident memory once a second, its CPU over the whole window.
+    pub(super) fn rest(&mut self, agent: &AgentProcess, idle: Duration) -> Result<()> {
+        let pid = agent.pid().context("the agent is not running")?;
+        let (_, cpu0) = usage(pid)?;
+        let t0 = Instant::now();
+        while t0.elapsed() < idle {
+            self.rss.push(usage(pid)?.0);
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        let (_, cpu1) = usage(pid)?;
+        self.idle = t0.elapsed();
+        self.cpu_pct = (cpu1 - cpu0) / self.idle.as_secs_f64() * 100.0;
+        Ok(())
+    }
+
+    /// Waits until no sandbox of the agent's node is left; the time from
+    /// `since` is the deletion figure.
+    pub(super) fn wait_gone(
+        &mut self,
+        agent: &AgentProcess,
+        since: Instant,
+        explain: &dyn Fn() -> String,
+    ) -> Result<()> {
+        let deadline = since + POD_DEADLINE;
+        while sandboxes_of(&agent.cri, &agent.rt, &agent.setup.node)? > 0 {
+            if Instant::now() > deadline {
+                bail!("pods not removed after {POD_DEADLINE:?}{}", explain());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        self.delete_all = since.elapsed();
+        Ok(())
+    }
+
+    /// The sample with the most resident memory, and its split.
+    fn peak(&self) -> Resident {
+        self.rss.iter().copied().max_by_key(|r| r.total).unwrap_or_default()
+    }
+
+    /// The figures and the targets' table; `started` and `deleted` name
+    /// where the start and deletion times run from.
+    pub(super) fn report(&self, started: &str, deleted: &str) -> (Vec<Figure>, Table) {
+        let n = self.n;
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let peak = self.peak();
+        let max_rss = mib(peak.total);
+        let cpu_pct = self.cpu_pct;
+        let figures = vec![
+            Figure::value(format!("{n} pods: {started} → all running"), "s", n, self.start_all.as_secs_f64()),
+            Figure::value("pods started per second", "pods/s", n, n as f64 / self.start_all.as_secs_f64()),
+            Figure::distribution("CRI list (sandboxes + containers)", "ms", &self.lists),
+            Figure::value(format!("{n} pods: {deleted} → all sandboxes gone"), "s", n, self.delete_all.as_secs_f64()),
+            Figure::value(format!("agent RSS with {n} pods (max)"), "MiB", self.rss.len(), max_rss),
             Figure::value(format!("of which anonymous (heap, stacks) with {n} pods"), "MiB", 1, mib(peak.anon)),
             Figure::value(format!("of which file-backed (the binary's code) with {n} pods"), "MiB", 1, mib(peak.file)),
             Figure::value(format!("agent CPU at rest with {n} pods"), "% of a core", 1, cpu_pct),
-        ],
-        tables: vec![Table {
+        ];
+        let table = Table {
             header: vec!["target".into(), "measured".into()],
             rows: vec![
                 vec!["RSS ≤ 30 MiB".into(), format!("{max_rss:.1} MiB")],
                 vec!["idle CPU ≤ 1% of a core".into(), format!("{cpu_pct:.2}%")],
             ],
-        }],
+        };
+        (figures, table)
+    }
+}
+
+pub fn pods_110(ctx: &Ctx) -> Result<BenchResult> {
+    let n = ctx.pick(110, 20);
+    let idle = ctx.pick(Duration::from_secs(60), Duration::from_secs(10));
+    let _ = cri_endpoint();
+    let setup = AgentSetup::new("", &[]);
+    for i in 0..n {
+        setup.add_manifest(&format!("pause{i}.yaml"), &pause_pod(&format!("pause{i}")));
+    }
+    let started = Instant::now();
+    let mut agent = AgentProcess::start(setup);
+    let mut fp = Footprint::wait_running(&agent, n, started, &String::new)?;
+    fp.rest(&agent, idle)?;
+    for i in 0..n {
+        agent.setup.remove_manifest(&format!("pause{i}.yaml"));
+    }
+    fp.wait_gone(&agent, Instant::now(), &String::new)?;
+    agent.stop();
+    let (figures, table) = fp.report("agent start", "manifests removed");
+    Ok(BenchResult {
+        name: "pods-110".into(),
+        title: format!("{n} pause pods started, listed and deleted by the swiftlet binary; its RSS and CPU at rest"),
+        figures,
+        tables: vec![table],
         notes: vec![format!(
             "At rest: {} s with every pod running; the agent relists the runtime every second and resyncs each pod every syncFrequency (1 min).",
             idle.as_secs()

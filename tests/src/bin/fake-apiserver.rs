@@ -5,12 +5,15 @@
 //!     [--kubeconfig PATH] [--token TOKEN=USER[:GROUP,GROUP...]]...
 //!     [--rule allow|deny:user=U,group=G,verb=V,resource=R,subresource=S,path=P]...
 //!     [--bookmark-interval SECONDS] [--history N]
-//!     [--storage] [--csi-controller DRIVER=SOCKET]...
+//!     [--storage] [--csi-controller DRIVER=SOCKET]... [--ca-file PATH]
 //! ```
 //!
 //! It writes a kubeconfig (default: fake-apiserver.kubeconfig in the
 //! current directory) that kubectl and swiftlet can use, prints where it
-//! listens, and serves until Ctrl-C.
+//! listens, and serves until Ctrl-C. With `--tls`, `--ca-file` copies its
+//! CA certificate to PATH: the CA of the kubeconfig's users and of the
+//! client certificate it proxies `kubectl exec`, `logs` and `port-forward`
+//! with, so a kubelet that names it as `clientCAFile` trusts both.
 //!
 //! SubjectAccessReviews (the kubelet's webhook authorization) are answered
 //! by the `--rule`s in order, then, as RBAC does for its superusers, by an
@@ -33,7 +36,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: fake-apiserver [--port N] [--tls] [--kubeconfig PATH] [--token TOKEN=USER[:GROUP,...]]... \
          [--rule allow|deny:key=value,...]... [--bookmark-interval SECONDS] [--history N] \
-         [--storage] [--csi-controller DRIVER=SOCKET]...\n\
+         [--storage] [--csi-controller DRIVER=SOCKET]... [--ca-file PATH]\n\
          SubjectAccessReviews: the --rules in order, then allow group system:masters (the kubeconfig's admin)"
     );
     std::process::exit(2)
@@ -43,6 +46,7 @@ fn main() {
     let mut options = Options::default();
     let mut kubeconfig = PathBuf::from("fake-apiserver.kubeconfig");
     let mut storage = false;
+    let mut ca_out: Option<PathBuf> = None;
     let mut csi_controllers: Vec<(String, PathBuf)> = vec![];
     let mut args = std::env::args().skip(1);
     let value = |flag: &str, args: &mut dyn Iterator<Item = String>| {
@@ -80,6 +84,7 @@ fn main() {
                 }
             },
             "--storage" => storage = true,
+            "--ca-file" => ca_out = Some(v(&mut args).into()),
             "--csi-controller" => {
                 let spec = v(&mut args);
                 let (driver, socket) = spec.split_once('=').unwrap_or_else(|| usage());
@@ -118,6 +123,16 @@ fn main() {
     if let Err(e) = server.write_kubeconfig(&kubeconfig, &credentials) {
         eprintln!("fake-apiserver: cannot write {}: {e}", kubeconfig.display());
         std::process::exit(1)
+    }
+    if let Some(out) = &ca_out {
+        let copied = match server.ca_file() {
+            Some(ca) => std::fs::copy(&ca, out).map(drop),
+            None => Err(std::io::Error::other("--ca-file needs --tls")),
+        };
+        if let Err(e) = copied {
+            eprintln!("fake-apiserver: cannot write the CA to {}: {e}", out.display());
+            std::process::exit(1)
+        }
     }
     println!("fake-apiserver: serving {}", server.url());
     println!("fake-apiserver: kubeconfig {}", kubeconfig.display());

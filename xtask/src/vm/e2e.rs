@@ -39,6 +39,9 @@ pub struct E2eCheck {
 
 /// The test target holding the checks.
 const E2E_BIN: &str = "node_e2e";
+/// The test CSI driver the storage checks start (found beside the test
+/// binary, as `swiftlet_tests::csi::driver_binary` looks for it).
+const CSI_DRIVER_BIN: &str = "swiftlet-test-csi-driver";
 
 /// In the order they run. The node shutdown powers the VM off: it is last.
 pub const E2E_CHECKS: &[E2eCheck] = &[
@@ -69,6 +72,18 @@ pub const E2E_CHECKS: &[E2eCheck] = &[
     E2eCheck {
         row: "PSI: stats, cadvisor, memory.pressure signal",
         test: "psi_in_stats_and_metrics_and_the_memory_pressure_signal_on_a_stalled_pod",
+    },
+    E2eCheck {
+        row: "CSI claim: staged, published, data kept; in its slice",
+        test: "storage::a_provisioned_claim_keeps_its_data_across_a_recreated_pod_in_its_slice",
+    },
+    E2eCheck {
+        row: "local Block PV: the container writes the device",
+        test: "storage::a_local_block_volume_is_a_device_the_container_writes",
+    },
+    E2eCheck {
+        row: "agent SIGKILL with a CSI volume: no remount, no leak",
+        test: "storage::a_killed_agent_keeps_the_csi_volume_mounted_once_and_leaks_nothing",
     },
     E2eCheck {
         row: "SIGTERM keeps pods; logind shutdown by priority",
@@ -172,11 +187,18 @@ struct Payload {
     dir: PathBuf,
 }
 
-/// Builds swiftlet, the test binary and the workload generator.
-fn build(tc: &setup::EbpfToolchain) -> Result<(PathBuf, PathBuf)> {
-    step("building swiftlet and the node VM's test binary");
+/// Builds swiftlet, the test binary and the test CSI driver.
+fn build(tc: &setup::EbpfToolchain) -> Result<(PathBuf, PathBuf, PathBuf)> {
+    step("building swiftlet, the node VM's test binary and the test CSI driver");
     let root = cmd::workspace_root();
     cmd::run(Command::new("cargo").current_dir(root).env("PATH", tc.path_env()).args(["build", "-p", "swiftlet"]))?;
+    cmd::run(Command::new("cargo").current_dir(root).env("PATH", tc.path_env()).args([
+        "build",
+        "-p",
+        "swiftlet-tests",
+        "--bin",
+        CSI_DRIVER_BIN,
+    ]))?;
     let out = Command::new("cargo")
         .current_dir(root)
         .env("PATH", tc.path_env())
@@ -201,12 +223,12 @@ fn build(tc: &setup::EbpfToolchain) -> Result<(PathBuf, PathBuf)> {
         .filter(|v| v.pointer("/target/name").and_then(|n| n.as_str()) == Some(E2E_BIN))
         .find_map(|v| v.get("executable").and_then(|e| e.as_str()).map(PathBuf::from))
         .with_context(|| format!("cargo built no executable for tests/tests/{E2E_BIN}.rs"))?;
-    Ok((root.join("target/debug/swiftlet"), exe))
+    Ok((root.join("target/debug/swiftlet"), exe, root.join("target/debug").join(CSI_DRIVER_BIN)))
 }
 
 /// The files every boot shares: binaries (debug info stripped), images,
 /// kubectl and the project's systemd unit and drop-in.
-fn payload(dir: &Path, swiftlet: &Path, test: &Path, kubectl: &Path) -> Result<Payload> {
+fn payload(dir: &Path, (swiftlet, test, csi): (&Path, &Path, &Path), kubectl: &Path) -> Result<Payload> {
     let root = cmd::workspace_root();
     let _ = fs::remove_dir_all(dir);
     for d in ["bin", "images", "deploy"] {
@@ -214,7 +236,7 @@ fn payload(dir: &Path, swiftlet: &Path, test: &Path, kubectl: &Path) -> Result<P
     }
     let scratch = dir.join(".scratch");
     fs::create_dir_all(&scratch)?;
-    for (name, bin) in [("swiftlet", swiftlet), (E2E_BIN, test)] {
+    for (name, bin) in [("swiftlet", swiftlet), (E2E_BIN, test), (CSI_DRIVER_BIN, csi)] {
         fs::write(dir.join("bin").join(name), stripped(bin, &scratch)?)?;
     }
     fs::copy(kubectl, dir.join("bin/kubectl")).with_context(|| format!("cannot copy {}", kubectl.display()))?;
@@ -257,6 +279,8 @@ until ctr version >/dev/null 2>&1 || [ $n -ge 100 ]; do sleep 0.2; n=$((n+1)); d
 echo "@@VM containerd=$(up)"
 for t in /payload/images/*.tar; do ctr -n k8s.io images import "$t" >/dev/null || echo "@@NOTE cannot import $t"; done
 mkdir -p {tmp}
+# The storage checks' loop devices (a module in Debian's kernels).
+modprobe loop || echo "@@NOTE cannot load the loop driver"
 echo "@@VM ready=$(up)"
 export SWIFTLET_NODE_E2E=1 SWIFTLET_E2E_DRIVER={driver} SWIFTLET_TEST_KUBECTL=/payload/bin/kubectl
 export SWIFTLET_TEST_CRI_ENDPOINT=unix:///run/containerd/containerd.sock RUST_BACKTRACE=1 HOME=/root
@@ -305,11 +329,11 @@ pub fn run_e2e(
     setup::ensure_apt(setup::APT_VM)?;
     setup::ensure_apt(setup::APT_NODE_VM)?;
     let kubectl = setup::ensure_kubectl()?;
-    let (swiftlet, test) = build(tc)?;
+    let (swiftlet, test, csi) = build(tc)?;
     let root = cmd::workspace_root();
     let base = root.join("target/vmtest/node");
     fs::create_dir_all(&base)?;
-    let payload = payload(&base.join("payload"), &swiftlet, &test, &kubectl)?;
+    let payload = payload(&base.join("payload"), (&swiftlet, &test, &csi), &kubectl)?;
     // The disk carries every kernel's modules, whichever boot: one image
     // serves every plan.
     let mut images: Vec<(KernelSpec, KernelImage)> = vec![];
@@ -479,10 +503,15 @@ mod tests {
 
     #[test]
     fn every_check_has_a_test() {
-        let path = cmd::workspace_root().join("tests/tests").join(format!("{E2E_BIN}.rs"));
-        let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        // `module::test` lives in tests/tests/<E2E_BIN>/module.rs.
+        let dir = cmd::workspace_root().join("tests/tests");
         for c in E2E_CHECKS {
-            assert!(text.contains(&format!("fn {}(", c.test)), "{} has no test {}", path.display(), c.test);
+            let (path, name) = match c.test.rsplit_once("::") {
+                Some((module, name)) => (dir.join(E2E_BIN).join(format!("{}.rs", module.replace("::", "/"))), name),
+                None => (dir.join(format!("{E2E_BIN}.rs")), c.test),
+            };
+            let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(text.contains(&format!("fn {name}(")), "{} has no test {name}", path.display());
         }
     }
 

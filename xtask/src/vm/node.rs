@@ -32,7 +32,9 @@ use crate::{
 const SUITE: &str = "bookworm";
 /// What a kubeadm node runs besides the kubelet: systemd and logind (dbus),
 /// containerd and runc; kmod and udev for modules and devices; iproute2 and
-/// procps for the tests' own checks.
+/// procps for the tests' own checks; e2fsprogs, mount and util-linux for
+/// the storage checks' loop devices and the test CSI driver's ext4 (named,
+/// not left to what the suite's minimal base happens to hold).
 const PACKAGES: &[&str] = &[
     "systemd",
     "systemd-sysv",
@@ -45,6 +47,9 @@ const PACKAGES: &[&str] = &[
     "procps",
     "ca-certificates",
     "containernetworking-plugins",
+    "e2fsprogs",
+    "mount",
+    "util-linux",
 ];
 /// The node's hostname, and so the Node's name.
 pub const HOSTNAME: &str = "swiftlet-node";

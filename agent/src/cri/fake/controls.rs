@@ -163,6 +163,12 @@ impl FakeRuntime {
         self.state.lock().stats.entry(id.to_owned()).or_default().writable_layer = Some((used_bytes, inodes_used));
     }
 
+    /// What RuntimeConfig answers (the runtime's cgroup driver); None:
+    /// Unimplemented, as containerd 1.x (the default).
+    pub fn set_runtime_config(&self, answer: Option<api::RuntimeConfigResponse>) {
+        self.state.lock().runtime_config = answer;
+    }
+
     /// The runtime's RuntimeReady / NetworkReady conditions.
     pub fn set_ready(&self, runtime: bool, network: bool) {
         let mut s = self.state.lock();

@@ -76,6 +76,7 @@ pub enum Method {
     PullImage,
     RemoveImage,
     ImageFsInfo,
+    RuntimeConfig,
 }
 
 impl Method {
@@ -103,6 +104,7 @@ impl Method {
             Method::PullImage => "PullImage",
             Method::RemoveImage => "RemoveImage",
             Method::ImageFsInfo => "ImageFsInfo",
+            Method::RuntimeConfig => "RuntimeConfig",
         }
     }
 }
@@ -265,6 +267,8 @@ struct State {
     pull_auths: Vec<(String, Option<api::AuthConfig>)>,
     stats: HashMap<String, CannedStats>,
     image_fs: Option<(String, Option<u64>, Option<u64>)>,
+    /// RuntimeConfig's answer; None: Unimplemented, as containerd 1.x.
+    runtime_config: Option<api::RuntimeConfigResponse>,
     runtime_ready: bool,
     network_ready: bool,
 }

@@ -39,6 +39,12 @@ impl RuntimeService for FakeRuntime {
         })
     }
 
+    async fn runtime_config(&self) -> Result<api::RuntimeConfigResponse> {
+        let _g = self.enter(Method::RuntimeConfig, "", &[]).await?;
+        let answer = self.state.lock().runtime_config;
+        answer.ok_or_else(|| err(Method::RuntimeConfig, tonic::Code::Unimplemented, "unknown method RuntimeConfig"))
+    }
+
     async fn run_pod_sandbox(&self, config: api::PodSandboxConfig, _runtime_handler: &str) -> Result<String> {
         let name = config.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
         let _g = self.enter(Method::RunPodSandbox, &name, &[]).await?;

@@ -37,7 +37,7 @@ impl PodProvider for PodManager {
 }
 
 fn eviction_pod(id: &str, e: &Entry, cgroups: &PodCgroups, evict_static: bool) -> Option<EvictionPod> {
-    let spec = e.pod.spec.as_ref()?;
+    let spec = e.allocated.as_ref().or(e.pod.spec.as_ref())?;
     let pod_cgroup = cgroups.pod_cgroup(qos_class(spec), id);
     let prio = priority(&e.pod);
     let ephemeral = spec

@@ -59,6 +59,10 @@ struct Entry {
     /// second, and the requests, priority and QoS behind it parse
     /// quantities.
     eviction: Option<Arc<EvictionPod>>,
+    /// The spec as the pod runs (its allocated resources, which differ
+    /// from `pod`'s while a resize is pending), as its worker last
+    /// reported: eviction ranks and plans by it.
+    allocated: Option<k8s_openapi::api::core::v1::PodSpec>,
 }
 
 struct Inner {
@@ -324,6 +328,7 @@ impl Entry {
             first_seen: Instant::now(),
             started_after: None,
             eviction: None,
+            allocated: None,
         }
     }
 }
@@ -338,6 +343,12 @@ impl WorkerSink for Sink {
             let Some(e) = pods.get_mut(&uid(pod)) else { return };
             if e.running != containers {
                 e.running = containers.to_vec();
+                e.eviction = None;
+            }
+            // A resize applied: eviction's requests and the in-kernel plan
+            // are rebuilt from the new allocation.
+            if e.allocated.as_ref() != pod.spec.as_ref() {
+                e.allocated = pod.spec.clone();
                 e.eviction = None;
             }
             e.active = active && !e.orphan;

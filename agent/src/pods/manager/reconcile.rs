@@ -70,11 +70,17 @@ impl Inner {
             let active: Vec<&Pod> = pods.values().filter(|e| e.active && !e.orphan).map(|e| &e.pod).collect();
             pending.remove(id);
             let pressure = self.pressure.lock().as_ref().map(|c| c.borrow().clone()).unwrap_or_default();
+            // Admitted beside what the other pods were allocated: a resize
+            // not admitted (Deferred, Infeasible) holds nothing.
+            let alloc = &self.deps.allocations;
+            let allocated: Vec<std::borrow::Cow<'_, Pod>> = active.iter().map(|p| alloc.as_allocated(p)).collect();
+            let allocated: Vec<&Pod> = allocated.iter().map(|p| p.as_ref()).collect();
+            let admitted_as = alloc.as_allocated(&pod);
             let verdict = match self.refuse_new.lock().clone() {
                 Some(r) => Err(r),
                 None => admission::admit_host(&pod, &self.host.read())
                     .and_then(|()| admission::admit_under_pressure(&pod, &pressure))
-                    .and_then(|()| admission::admit(&pod, &active, &self.capacity.lock())),
+                    .and_then(|()| admission::admit(&admitted_as, &allocated, &self.capacity.lock())),
             };
             // The device manager's admit handler: devices for every
             // container, or UnexpectedAdmissionError. Devices of pods no

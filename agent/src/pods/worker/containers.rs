@@ -171,8 +171,12 @@ impl Worker {
             use std::os::unix::fs::PermissionsExt;
             let _ = std::fs::set_permissions(&message_file, std::fs::Permissions::from_mode(0o666));
         }
+        let resources = config.linux.as_ref().and_then(|l| l.resources.clone());
         let id = match self.deps.runtime.create_container(sandbox_id, config, sandbox_config.clone()).await {
-            Ok(id) => id,
+            Ok(id) => {
+                self.created_with(&id, resources);
+                id
+            }
             Err(e) => {
                 let text = format!("Error: {}", e.message());
                 self.set_waiting(&c, init, reason::CREATE_CONTAINER_ERROR, e.message(), Some((reason::FAILED, &text)));

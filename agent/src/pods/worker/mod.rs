@@ -14,6 +14,7 @@
 mod containers;
 mod probes;
 mod report;
+mod resize;
 mod stop;
 mod sync;
 
@@ -84,6 +85,8 @@ pub struct WorkerDeps {
     pub runtime_classes: super::runtime_class::RuntimeClasses,
     /// Pod worker rounds and pod cgroup operations are timed here.
     pub metrics: super::metrics::PodMetrics,
+    /// The resources each pod was admitted with (in-place resize).
+    pub allocations: Arc<super::resize::Allocator>,
 }
 
 /// Where a worker reports to (the pod manager).
@@ -127,7 +130,17 @@ pub struct WorkerHandle {
 pub struct Worker {
     deps: Arc<WorkerDeps>,
     sink: Arc<dyn WorkerSink>,
+    /// The pod as it runs: the source's, with the allocated resources.
     pod: Pod,
+    /// The pod as its source has it (the resources a resize asks for).
+    desired: Pod,
+    /// The resources the pod was admitted with (None until its first round).
+    allocation: Option<super::resize::checkpoint::PodAllocation>,
+    resize: super::resize::status::ResizeState,
+    /// What each container (by id) runs with, as last applied.
+    actuated: HashMap<String, crate::cri::api::LinuxContainerResources>,
+    /// What the pod cgroup was last set to.
+    pod_limits: Option<crate::cm::hierarchy::CgroupLimits>,
     uid: String,
     lifecycle: Lifecycle,
     /// The pod will not run again (its containers finished for good).
@@ -218,7 +231,12 @@ impl Worker {
         let worker = Worker {
             deps,
             sink,
+            desired: pod.clone(),
             pod,
+            allocation: None,
+            resize: Default::default(),
+            actuated: HashMap::new(),
+            pod_limits: None,
             uid,
             lifecycle: Lifecycle::Running,
             finished: false,
@@ -291,7 +309,11 @@ impl Worker {
         match m {
             Msg::Update(pod) => {
                 let deleting = pod.metadata.deletion_timestamp.is_some();
-                self.pod = *pod;
+                self.desired = *pod;
+                self.pod = match &self.allocation {
+                    Some(a) => super::resize::admission::with_allocation(&self.desired, a),
+                    None => self.desired.clone(),
+                };
                 if deleting && self.lifecycle == Lifecycle::Running {
                     self.lifecycle = Lifecycle::Terminating { grace: spec_grace(&self.pod), remove: false };
                 }
@@ -345,12 +367,14 @@ impl Worker {
                     self.teardown_retry = None;
                     self.lifecycle = Lifecycle::Terminated;
                     self.finished = true;
+                    self.deps.allocations.deactivate(&self.uid);
                     self.refresh_status().await;
                     if self.pod.metadata.deletion_timestamp.is_some() {
                         self.sink.terminated(&self.pod);
                     }
                     if remove {
                         self.cleanup().await;
+                        self.deps.allocations.remove(&self.uid);
                         self.sink.removed(&self.pod);
                         return true;
                     }

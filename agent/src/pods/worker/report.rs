@@ -7,7 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::{Lifecycle, Worker, find_container};
 use crate::pods::{
     observed::{self, ContainerRunState, ObservedPod},
-    spec,
+    resize, spec,
     status::{self, StatusInput},
 };
 
@@ -73,6 +73,17 @@ impl Worker {
         let mut status = status::generate(&input);
         status.ephemeral_container_statuses = crate::pods::ephemeral::statuses(&input);
         drop(results);
+        if let Some(alloc) = &self.allocation {
+            let running = self.running_resources(observed);
+            resize::status::decorate(
+                &mut status,
+                alloc,
+                &running,
+                &self.resize,
+                self.status.as_ref(),
+                Timestamp::now(),
+            );
+        }
         let running: Vec<(String, String)> = observed.running().map(|c| (c.name.clone(), c.id.clone())).collect();
         let active = self.lifecycle == Lifecycle::Running && !self.finished;
         self.sink.status(&self.pod, &status, &running, active);

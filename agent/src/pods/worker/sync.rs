@@ -43,11 +43,18 @@ impl Worker {
         // start it again. Its last status stands, and its volumes are
         // released (the API server deletes a terminal pod at once).
         if self.finished {
+            self.deps.allocations.deactivate(&self.uid);
             self.release_volumes().await;
             return Ok(());
         }
+        // The resources the pod runs with, a resize admitted or not.
+        self.admit_resize();
         let rt = self.deps.runtime.clone();
         let mut observed = observed::observe(rt.as_ref(), &self.uid).await?;
+        let ip = self.pod_ip(&observed);
+        if self.actuate_resize(&observed, ip.as_deref()).await {
+            observed = observed::observe(rt.as_ref(), &self.uid).await?;
+        }
         let verdicts = {
             let r = self.results.lock();
             let mut v = r.verdicts.clone();
@@ -194,10 +201,30 @@ impl Worker {
             CgroupOperation::Create
         };
         let started = Instant::now();
-        if let Err(e) = self.deps.cgroups.ensure_pod_cgroup(qos, &self.uid, &limits).await {
-            warn!(pod = pod_name(&self.pod), "cannot set up the pod cgroup: {e}");
-        }
+        let ensured = self.deps.cgroups.ensure_pod_cgroup(qos, &self.uid, &limits).await;
         self.deps.metrics.observe_cgroup_operation(op, started.elapsed());
+        if let Err(e) = ensured {
+            // As the kubelet: no sandbox for a pod whose cgroup (and so its
+            // limits) is not in place; the worker retries after its back-off.
+            let message = format!("unable to ensure pod container exists: {e}");
+            warn!(pod = pod_name(&self.pod), "{message}");
+            self.deps.recorder.record(
+                &pod_ref(&self.pod),
+                EventType::Warning,
+                reason::FAILED_CREATE_POD_CONTAINER,
+                &message,
+            );
+            self.wait_creating(&message);
+            return Err(crate::cri::CriError::Status {
+                call: "the pod cgroup",
+                code: tonic::Code::FailedPrecondition,
+                message,
+            });
+        }
+        self.waiting.retain(|_, (r, m)| {
+            !(r == reason::CONTAINER_CREATING && m.starts_with("unable to ensure pod container exists"))
+        });
+        self.pod_cgroup_set(&limits);
         let config = spec::sandbox_config(&self.pod, attempt, &self.deps.settings);
         let _ = std::fs::create_dir_all(&config.log_directory);
         if attempt > 0 {
