@@ -8,7 +8,7 @@
 use serde_json::{Value, json};
 
 use super::{
-    patch::{self, PatchKind},
+    patch,
     resources::ResourceType,
     server::State,
     store::{ApiError, ApiResult},
@@ -61,9 +61,7 @@ pub fn serve(
         http::Method::PUT if wants_legacy => body["ephemeralContainers"].clone(),
         http::Method::PUT => body.pointer("/spec/ephemeralContainers").cloned().unwrap_or(json!([])),
         http::Method::PATCH => {
-            let kind = PatchKind::from_content_type(content_type).ok_or_else(|| {
-                ApiError::new(415, "UnsupportedMediaType", format!("unsupported patch type {content_type:?}"))
-            })?;
+            let kind = patch::kind_of(content_type)?;
             let base = if body.get("ephemeralContainers").is_some() { legacy(&current) } else { current.clone() };
             let patched = patch::apply(kind, &base, &body).map_err(|e| ApiError::new(422, "Invalid", e))?;
             patched

@@ -29,6 +29,18 @@ impl PatchKind {
     }
 }
 
+/// The patch type a request's Content-Type names, or the API server's 415
+/// for any other.
+pub fn kind_of(content_type: &str) -> super::store::ApiResult<PatchKind> {
+    PatchKind::from_content_type(content_type).ok_or_else(|| {
+        super::store::ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {content_type:?})"),
+        )
+    })
+}
+
 /// How a list field merges in a strategic merge patch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ListStrategy {

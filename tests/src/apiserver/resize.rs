@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::{
     defaults::qos_class,
-    patch::{self, PatchKind},
+    patch,
     resources::ResourceType,
     server::State,
     store::{ApiError, ApiResult},
@@ -159,9 +159,7 @@ fn requested(current: &Value, method: &http::Method, content_type: &str, body: &
     match *method {
         http::Method::PUT => Ok(body.clone()),
         http::Method::PATCH => {
-            let kind = PatchKind::from_content_type(content_type).ok_or_else(|| {
-                ApiError::new(415, "UnsupportedMediaType", format!("unsupported patch type {content_type:?}"))
-            })?;
+            let kind = patch::kind_of(content_type)?;
             patch::apply(kind, current, body).map_err(|e| ApiError::new(422, "Invalid", e))
         }
         ref m => Err(ApiError::new(405, "MethodNotAllowed", format!("{m} is not supported on pods/resize"))),
@@ -232,7 +230,7 @@ mod tests {
     fn validation_table() {
         let burstable =
             pod(json!({"cpu": "100m", "memory": "32Mi"}), json!({"cpu": "200m", "memory": "64Mi"}), "Always");
-        let patched = |p: Value| patch::apply(PatchKind::Strategic, &burstable, &p).unwrap();
+        let patched = |p: Value| patch::apply(patch::PatchKind::Strategic, &burstable, &p).unwrap();
         let resources = |r: Value| json!({"spec": {"containers": [{"name": "app", "resources": r}]}});
         let cases: Vec<(&str, Value, Option<&str>)> = vec![
             ("grow both", patched(resources(json!({"requests": {"cpu": "200m"}, "limits": {"cpu": "400m"}}))), None),

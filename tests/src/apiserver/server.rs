@@ -364,13 +364,7 @@ async fn dispatch(state: &Arc<State>, req: Request<Incoming>, user: &UserInfo) -
                     Ok(warned(200, &updated, warnings))
                 }
                 (Method::PATCH, Some(n), sub) => {
-                    let kind = PatchKind::from_content_type(&content_type).ok_or_else(|| {
-                        ApiError::new(
-                            415,
-                            "UnsupportedMediaType",
-                            format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {content_type:?})"),
-                        )
-                    })?;
+                    let kind = super::patch::kind_of(&content_type)?;
                     let p = parse_body()?;
                     let warnings =
                         if p.is_object() { openapi::check_fields(&rt, &p, validation, true)? } else { vec![] };
